@@ -1,0 +1,40 @@
+"""lossscale: loss scaling for mixed-precision training, TF's design for every framework.
+
+The package root is framework-free: it imports numpy and nothing else.
+Framework bindings live in :mod:`lossscale.torch` and :mod:`lossscale.jax`
+and import their framework when *they* are imported.
+"""
+
+from __future__ import annotations
+
+from ._errors import LossScaleError
+from ._policy import (
+    DynamicLossScale,
+    ExponentialUpdateLossScaleManager,
+    FixedLossScale,
+    FixedLossScaleManager,
+    LossScale,
+    RuleParams,
+    get,
+    serialize,
+)
+from ._resolve import resolve_loss_scale
+from ._rule import LossScaleState, initial_state, next_state
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DynamicLossScale",
+    "ExponentialUpdateLossScaleManager",
+    "FixedLossScale",
+    "FixedLossScaleManager",
+    "LossScale",
+    "LossScaleError",
+    "LossScaleState",
+    "RuleParams",
+    "get",
+    "initial_state",
+    "next_state",
+    "resolve_loss_scale",
+    "serialize",
+]

@@ -1,0 +1,576 @@
+"""``LossScaleOptimizer`` for ``torch.optim``: TF's API over any torch optimizer.
+
+It wraps the user's optimizer *instance* and is itself a
+``torch.optim.Optimizer`` whose ``param_groups``, ``state`` and ``defaults``
+are the inner optimizer's, so LR schedulers, ``add_param_group`` and
+checkpoints reach it.
+
+Cost per ``step()``, with G the bytes of all gradients:
+
+========================== ======================== ====================
+inner optimizer            passes over gradients    host syncs
+========================== ======================== ====================
+fused (``fused=True``)     1 unscale+check (R+W)    0: it skips itself
+fused, float16 gradients   1 check (R+W, values     0
+                           unchanged); the kernel
+                           unscales in float32
+anything else              1 unscale+check (R+W)    1 (``found_inf``)
+with ``clip_grad_norm_``   1 norm (R) [+1 R+W if    as above
+                           not fused]
+========================== ======================== ====================
+
+The scale update always runs on the device (about 20 scalar ops, no sync).
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import weakref
+from collections import OrderedDict
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import torch
+
+from .._policy import LossScale, serialize
+from .._resolve import stable_form
+from ._grads import check_finite, collect_grads, scaled_norm, unscale_and_check_, unscaled_copies
+from ._scale import SharedLossScale
+
+__all__ = ["LossScaleOptimizer"]
+
+# inner optimizer -> the LossScaleOptimizer wrapping it (weakly, both ways).
+_WRAPPED: "weakref.WeakKeyDictionary[torch.optim.Optimizer, weakref.ref]" = weakref.WeakKeyDictionary()
+
+_HOOK_DICTS = (
+    "_optimizer_step_pre_hooks",
+    "_optimizer_step_post_hooks",
+    "_optimizer_state_dict_pre_hooks",
+    "_optimizer_state_dict_post_hooks",
+    "_optimizer_load_state_dict_pre_hooks",
+    "_optimizer_load_state_dict_post_hooks",
+)
+
+
+class LossScaleOptimizer(torch.optim.Optimizer):
+    """An optimizer that applies loss scaling; TF's ``LossScaleOptimizer`` for torch.
+
+    Loss scaling multiplies the loss by ``S`` before backprop and the
+    gradients by ``1/S`` before the update, so that float16 gradients below
+    about 6e-8 do not flush to zero (Micikevicius et al., 2018, "Mixed
+    Precision Training"). A step whose gradients hold a NaN or an Inf is
+    skipped (no change to weights, inner state or step counts) in every mode,
+    fixed included, and the scale is updated either way.
+
+    Args:
+        optimizer: the ``torch.optim.Optimizer`` instance to wrap.
+        loss_scale: the experimental form: a number (fixed scale),
+            ``"dynamic"``, any :class:`lossscale.LossScale` (managers included),
+            or a :class:`SharedLossScale` to share with other optimizers.
+        dynamic: the stable form (default True).
+        initial_scale: the initial (or, when ``dynamic=False``, fixed) scale;
+            default 2**15.
+        dynamic_growth_steps: finite steps before the scale doubles; default 2000.
+
+    The torch idiom::
+
+        opt = LossScaleOptimizer(torch.optim.AdamW(model.parameters(), fused=True))
+        for x, y in data:
+            opt.zero_grad()
+            with torch.autocast("cuda", dtype=torch.float16):
+                loss = loss_fn(model(x), y)
+            opt.get_scaled_loss(loss).backward()
+            opt.step()          # unscale, check, step or skip, update the scale
+
+    Closure-based optimizers (LBFGS): the closure scales its own loss and
+    returns the unscaled one::
+
+        def closure():
+            opt.zero_grad()
+            loss = loss_fn(model(x), y)
+            opt.get_scaled_loss(loss).backward()
+            return loss
+        opt.step(closure)
+
+    Every evaluation's gradients are unscaled and checked; if any overflowed,
+    weights and inner state are restored from a copy taken before the step.
+
+    >>> import torch
+    >>> w = torch.nn.Parameter(torch.tensor([1.0]))
+    >>> opt = LossScaleOptimizer(torch.optim.SGD([w], lr=0.25), "dynamic")
+    >>> opt.get_scaled_loss((w ** 2).sum()).backward()
+    >>> opt.step()
+    >>> w.detach()
+    tensor([0.5000])
+    """
+
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        loss_scale: Any = None,
+        *,
+        dynamic: bool | None = None,
+        initial_scale: float | None = None,
+        dynamic_growth_steps: int | None = None,
+    ) -> None:
+        if isinstance(optimizer, LossScaleOptimizer):
+            raise TypeError(
+                "optimizer is already a LossScaleOptimizer; wrapping it again would scale twice. "
+                "Use it as it is, or wrap its inner_optimizer."
+            )
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(
+                f"optimizer must be a torch.optim.Optimizer instance, got {type(optimizer).__name__}. "
+                "Build the optimizer first, e.g. LossScaleOptimizer(torch.optim.AdamW(model.parameters()))."
+            )
+        owner = _WRAPPED.get(optimizer)
+        if owner is not None and owner() is not None:
+            raise ValueError(
+                "This optimizer is already wrapped by another LossScaleOptimizer; two wrappers would unscale "
+                "its gradients twice. Reuse the existing wrapper, or share one scale with SharedLossScale."
+            )
+        if isinstance(loss_scale, SharedLossScale):
+            if dynamic is not None or initial_scale is not None or dynamic_growth_steps is not None:
+                raise ValueError("A SharedLossScale carries its own policy; drop dynamic/initial_scale/dynamic_growth_steps.")
+            scale = loss_scale
+        else:
+            device = next((p.device for g in optimizer.param_groups for p in g["params"]), None)
+            scale = SharedLossScale(
+                loss_scale,
+                dynamic=dynamic,
+                initial_scale=initial_scale,
+                dynamic_growth_steps=dynamic_growth_steps,
+                device=device,
+            )
+            scale._private = True
+        self._inner = optimizer
+        self._scale = scale
+        self._pending: tuple[torch.Tensor, torch.Tensor | None] | None = None
+        self._init_hooks()
+        _WRAPPED[optimizer] = weakref.ref(self)
+
+    def _init_hooks(self) -> None:
+        for name in _HOOK_DICTS:
+            setattr(self, name, OrderedDict())
+        self._patch_step_function()
+
+    # ------------------------------------------------------------ the inner optimizer's surface
+
+    @property
+    def inner_optimizer(self) -> torch.optim.Optimizer:
+        """The optimizer this LossScaleOptimizer wraps."""
+        return self._inner
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:  # type: ignore[override]
+        return self._inner.param_groups
+
+    @param_groups.setter
+    def param_groups(self, value: list[dict[str, Any]]) -> None:
+        self._inner.param_groups = value
+
+    @property
+    def state(self) -> Any:  # type: ignore[override]
+        return self._inner.state
+
+    @state.setter
+    def state(self, value: Any) -> None:
+        self._inner.state = value
+
+    @property
+    def defaults(self) -> dict[str, Any]:  # type: ignore[override]
+        return self._inner.defaults
+
+    @defaults.setter
+    def defaults(self, value: dict[str, Any]) -> None:
+        self._inner.defaults = value
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        self._inner.add_param_group(param_group)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """The inner optimizer's ``zero_grad``; also forgets an ``unscale_()`` not yet stepped."""
+        self._inner.zero_grad(set_to_none=set_to_none)
+        self._pending = None
+
+    # ------------------------------------------------------------ TF's attributes
+
+    @property
+    def dynamic(self) -> bool:
+        """Whether the loss scale is dynamic."""
+        return self._scale.policy.dynamic
+
+    @property
+    def dynamic_counter(self) -> torch.Tensor | None:
+        """Finite steps since the scale last changed (0-d int32 tensor, no sync), or None if fixed."""
+        return self._scale.state.good_steps.clone() if self.dynamic else None
+
+    @property
+    def dynamic_growth_steps(self) -> int | None:
+        """Finite steps it takes to grow the scale, or None if fixed."""
+        return stable_form(self._scale.policy)["dynamic_growth_steps"]
+
+    @property
+    def initial_scale(self) -> float:
+        """The initial loss scale (the only one, when fixed)."""
+        return self._scale.policy.initial_scale
+
+    @property
+    def loss_scale(self) -> torch.Tensor:
+        """The current loss scale as a 0-d float32 tensor (no sync until you convert it)."""
+        return self._scale.loss_scale
+
+    @property
+    def loss_scale_policy(self) -> LossScale:
+        """The :class:`lossscale.LossScale` followed."""
+        return self._scale.policy
+
+    @property
+    def shared_loss_scale(self) -> SharedLossScale:
+        """The :class:`SharedLossScale` holding the state (private unless you passed one)."""
+        return self._scale
+
+    @property
+    def last_step_skipped(self) -> torch.Tensor:
+        """0-d bool tensor: was the last step skipped? (no sync until you convert it)."""
+        return self._scale.state.consecutive_skips > 0
+
+    @property
+    def skipped_steps(self) -> torch.Tensor:
+        """0-d int32 tensor: steps skipped so far; saved in ``state_dict``."""
+        return self._scale.state.skipped_steps.clone()
+
+    # ------------------------------------------------------------ scaling
+
+    def get_scaled_loss(self, loss: Any) -> Any:
+        """``loss * loss_scale``, keeping ``loss``'s dtype; a callable gives a callable."""
+        return self._scale.get_scaled_loss(loss)
+
+    def get_unscaled_gradients(self, grads: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:
+        """A new list: each gradient times ``1/loss_scale`` in its own dtype; None stays None.
+
+        Cost: one R pass and one W pass into new tensors; no sync.
+        """
+        return unscaled_copies(list(grads), self._scale.inv_scale())
+
+    # ------------------------------------------------------------ the torch idiom
+
+    @property
+    def _fused(self) -> bool:
+        return bool(getattr(self._inner, "_step_supports_amp_scaling", False))
+
+    def _prepare(self) -> list[torch.Tensor]:
+        grads = collect_grads(self.param_groups)
+        if grads:
+            self._scale.to_(grads[0].device)
+        return grads
+
+    def _require_unscalable(self, grads: Sequence[torch.Tensor], what: str) -> None:
+        if any(g.dtype == torch.float16 for g in grads):
+            raise ValueError(
+                f"{what} would unscale float16 gradients in float16, flushing to zero the small values loss "
+                "scaling exists to keep. Keep float32 parameters and run the model under torch.autocast, "
+                "or use a fused inner optimizer (e.g. torch.optim.AdamW(..., fused=True)) and call step() "
+                "directly: it unscales inside its float32 kernel."
+            )
+
+    def unscale_(self) -> None:
+        """Unscales the gradients in place now, e.g. to clip them before ``step()``.
+
+        Calling it again before ``step()`` does nothing: the gradients are
+        unscaled once. Cost: one R+W pass; no sync.
+        """
+        if self._pending is not None:
+            return
+        grads = self._prepare()
+        self._require_unscalable(grads, "unscale_()")
+        self._pending = (unscale_and_check_(grads, self._scale.inv_scale(), out_device=self._scale.device), None)
+
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        """Clips the gradients' global norm to ``max_norm``, folding in the unscale.
+
+        Returns the total norm of the *unscaled* gradients (a 0-d tensor; no
+        sync), like ``torch.nn.utils.clip_grad_norm_``. A non-finite norm means
+        the step will be skipped.
+
+        The norm is taken of the scaled gradients, accumulated in float32, and
+        divided by ``S``; a scaled norm beyond float32's range counts as an
+        overflow (the step is skipped and the scale backs off, as for an Inf).
+        With a fused inner optimizer the unscale and the clip factor travel
+        into its kernel, so the norm is the only pass (R); otherwise one more
+        R+W pass applies ``clip/S`` to every gradient.
+        """
+        grads = self._prepare()
+        if self._pending is not None:
+            if self._pending[1] is not None:
+                raise RuntimeError(
+                    "clip_grad_norm_() was already called since the last step(); clip once per iteration."
+                )
+            # Already unscaled by unscale_(): an ordinary clip.
+            total = scaled_norm(grads, norm_type, out_device=self._scale.device)
+            if grads:
+                torch._foreach_mul_(grads, torch.clamp(max_norm / (total + 1e-6), max=1.0))
+            return total
+        scale = self._scale.state.loss_scale
+        total = scaled_norm(grads, norm_type, out_device=self._scale.device) * self._scale.inv_scale()
+        found_inf = (~torch.isfinite(total)).float()
+        coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+        if self._fused:
+            self._pending = (found_inf, scale / coef)
+        else:
+            self._require_unscalable(grads, "clip_grad_norm_()")
+            if grads:
+                torch._foreach_mul_(grads, self._scale.inv_scale() * coef)
+            self._pending = (found_inf, None)
+        return total
+
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
+        """Unscales and checks the gradients, steps or skips, and updates the scale.
+
+        Returns the closure's loss, if a closure was given. See the class
+        docstring for the passes and host syncs of each case.
+        """
+        if closure is not None:
+            return self._step_with_closure(closure)
+        if self._pending is None:
+            grads = self._prepare()
+            if self._fused and any(g.dtype == torch.float16 for g in grads):
+                # Unscaling in float16 would flush small values: let the kernel unscale in float32.
+                self._pending = (check_finite(grads, out_device=self._scale.device), self._scale.state.loss_scale)
+            else:
+                self._require_unscalable(grads, "step()")
+                self._pending = (unscale_and_check_(grads, self._scale.inv_scale(), out_device=self._scale.device), None)
+        found_inf, grad_scale = self._pending
+        self._apply(found_inf, grad_scale)
+        self._finish(found_inf)
+        return None
+
+    def _needs_host_decision(self) -> bool:
+        """Whether the inner optimizer cannot skip on the device for this step.
+
+        Fused SGD with momentum creates its momentum buffers uninitialized
+        (``torch.empty_like``) on its first step and relies on the kernel to
+        fill them; a first step skipped on the device would leave garbage in
+        them. That one step is decided on the host instead.
+        """
+        if not self._fused:
+            return True
+        if isinstance(self._inner, torch.optim.SGD):
+            momentum = any(g.get("momentum", 0) != 0 for g in self.param_groups)
+            has_buffers = any(
+                self.state.get(p, {}).get("momentum_buffer") is not None for g in self.param_groups for p in g["params"]
+            )
+            return momentum and not has_buffers
+        return False
+
+    def _apply(self, found_inf: torch.Tensor, grad_scale: torch.Tensor | None) -> None:
+        """Runs the inner step unless ``found_inf``; on the device when the inner optimizer can skip itself."""
+        if self._needs_host_decision() and bool(found_inf.item()):  # the one host sync of the unfused path
+            return
+        if not self._fused:
+            self._inner.step()
+            return
+        inner: Any = self._inner
+        inner.grad_scale, inner.found_inf = grad_scale, found_inf
+        try:
+            inner.step()
+        finally:
+            del inner.grad_scale, inner.found_inf
+
+    def _finish(self, found_inf: torch.Tensor) -> None:
+        self._pending = None
+        self._scale._record(found_inf, self)
+
+    def _step_with_closure(self, closure: Callable[[], Any]) -> Any:
+        params = [p for g in self.param_groups for p in g["params"]]
+        saved_params = [p.detach().clone() for p in params]
+        saved_state = copy.deepcopy(self._inner.state_dict())
+        found_total = torch.zeros((), dtype=torch.float32, device=self._scale.device)
+
+        def unscaled_closure() -> Any:
+            with torch.enable_grad():
+                loss = closure()
+            grads = self._prepare()
+            self._require_unscalable(grads, "step(closure)")
+            found_total.add_(unscale_and_check_(grads, self._scale.inv_scale(), out_device=found_total.device))
+            return loss
+
+        self._pending = None
+        loss = self._inner.step(unscaled_closure)
+        if bool(found_total.item()):  # one host sync per closure step
+            with torch.no_grad():
+                for p, saved in zip(params, saved_params):
+                    p.copy_(saved)
+            self._inner.load_state_dict(saved_state)
+        self._finish(found_total)
+        return loss
+
+    # ------------------------------------------------------------ TF's methods
+
+    def _all_params(self) -> list[torch.Tensor]:
+        return [p for g in self.param_groups for p in g["params"]]
+
+    def compute_gradients(
+        self, loss: Any, var_list: Iterable[torch.Tensor] | None = None, grad_loss: torch.Tensor | None = None
+    ) -> list[tuple[torch.Tensor | None, torch.Tensor]]:
+        """Unscaled ``(gradient, variable)`` pairs of ``loss`` (a tensor or a zero-argument callable).
+
+        ``var_list`` defaults to every parameter of the inner optimizer that
+        requires grad. Gradients are not accumulated into ``.grad``. Cost:
+        one backward pass, one R and one W pass to unscale; no sync.
+        """
+        if callable(loss) and not isinstance(loss, torch.Tensor):
+            loss = loss()
+        if var_list is None:
+            variables = [p for p in self._all_params() if p.requires_grad]
+        else:
+            variables = list(var_list)
+            bad = [type(v).__name__ for v in variables if not (isinstance(v, torch.Tensor) and v.requires_grad)]
+            if bad:
+                raise ValueError(f"var_list must hold tensors that require grad; got {', '.join(bad)}.")
+        scaled = self.get_scaled_loss(loss)
+        if grad_loss is not None:
+            grad_loss = grad_loss.to(scaled.dtype)
+        grads = torch.autograd.grad(scaled, variables, grad_outputs=grad_loss, allow_unused=True)
+        return list(zip(self.get_unscaled_gradients(grads), variables))
+
+    def apply_gradients(
+        self,
+        grads_and_vars: Iterable[tuple[torch.Tensor | None, torch.Tensor]],
+        global_step: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Applies *unscaled* gradients if all are finite; updates the scale either way.
+
+        A non-finite gradient means no update at all: weights, inner state and
+        step counts stay, and ``global_step`` (a tensor, incremented in place)
+        is not incremented. The parameters' own ``.grad`` are left as they
+        were. Returns a 0-d bool tensor, True if applied (no sync).
+        Cost: one R+W check pass (values unchanged); host syncs as ``step()``.
+        """
+        pairs = list(grads_and_vars)
+        if global_step is not None and not isinstance(global_step, torch.Tensor):
+            raise TypeError(
+                f"global_step must be a tensor to increment in place, e.g. torch.zeros((), dtype=torch.int64); "
+                f"got {type(global_step).__name__}."
+            )
+        params = self._all_params()
+        known = {id(p) for p in params}
+        for grad, var in pairs:
+            if id(var) not in known:
+                raise ValueError(
+                    f"A variable of shape {tuple(var.shape)} is not a parameter of the inner optimizer; "
+                    "add it with add_param_group() first."
+                )
+        given = [g for g, _ in pairs if g is not None]
+        if not given:
+            raise ValueError("No gradients provided for any variable: every gradient in grads_and_vars is None.")
+        self._scale.to_(given[0].device)
+        found_inf = check_finite(given, out_device=self._scale.device)
+        saved = [p.grad for p in params]
+        try:
+            for p in params:
+                p.grad = None
+            for grad, var in pairs:
+                if grad is not None:
+                    var.grad = grad
+            self._apply(found_inf, None)
+        finally:
+            for p, grad in zip(params, saved):
+                p.grad = grad
+        applied = found_inf == 0
+        if global_step is not None:
+            global_step.add_(applied.to(device=global_step.device, dtype=global_step.dtype))
+        self._finish(found_inf)
+        return applied
+
+    def minimize(
+        self,
+        loss: Any,
+        var_list: Iterable[torch.Tensor] | None = None,
+        global_step: torch.Tensor | None = None,
+        grad_loss: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """``apply_gradients(compute_gradients(loss, var_list, grad_loss), global_step)``."""
+        return self.apply_gradients(self.compute_gradients(loss, var_list, grad_loss), global_step)
+
+    def get_slot(self, var: torch.Tensor, name: str) -> torch.Tensor | None:
+        """The inner optimizer's state ``name`` for ``var`` (e.g. ``"exp_avg"``), or None."""
+        return self.state.get(var, {}).get(name)
+
+    def get_slot_names(self) -> list[str]:
+        """Names of the per-parameter state of the inner optimizer (``"step"`` excluded)."""
+        return sorted({name for s in self.state.values() for name in s if name != "step"})
+
+    def variables(self) -> list[torch.Tensor]:
+        """The loss-scale state tensors, then every tensor of the inner optimizer's state."""
+        inner = [v for s in self.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
+        return list(self._scale.state) + inner
+
+    # ------------------------------------------------------------ config and checkpoints
+
+    def get_config(self) -> dict[str, Any]:
+        """Keras's keys (``dynamic``, ``initial_scale``, ``dynamic_growth_steps``), the inner config, the policy."""
+        inner = type(self._inner)
+        return {
+            "inner_optimizer": {"class_name": inner.__name__, "module": inner.__module__, "config": dict(self.defaults)},
+            **stable_form(self._scale.policy),
+            "loss_scale": serialize(self._scale.policy),
+        }
+
+    @classmethod
+    def from_config(
+        cls,
+        config: Mapping[str, Any],
+        params: Iterable[Any],
+        custom_objects: Mapping[str, type] | None = None,
+    ) -> LossScaleOptimizer:
+        """Rebuilds from :meth:`get_config`; torch optimizers need their ``params`` at construction."""
+        spec = config["inner_optimizer"]
+        name = spec["class_name"]
+        opt_cls = (custom_objects or {}).get(name)
+        if opt_cls is None:
+            module = importlib.import_module(spec.get("module", "torch.optim"))
+            opt_cls = getattr(module, name, None)
+        if opt_cls is None:
+            raise ValueError(f"Unknown optimizer class {name!r}: pass it in custom_objects={{{name!r}: {name}}}.")
+        inner = opt_cls(params, **spec["config"])
+        if config.get("loss_scale") is not None:
+            return cls(inner, loss_scale=config["loss_scale"])
+        return cls(
+            inner,
+            dynamic=config.get("dynamic"),
+            initial_scale=config.get("initial_scale"),
+            dynamic_growth_steps=config.get("dynamic_growth_steps"),
+        )
+
+    def state_dict(self) -> dict[str, Any]:  # type: ignore[override]
+        """The inner optimizer's state dict plus a ``"lossscale"`` entry (policy, scale, counters)."""
+        state = dict(self._inner.state_dict())
+        state["lossscale"] = self._scale.state_dict()
+        return state
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:  # type: ignore[override]
+        """Restores :meth:`state_dict`'s output; the saved policy replaces the current one.
+
+        A plain inner-optimizer state dict (no ``"lossscale"`` entry) restores
+        the inner optimizer and keeps the current scale.
+        """
+        state = dict(state_dict)
+        saved_scale = state.pop("lossscale", None)
+        self._inner.load_state_dict(state)
+        if saved_scale is not None:
+            self._scale.load_state_dict(saved_scale)
+        self._pending = None
+
+    def __getstate__(self) -> dict[str, Any]:  # type: ignore[override]
+        return {"inner": self._inner, "scale": self._scale}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:  # type: ignore[override]
+        self._inner = state["inner"]
+        self._scale = state["scale"]
+        self._pending = None
+        self._init_hooks()
+        _WRAPPED[self._inner] = weakref.ref(self)
+
+    def __repr__(self) -> str:
+        return f"LossScaleOptimizer({self._inner!r}, loss_scale={self._scale.policy!r})"
