@@ -71,6 +71,11 @@ class LossScaleOptimizer(torch.optim.Optimizer):
         initial_scale: the initial (or, when ``dynamic=False``, fixed) scale;
             default 2**15.
         dynamic_growth_steps: finite steps before the scale doubles; default 2000.
+        process_group: a ``torch.distributed`` group over which the found-inf
+            flag is all-reduced (MAX) before the decision, so that every rank
+            skips or steps together when ranks hold different gradients
+            (sharded optimizers, model parallelism). One scalar all-reduce per
+            step. Not needed with plain DDP, whose gradients already agree.
 
     The torch idiom::
 
@@ -112,6 +117,7 @@ class LossScaleOptimizer(torch.optim.Optimizer):
         dynamic: bool | None = None,
         initial_scale: float | None = None,
         dynamic_growth_steps: int | None = None,
+        process_group: Any = None,
     ) -> None:
         if isinstance(optimizer, LossScaleOptimizer):
             raise TypeError(
@@ -146,6 +152,7 @@ class LossScaleOptimizer(torch.optim.Optimizer):
         self._inner = optimizer
         self._scale = scale
         self._pending: tuple[torch.Tensor, torch.Tensor | None] | None = None
+        self._process_group = process_group
         self._init_hooks()
         _WRAPPED[optimizer] = weakref.ref(self)
 
@@ -341,6 +348,7 @@ class LossScaleOptimizer(torch.optim.Optimizer):
                 self._require_unscalable(grads, "step()")
                 self._pending = (unscale_and_check_(grads, self._scale.inv_scale(), out_device=self._scale.device), None)
         found_inf, grad_scale = self._pending
+        found_inf = self._agree(found_inf)
         self._apply(found_inf, grad_scale)
         self._finish(found_inf)
         return None
@@ -377,6 +385,16 @@ class LossScaleOptimizer(torch.optim.Optimizer):
         finally:
             del inner.grad_scale, inner.found_inf
 
+    def _agree(self, found_inf: torch.Tensor) -> torch.Tensor:
+        """The found-inf flag every rank of ``process_group`` agrees on (MAX all-reduce); no host sync."""
+        if self._process_group is None:
+            return found_inf
+        import torch.distributed as dist
+
+        agreed = found_inf.clone()
+        dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=self._process_group)
+        return agreed
+
     def _finish(self, found_inf: torch.Tensor) -> None:
         self._pending = None
         self._scale._record(found_inf, self)
@@ -397,6 +415,7 @@ class LossScaleOptimizer(torch.optim.Optimizer):
 
         self._pending = None
         loss = self._inner.step(unscaled_closure)
+        found_total = self._agree(found_total)
         if bool(found_total.item()):  # one host sync per closure step
             with torch.no_grad():
                 for p, saved in zip(params, saved_params):
@@ -465,7 +484,7 @@ class LossScaleOptimizer(torch.optim.Optimizer):
         if not given:
             raise ValueError("No gradients provided for any variable: every gradient in grads_and_vars is None.")
         self._scale.to_(given[0].device)
-        found_inf = check_finite(given, out_device=self._scale.device)
+        found_inf = self._agree(check_finite(given, out_device=self._scale.device))
         saved = [p.grad for p in params]
         try:
             for p in params:
