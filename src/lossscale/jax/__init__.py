@@ -1,0 +1,47 @@
+"""lossscale for JAX: ``loss_scale_optimizer`` wraps any optax transformation.
+
+>>> import jax.numpy as jnp, optax, lossscale.jax as lsj
+>>> opt = lsj.loss_scale_optimizer(optax.adamw(1e-3))
+>>> state = opt.init({"w": jnp.ones(3)})
+>>> float(state.loss_scale), int(state.loss_scale_state.good_steps)
+(32768.0, 0)
+"""
+
+from __future__ import annotations
+
+try:
+    import jax as _jax  # noqa: F401
+    import optax as _optax  # noqa: F401
+except ImportError as error:  # pragma: no cover - exercised only without jax
+    raise ImportError(
+        f"lossscale.jax needs JAX and optax ({error.name} is missing): pip install 'lossscale[jax]'."
+    ) from error
+
+from .._errors import LossScaleError
+from .._policy import (
+    DynamicLossScale,
+    ExponentialUpdateLossScaleManager,
+    FixedLossScale,
+    FixedLossScaleManager,
+    LossScale,
+)
+from .._rule import LossScaleState
+from ._grads import all_finite
+from ._optimizer import loss_scale_optimizer
+from ._scaling import get_scaled_loss, get_unscaled_gradients
+from ._state import LossScaleOptimizerState
+
+__all__ = [
+    "DynamicLossScale",
+    "ExponentialUpdateLossScaleManager",
+    "FixedLossScale",
+    "FixedLossScaleManager",
+    "LossScale",
+    "LossScaleError",
+    "LossScaleOptimizerState",
+    "LossScaleState",
+    "all_finite",
+    "get_scaled_loss",
+    "get_unscaled_gradients",
+    "loss_scale_optimizer",
+]
