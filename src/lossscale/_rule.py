@@ -57,10 +57,6 @@ def initial_state(policy: LossScale | RuleParams, xp: Any, **array_kwargs: Any) 
     )
 
 
-def _saturating_increment(counter: Any, increment: Any, xp: Any) -> Any:
-    return xp.where(counter < COUNTER_MAX, counter + increment, counter)
-
-
 def next_state(policy: LossScale | RuleParams, state: LossScaleState, finite: Any, xp: Any) -> LossScaleState:
     """The state after one step whose gradients were all finite iff ``finite``.
 
@@ -96,32 +92,41 @@ def next_state(policy: LossScale | RuleParams, state: LossScaleState, finite: An
     """
     params = policy if isinstance(policy, RuleParams) else policy.rule_params()
     scale, good, bad, skipped, streak = state
-    skipped = xp.where(finite, skipped, _saturating_increment(skipped, 1, xp))
-    streak = xp.where(finite, 0, _saturating_increment(streak, 1, xp))
+    not_finite = ~finite
+    skipped = skipped + (not_finite & (skipped < COUNTER_MAX))
+    streak = xp.where(finite, 0, streak + (streak < COUNTER_MAX))
     if not params.dynamic:
         return LossScaleState(scale, good, bad, skipped, streak)
 
-    # A finite step.
-    grow_due = good + 1 >= params.growth_interval
+    # Branches below are on static numbers, so a common policy (TF's: one
+    # overflow backs off, no ceiling) traces to about 20 scalar ops.
+    # ``good``/``bad`` never pass their thresholds, so they cannot overflow.
+    good_plus = good + 1
+    grow_due = good_plus >= params.growth_interval
     grown = scale * params.growth_factor
-    grown_ok = xp.isfinite(grown)
+    grow = finite & grow_due & xp.isfinite(grown)
     if params.max_scale is not None:
         grown = xp.where(grown > params.max_scale, params.max_scale, grown)
-    scale_if_finite = xp.where(grow_due & grown_ok, grown, scale)
-    good_if_finite = xp.where(grow_due, 0, _saturating_increment(good, 1, xp))
-    bad_if_finite = xp.where(grow_due, 0, bad)
 
-    # A non-finite step.
-    backoff_due = bad + 1 >= params.hysteresis
-    backed = scale * params.backoff_multiplier / params.backoff_divisor
+    if params.hysteresis == 1:
+        backoff_due = not_finite
+        new_bad = bad
+    else:
+        bad_plus = bad + 1
+        backoff_due = not_finite & (bad_plus >= params.hysteresis)
+        # bad resets when the scale changes (growth period reached, or backoff), else counts overflows.
+        new_bad = xp.where(xp.where(finite, grow_due, backoff_due), 0, xp.where(finite, bad, bad_plus))
+    backed = scale
+    if params.backoff_multiplier != 1.0:
+        backed = backed * params.backoff_multiplier
+    if params.backoff_divisor != 1.0:
+        backed = backed / params.backoff_divisor
     backed = xp.where(backed < params.min_scale, params.min_scale, backed)
-    scale_if_not = xp.where(backoff_due, backed, scale)
-    bad_if_not = xp.where(backoff_due, 0, _saturating_increment(bad, 1, xp))
 
     return LossScaleState(
-        loss_scale=xp.where(finite, scale_if_finite, scale_if_not),
-        good_steps=xp.where(finite, good_if_finite, 0),
-        bad_steps=xp.where(finite, bad_if_finite, bad_if_not),
+        loss_scale=xp.where(grow, grown, xp.where(backoff_due, backed, scale)),
+        good_steps=xp.where(finite & ~grow_due, good_plus, 0),
+        bad_steps=new_bad,
         skipped_steps=skipped,
         consecutive_skips=streak,
     )

@@ -9,17 +9,26 @@ Dense gradients are grouped by (device, dtype) with torch's C++ grouping and
 handled by one multi-tensor kernel call per group
 (``torch._amp_foreach_non_finite_check_and_unscale_``: R+W, computes in
 float32 for half types). Sparse gradients are handled one by one.
+
+DTensor gradients (FSDP2 ``fully_shard``, tensor parallel) are handled on
+their local shards (``to_local()``, no copy): the passes stay local, with
+no hidden collective per kernel call, and the optimizer agrees on the
+found-inf flag with one all-reduce afterwards (see ``_distributed.py``).
+:func:`scaled_norm` is the exception: a global norm needs one scalar
+all-reduce over the sharded mesh dimensions.
 """
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 import torch
 from torch.utils._foreach_utils import _group_tensors_by_device_and_dtype
 
+from ._distributed import dtensor_type
+
 __all__ = [
-    "collect_grads",
+    "GradGroups",
     "unscale_and_check_",
     "check_finite",
     "unscaled_copies",
@@ -28,20 +37,42 @@ __all__ = [
 ]
 
 
-def collect_grads(param_groups: Iterable[dict]) -> list[torch.Tensor]:
-    """The ``.grad`` of every parameter in ``param_groups`` that has one."""
-    return [p.grad for group in param_groups for p in group["params"] if p.grad is not None]
+class GradGroups:
+    """One step's gradients, grouped once by (device, dtype); sparse ones apart.
+
+    Grouping uses torch's C++ helper; the Python cost is one loop over the
+    gradients to set sparse ones aside.
+    """
+
+    __slots__ = ("tensors", "dense", "sparse")
+
+    def __init__(self, grads: Sequence[torch.Tensor]) -> None:
+        self.tensors = list(grads)
+        dense: list[torch.Tensor] = []
+        self.sparse: list[torch.Tensor] = []
+        for grad in self.tensors:
+            (dense if grad.layout == torch.strided else self.sparse).append(grad)
+        self.dense = {key: tensors for key, ([tensors], _) in _group_tensors_by_device_and_dtype([dense]).items()}
+
+    @classmethod
+    def of(cls, param_groups: Iterable[dict]) -> GradGroups:
+        """The ``.grad`` of every parameter in ``param_groups`` that has one."""
+        return cls([p.grad for group in param_groups for p in group["params"] if p.grad is not None])
+
+    @property
+    def has_float16(self) -> bool:
+        return any(dtype == torch.float16 for _, dtype in self.dense) or any(
+            g.dtype == torch.float16 for g in self.sparse
+        )
+
+    @property
+    def device(self) -> torch.device | None:
+        return self.tensors[0].device if self.tensors else None
 
 
 def reciprocal(scale: torch.Tensor) -> torch.Tensor:
     """``1 / scale`` computed in float64, returned as float32 (exact for powers of two)."""
     return scale.double().reciprocal().float()
-
-
-def _split(grads: Sequence[torch.Tensor]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    dense = [g for g in grads if g.layout == torch.strided]
-    sparse = [g for g in grads if g.layout != torch.strided]
-    return dense, sparse
 
 
 def _combine(flags: list[torch.Tensor], device: torch.device) -> torch.Tensor:
@@ -54,37 +85,33 @@ def _combine(flags: list[torch.Tensor], device: torch.device) -> torch.Tensor:
     return total
 
 
-def unscale_and_check_(
-    grads: Sequence[torch.Tensor], inv_scale: torch.Tensor, *, out_device: torch.device
-) -> torch.Tensor:
+def unscale_and_check_(grads: GradGroups, inv_scale: torch.Tensor, *, out_device: torch.device) -> torch.Tensor:
     """Multiplies every gradient in place by ``inv_scale`` and flags non-finite values.
 
     Cost: one R+W pass (a single multi-tensor kernel per (device, dtype)); no
     host sync. Half-precision values are multiplied in float32 and rounded
     once. Returns the found-inf flag on ``out_device``.
     """
-    dense, sparse = _split(grads)
     flags: list[torch.Tensor] = []
-    groups = _group_tensors_by_device_and_dtype([dense])
-    for (device, _dtype), ([tensors], _) in groups.items():
+    for (device, _dtype), tensors in grads.dense.items():
         found = torch.zeros((), dtype=torch.float32, device=device)
         torch._amp_foreach_non_finite_check_and_unscale_(tensors, found, inv_scale.to(device, non_blocking=True))
         flags.append(found)
-    for grad in sparse:
-        values = _sparse_values(grad)
+    for grad in grads.sparse:
         found = torch.zeros((), dtype=torch.float32, device=grad.device)
-        torch._amp_foreach_non_finite_check_and_unscale_([values], found, inv_scale.to(grad.device))
+        torch._amp_foreach_non_finite_check_and_unscale_([_sparse_values(grad)], found, inv_scale.to(grad.device))
         flags.append(found)
     return _combine(flags, out_device)
 
 
-def check_finite(grads: Sequence[torch.Tensor], *, out_device: torch.device) -> torch.Tensor:
+def check_finite(grads: GradGroups, *, out_device: torch.device) -> torch.Tensor:
     """Flags non-finite values and leaves every gradient's value as it was.
 
     This is :func:`unscale_and_check_` with a scale of exactly 1: the kernel
     writes each value back unchanged. Measured on CPU (see
-    ``benchmarks/bench_torch.py``), this R+W kernel beats every read-only
-    multi-tensor reduction torch offers (``_foreach_max``, ``_foreach_norm``).
+    ``benchmarks/bench_torch.py``), this R+W kernel is as fast as any
+    read-only multi-tensor reduction torch offers (``_foreach_max``,
+    ``_foreach_norm``, per-tensor ``dot``/``sum``).
     Cost: one R+W pass; no host sync.
     """
     one = torch.ones((), dtype=torch.float32, device=out_device)
@@ -112,20 +139,18 @@ def unscaled_copies(grads: Sequence[torch.Tensor | None], inv_scale: torch.Tenso
     return out
 
 
-def scaled_norm(grads: Sequence[torch.Tensor], norm_type: float, *, out_device: torch.device) -> torch.Tensor:
+def scaled_norm(grads: GradGroups, norm_type: float, *, out_device: torch.device) -> torch.Tensor:
     """The ``norm_type``-norm of all gradients together, accumulated in float32.
 
     Cost: one R pass; no host sync. Per-tensor norms of half-precision
     gradients are accumulated and returned in float32, so they cannot
     overflow at float16's 65504.
     """
-    dense, sparse = _split(grads)
     norms: list[torch.Tensor] = []
-    groups = _group_tensors_by_device_and_dtype([dense])
-    for (device, _dtype), ([tensors], _) in groups.items():
+    for (_device, _dtype), tensors in grads.dense.items():
         per_tensor = torch._foreach_norm(tensors, norm_type, dtype=torch.float32)
         norms.extend(n.to(out_device, non_blocking=True) for n in per_tensor)
-    for grad in sparse:
+    for grad in grads.sparse:
         values = _sparse_values(grad)
         norms.append(torch.linalg.vector_norm(values, norm_type, dtype=torch.float32).to(out_device))
     if not norms:

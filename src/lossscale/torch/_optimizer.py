@@ -34,7 +34,9 @@ import torch
 
 from .._policy import LossScale, serialize
 from .._resolve import stable_form
-from ._grads import check_finite, collect_grads, scaled_norm, unscale_and_check_, unscaled_copies
+from ._distributed import agreement_groups, all_reduce_max, validate_process_group
+from ._distributed import check_replicas_agree as _check_replicas_agree
+from ._grads import GradGroups, check_finite, scaled_norm, unscale_and_check_, unscaled_copies
 from ._scale import SharedLossScale
 
 __all__ = ["LossScaleOptimizer"]
@@ -76,6 +78,11 @@ class LossScaleOptimizer(torch.optim.Optimizer):
             skips or steps together when ranks hold different gradients
             (sharded optimizers, model parallelism). One scalar all-reduce per
             step. Not needed with plain DDP, whose gradients already agree.
+            A ``DeviceMesh`` means all of its ranks. When it is None and the
+            parameters are DTensors (FSDP2 ``fully_shard``), the flag is
+            reduced over their device mesh automatically. Give a group that
+            spans every rank that must agree (e.g. all pipeline stages).
+            See ``docs/distributed.md``.
 
     The torch idiom::
 
@@ -152,7 +159,7 @@ class LossScaleOptimizer(torch.optim.Optimizer):
         self._inner = optimizer
         self._scale = scale
         self._pending: tuple[torch.Tensor, torch.Tensor | None] | None = None
-        self._process_group = process_group
+        self._process_group = validate_process_group(process_group)
         self._init_hooks()
         _WRAPPED[optimizer] = weakref.ref(self)
 
@@ -266,14 +273,14 @@ class LossScaleOptimizer(torch.optim.Optimizer):
     def _fused(self) -> bool:
         return bool(getattr(self._inner, "_step_supports_amp_scaling", False))
 
-    def _prepare(self) -> list[torch.Tensor]:
-        grads = collect_grads(self.param_groups)
-        if grads:
-            self._scale.to_(grads[0].device)
+    def _prepare(self) -> GradGroups:
+        grads = GradGroups.of(self.param_groups)
+        if grads.device is not None:
+            self._scale.to_(grads.device)
         return grads
 
-    def _require_unscalable(self, grads: Sequence[torch.Tensor], what: str) -> None:
-        if any(g.dtype == torch.float16 for g in grads):
+    def _require_unscalable(self, grads: GradGroups, what: str) -> None:
+        if grads.has_float16:
             raise ValueError(
                 f"{what} would unscale float16 gradients in float16, flushing to zero the small values loss "
                 "scaling exists to keep. Keep float32 parameters and run the model under torch.autocast, "
@@ -315,8 +322,8 @@ class LossScaleOptimizer(torch.optim.Optimizer):
                 )
             # Already unscaled by unscale_(): an ordinary clip.
             total = scaled_norm(grads, norm_type, out_device=self._scale.device)
-            if grads:
-                torch._foreach_mul_(grads, torch.clamp(max_norm / (total + 1e-6), max=1.0))
+            if grads.tensors:
+                torch._foreach_mul_(grads.tensors, torch.clamp(max_norm / (total + 1e-6), max=1.0))
             return total
         scale = self._scale.state.loss_scale
         total = scaled_norm(grads, norm_type, out_device=self._scale.device) * self._scale.inv_scale()
@@ -326,8 +333,8 @@ class LossScaleOptimizer(torch.optim.Optimizer):
             self._pending = (found_inf, scale / coef)
         else:
             self._require_unscalable(grads, "clip_grad_norm_()")
-            if grads:
-                torch._foreach_mul_(grads, self._scale.inv_scale() * coef)
+            if grads.tensors:
+                torch._foreach_mul_(grads.tensors, self._scale.inv_scale() * coef)
             self._pending = (found_inf, None)
         return total
 
@@ -341,7 +348,7 @@ class LossScaleOptimizer(torch.optim.Optimizer):
             return self._step_with_closure(closure)
         if self._pending is None:
             grads = self._prepare()
-            if self._fused and any(g.dtype == torch.float16 for g in grads):
+            if self._fused and grads.has_float16:
                 # Unscaling in float16 would flush small values: let the kernel unscale in float32.
                 self._pending = (check_finite(grads, out_device=self._scale.device), self._scale.state.loss_scale)
             else:
@@ -386,14 +393,25 @@ class LossScaleOptimizer(torch.optim.Optimizer):
             del inner.grad_scale, inner.found_inf
 
     def _agree(self, found_inf: torch.Tensor) -> torch.Tensor:
-        """The found-inf flag every rank of ``process_group`` agrees on (MAX all-reduce); no host sync."""
-        if self._process_group is None:
-            return found_inf
-        import torch.distributed as dist
+        """The found-inf flag every rank agrees on: MAX-all-reduced over ``process_group`` or the DTensor mesh.
 
-        agreed = found_inf.clone()
-        dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=self._process_group)
-        return agreed
+        One scalar all-reduce per step (none without a group or DTensors);
+        no host sync on NCCL (stream-ordered), a blocking wait on gloo.
+        """
+        return all_reduce_max(found_inf, agreement_groups(self._process_group, self._all_params()))
+
+    def check_replicas_agree(self, process_group: Any = None) -> None:
+        """Debug check: raises :class:`lossscale.LossScaleError` unless all ranks hold the same scale state.
+
+        Compares the scale, the four counters and the policy over
+        ``process_group`` (default: the group the found-inf flag is reduced
+        over, else the world). Call it on every rank of that group, e.g.
+        every few hundred steps or after a resume. Cost: one all-gather of 6
+        numbers and one host sync.
+        """
+        group = self._process_group if process_group is None else validate_process_group(process_group)
+        groups = agreement_groups(group, self._all_params())
+        _check_replicas_agree(self._scale.state, self._scale.policy, groups)
 
     def _finish(self, found_inf: torch.Tensor) -> None:
         self._pending = None
@@ -484,7 +502,7 @@ class LossScaleOptimizer(torch.optim.Optimizer):
         if not given:
             raise ValueError("No gradients provided for any variable: every gradient in grads_and_vars is None.")
         self._scale.to_(given[0].device)
-        found_inf = self._agree(check_finite(given, out_device=self._scale.device))
+        found_inf = self._agree(check_finite(GradGroups(given), out_device=self._scale.device))
         saved = [p.grad for p in params]
         try:
             for p in params:
@@ -588,6 +606,7 @@ class LossScaleOptimizer(torch.optim.Optimizer):
         self._inner = state["inner"]
         self._scale = state["scale"]
         self._pending = None
+        self._process_group = None  # process groups do not pickle; pass process_group= again
         self._init_hooks()
         _WRAPPED[self._inner] = weakref.ref(self)
 

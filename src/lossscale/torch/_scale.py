@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
 from .._policy import LossScale, get, serialize
@@ -152,8 +153,22 @@ class SharedLossScale:
         self._advance(pending)
 
     def _advance(self, found_inf: torch.Tensor) -> None:
-        finite = found_inf.to(self.device, non_blocking=True) == 0
-        new = next_state(self._params, self._state, finite, torch)
+        """Applies the core rule in place: ``state <- next_state(policy, state, found_inf == 0)``.
+
+        On the GPU (and under ``torch.compile``) the rule runs as about 20
+        scalar torch ops on the device. For CPU state it runs with numpy on
+        zero-copy views of the same memory: identical arithmetic (float32 and
+        int32, the same function), about 5x less dispatch overhead, and no
+        sync, since CPU tensors have no queue to wait for.
+        """
+        found_inf = found_inf.to(self.device, non_blocking=True)
+        if self.device.type == "cpu" and not torch.compiler.is_compiling():
+            views = LossScaleState(*(t.numpy() for t in self._state))
+            new = next_state(self._params, views, found_inf.detach().numpy() == 0, np)
+            for view, value in zip(views, new):
+                view[...] = value
+            return
+        new = next_state(self._params, self._state, found_inf == 0, torch)
         with torch.no_grad():
             torch._foreach_copy_(list(self._state), list(new))
 

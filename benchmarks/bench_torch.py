@@ -1,0 +1,196 @@
+"""Optimizer-step overhead of loss scaling: plain step vs GradScaler vs lossscale.
+
+Everything runs in ONE process, interleaved round by round, on the same
+gradient values, and each case reports the median over rounds of the mean
+time per step. What is timed is the optimizer side of a training step (what
+loss scaling changes), not the forward/backward pass:
+
+* plain:      ``[clip_grad_norm_] ; opt.step()``           (unscaled gradients)
+* GradScaler: ``scaler.scale(loss) ; [scaler.unscale_ ; clip_grad_norm_] ; scaler.step ; scaler.update``
+* lossscale:  ``opt.get_scaled_loss(loss) ; [opt.clip_grad_norm_] ; opt.step()``
+
+Both scaled variants start each step from gradients equal to ``S * g``
+(restored outside the timed region). "overhead" is a variant's time minus
+plain's; "ratio" is lossscale's overhead over GradScaler's. Host syncs are
+counted with a ``TorchDispatchMode`` that counts ``aten._local_scalar_dense``
+(what ``.item()``, ``bool(tensor)`` and friends call).
+
+Run:  python benchmarks/bench_torch.py            (full sweep, a few minutes)
+      python benchmarks/bench_torch.py --quick    (small sizes, seconds)
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import time
+from typing import Callable
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from lossscale.torch import LossScaleOptimizer
+
+SCALE = 1024.0
+MAX_NORM = 1.0
+
+
+class SyncCounter(TorchDispatchMode):
+    """Counts host syncs: every ``aten._local_scalar_dense`` call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        if func is torch.ops.aten._local_scalar_dense.default:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def make_params(n_params: int, n_tensors: int, seed: int) -> list[torch.nn.Parameter]:
+    gen = torch.Generator().manual_seed(seed)
+    size = n_params // n_tensors
+    return [torch.nn.Parameter(torch.randn(size, generator=gen)) for _ in range(n_tensors)]
+
+
+def make_optimizer(kind: str, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+    if kind == "adamw-fused":
+        return torch.optim.AdamW(params, lr=1e-3, fused=True)
+    if kind == "adamw-foreach":
+        return torch.optim.AdamW(params, lr=1e-3, foreach=True)
+    if kind == "sgd-momentum":
+        return torch.optim.SGD(params, lr=1e-3, momentum=0.9, foreach=True)
+    raise ValueError(f"unknown optimizer {kind!r}")
+
+
+class Variant:
+    """One way of running the optimizer step, on its own copy of the parameters."""
+
+    def __init__(self, name: str, kind: str, n_params: int, n_tensors: int, clip: bool) -> None:
+        self.name = name
+        self.clip = clip
+        self.params = make_params(n_params, n_tensors, seed=0)
+        gen = torch.Generator().manual_seed(1)
+        self.grads = [torch.randn(p.shape, generator=gen) * 1e-3 for p in self.params]
+        scale = 1.0 if name == "plain" else SCALE
+        self.grads = [g * scale for g in self.grads]
+        inner = make_optimizer(kind, self.params)
+        self.loss = torch.tensor(1.0)
+        if name == "plain":
+            self.opt = inner
+            self.run = self._plain
+        elif name == "GradScaler":
+            self.opt = inner
+            self.scaler = torch.amp.GradScaler("cpu", init_scale=SCALE)
+            self.run = self._grad_scaler
+        else:
+            self.opt = LossScaleOptimizer(inner, initial_scale=SCALE)
+            self.run = self._lossscale
+        self.restore()
+
+    def restore(self) -> None:
+        for p, g in zip(self.params, self.grads):
+            if p.grad is None:
+                p.grad = g.clone()
+            else:
+                p.grad.copy_(g)
+
+    def _plain(self) -> None:
+        if self.clip:
+            torch.nn.utils.clip_grad_norm_(self.params, MAX_NORM)
+        self.opt.step()
+
+    def _grad_scaler(self) -> None:
+        self.scaler.scale(self.loss)
+        if self.clip:
+            self.scaler.unscale_(self.opt)
+            torch.nn.utils.clip_grad_norm_(self.params, MAX_NORM)
+        self.scaler.step(self.opt)
+        self.scaler.update()
+
+    def _lossscale(self) -> None:
+        self.opt.get_scaled_loss(self.loss)
+        if self.clip:
+            self.opt.clip_grad_norm_(MAX_NORM)
+        self.opt.step()
+
+    def timed(self, steps: int) -> float:
+        total = 0.0
+        for _ in range(steps):
+            self.restore()
+            start = time.perf_counter()
+            self.run()
+            total += time.perf_counter() - start
+        return total / steps
+
+    def syncs(self) -> int:
+        self.restore()
+        with SyncCounter() as counter:
+            self.run()
+        return counter.count
+
+
+def bench_case(kind: str, n_params: int, n_tensors: int, clip: bool, rounds: int, steps: int) -> dict:
+    variants = [Variant(name, kind, n_params, n_tensors, clip) for name in ("plain", "GradScaler", "lossscale")]
+    for v in variants:  # warm-up: state allocation, first-step paths
+        v.timed(2)
+    samples: dict[str, list[float]] = {v.name: [] for v in variants}
+    for r in range(rounds):
+        order = variants if r % 2 == 0 else variants[::-1]
+        for v in order:
+            samples[v.name].append(v.timed(steps))
+    med = {name: statistics.median(ts) for name, ts in samples.items()}
+    return {
+        "kind": kind,
+        "n_params": n_params,
+        "n_tensors": n_tensors,
+        "clip": clip,
+        "plain_ms": med["plain"] * 1e3,
+        "gs_over_ms": (med["GradScaler"] - med["plain"]) * 1e3,
+        "ls_over_ms": (med["lossscale"] - med["plain"]) * 1e3,
+        "gs_syncs": variants[1].syncs(),
+        "ls_syncs": variants[2].syncs(),
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="small sizes and few rounds (a smoke run)")
+    parser.add_argument("--sizes", type=lambda s: [int(float(x)) for x in s.split(",")], default=None)
+    parser.add_argument("--tensors", type=lambda s: [int(x) for x in s.split(",")], default=None)
+    parser.add_argument("--optimizers", type=lambda s: s.split(","), default=None)
+    parser.add_argument("--clip", choices=["both", "on", "off"], default="both")
+    parser.add_argument("--rounds", type=int, default=None)
+    parser.add_argument("--steps", type=int, default=None)
+    args = parser.parse_args(argv)
+    sizes = args.sizes or ([100_000] if args.quick else [1_000_000, 10_000_000, 50_000_000])
+    tensors = args.tensors or ([10] if args.quick else [100, 1000])
+    kinds = args.optimizers or ["adamw-fused", "adamw-foreach", "sgd-momentum"]
+    clips = {"both": [False, True], "on": [True], "off": [False]}[args.clip]
+    rounds = args.rounds or (2 if args.quick else 7)
+    steps = args.steps or (2 if args.quick else 5)
+
+    print(f"# torch {torch.__version__}, {platform.processor() or platform.machine()}, "
+          f"{torch.get_num_threads()} threads, rounds={rounds}, steps/round={steps}, scale={SCALE:g}")
+    header = ("optimizer", "params", "tensors", "clip", "plain ms", "GradScaler +ms", "lossscale +ms",
+              "ratio", "syncs GS", "syncs LS")
+    print("| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header))
+    for kind in kinds:
+        for n_params in sizes:
+            for n_tensors in tensors:
+                for clip in clips:
+                    row = bench_case(kind, n_params, n_tensors, clip, rounds, steps)
+                    ratio = row["ls_over_ms"] / row["gs_over_ms"] if row["gs_over_ms"] > 0 else float("nan")
+                    print(
+                        f"| {kind} | {n_params / 1e6:g}M | {n_tensors} | {'yes' if clip else 'no'} | "
+                        f"{row['plain_ms']:.2f} | {row['gs_over_ms']:+.2f} | {row['ls_over_ms']:+.2f} | "
+                        f"{ratio:.2f} | {row['gs_syncs']} | {row['ls_syncs']} |",
+                        flush=True,
+                    )
+
+
+if __name__ == "__main__":
+    main()
