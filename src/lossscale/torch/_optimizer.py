@@ -36,6 +36,7 @@ from .._policy import LossScale, serialize
 from .._resolve import stable_form
 from ._distributed import agreement_groups, all_reduce_max, validate_process_group
 from ._distributed import check_replicas_agree as _check_replicas_agree
+from ._diagnostics import OverflowReport, OverflowReporter, SkipGuard, StepRecorder
 from ._grads import GradGroups, check_finite, scaled_norm, unscale_and_check_, unscaled_copies
 from ._scale import SharedLossScale
 
@@ -83,6 +84,18 @@ class LossScaleOptimizer(torch.optim.Optimizer):
             reduced over their device mesh automatically. Give a group that
             spans every rank that must agree (e.g. all pipeline stages).
             See ``docs/distributed.md``.
+        max_consecutive_skips: raise :class:`lossscale.LossScaleError`, with
+            likely causes and fixes, once this many steps in a row were
+            skipped (default None: never). No sync (one step late on a GPU).
+        overflow_report: on a skipped step, log (logger ``"lossscale"``) and
+            keep in :attr:`last_overflow_report` which gradients held NaN or
+            Inf. Free on finite steps of the unfused path; one host sync per
+            step on the fused path.
+        named_parameters: names for that report, e.g. ``model.named_parameters()``.
+        history: True or a :class:`lossscale.History` to record each step's
+            scale, skip flag and loss (the one given to
+            :meth:`get_scaled_loss`); transferred in batches, no per-step sync.
+            Read it with :attr:`history`.
 
     The torch idiom::
 
@@ -125,6 +138,10 @@ class LossScaleOptimizer(torch.optim.Optimizer):
         initial_scale: float | None = None,
         dynamic_growth_steps: int | None = None,
         process_group: Any = None,
+        max_consecutive_skips: int | None = None,
+        overflow_report: bool = False,
+        named_parameters: Iterable[tuple[str, torch.Tensor]] | None = None,
+        history: Any = None,
     ) -> None:
         if isinstance(optimizer, LossScaleOptimizer):
             raise TypeError(
@@ -160,8 +177,23 @@ class LossScaleOptimizer(torch.optim.Optimizer):
         self._scale = scale
         self._pending: tuple[torch.Tensor, torch.Tensor | None] | None = None
         self._process_group = validate_process_group(process_group)
+        if named_parameters is not None and not overflow_report:
+            raise ValueError("named_parameters only names the gradients of the overflow report: pass overflow_report=True too.")
+        self._init_diagnostics(max_consecutive_skips, overflow_report, named_parameters, history)
         self._init_hooks()
         _WRAPPED[optimizer] = weakref.ref(self)
+
+    def _init_diagnostics(
+        self,
+        max_consecutive_skips: int | None,
+        overflow_report: bool,
+        named_parameters: Iterable[tuple[str, torch.Tensor]] | None,
+        history: Any,
+    ) -> None:
+        self._steps = 0
+        self._guard = None if max_consecutive_skips is None else SkipGuard(max_consecutive_skips)
+        self._reporter = OverflowReporter(named_parameters) if overflow_report else None
+        self._recorder = None if history is None or history is False else StepRecorder(history)
 
     def _init_hooks(self) -> None:
         for name in _HOOK_DICTS:
@@ -258,7 +290,25 @@ class LossScaleOptimizer(torch.optim.Optimizer):
 
     def get_scaled_loss(self, loss: Any) -> Any:
         """``loss * loss_scale``, keeping ``loss``'s dtype; a callable gives a callable."""
+        if self._recorder is not None:
+            if isinstance(loss, torch.Tensor):
+                self._recorder.note_loss(loss)
+            elif callable(loss):
+                return lambda: self.get_scaled_loss(loss())
         return self._scale.get_scaled_loss(loss)
+
+    @property
+    def history(self) -> Any:
+        """The :class:`lossscale.History` being recorded (flushed first), or None if off."""
+        if self._recorder is None:
+            return None
+        self._recorder.flush()
+        return self._recorder.history
+
+    @property
+    def last_overflow_report(self) -> OverflowReport | None:
+        """The report of the last skipped step (needs ``overflow_report=True``), or None."""
+        return None if self._reporter is None else self._reporter.last
 
     def get_unscaled_gradients(self, grads: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:
         """A new list: each gradient times ``1/loss_scale`` in its own dtype; None stays None.
@@ -356,8 +406,7 @@ class LossScaleOptimizer(torch.optim.Optimizer):
                 self._pending = (unscale_and_check_(grads, self._scale.inv_scale(), out_device=self._scale.device), None)
         found_inf, grad_scale = self._pending
         found_inf = self._agree(found_inf)
-        self._apply(found_inf, grad_scale)
-        self._finish(found_inf)
+        self._finish(found_inf, self._apply(found_inf, grad_scale))
         return None
 
     def _needs_host_decision(self) -> bool:
@@ -378,19 +427,26 @@ class LossScaleOptimizer(torch.optim.Optimizer):
             return momentum and not has_buffers
         return False
 
-    def _apply(self, found_inf: torch.Tensor, grad_scale: torch.Tensor | None) -> None:
-        """Runs the inner step unless ``found_inf``; on the device when the inner optimizer can skip itself."""
-        if self._needs_host_decision() and bool(found_inf.item()):  # the one host sync of the unfused path
-            return
-        if not self._fused:
-            self._inner.step()
-            return
+    def _apply(self, found_inf: torch.Tensor, grad_scale: torch.Tensor | None) -> bool | None:
+        """Runs the inner step unless ``found_inf``; on the device when the inner optimizer can skip itself.
+
+        Returns whether the step was skipped when that was decided on the
+        host, and None when the inner optimizer decided on the device.
+        """
+        on_host = self._needs_host_decision()
+        if on_host:
+            if bool(found_inf.item()):  # the one host sync of the unfused path
+                return True
+            if not self._fused:
+                self._inner.step()
+                return False
         inner: Any = self._inner
         inner.grad_scale, inner.found_inf = grad_scale, found_inf
         try:
             inner.step()
         finally:
             del inner.grad_scale, inner.found_inf
+        return False if on_host else None
 
     def _agree(self, found_inf: torch.Tensor) -> torch.Tensor:
         """The found-inf flag every rank agrees on: MAX-all-reduced over ``process_group`` or the DTensor mesh.
@@ -413,9 +469,37 @@ class LossScaleOptimizer(torch.optim.Optimizer):
         groups = agreement_groups(group, self._all_params())
         _check_replicas_agree(self._scale.state, self._scale.policy, groups)
 
-    def _finish(self, found_inf: torch.Tensor) -> None:
+    def _finish(
+        self,
+        found_inf: torch.Tensor,
+        skipped: bool | None,
+        named_grads: Iterable[tuple[str, torch.Tensor]] | None = None,
+    ) -> None:
+        """Updates the scale and runs the diagnostics that are on (none costs anything when off)."""
         self._pending = None
+        step = self._steps
+        self._steps += 1
+        if self._reporter is not None or self._recorder is not None:
+            scale_used = self._scale.state.loss_scale.clone()
+        if self._reporter is not None:
+            if skipped is None:
+                skipped = bool(found_inf.item())  # the report's one sync on the fused path
+            if named_grads is None:
+                named_grads = self._named_grads()
+            self._reporter.observe(skipped, named_grads, float(scale_used), step)
         self._scale._record(found_inf, self)
+        if self._recorder is not None:
+            self._recorder.record(step, scale_used, found_inf > 0)
+        if self._guard is not None:
+            self._guard.check(self._scale.state.consecutive_skips, self._scale.state.loss_scale)
+
+    def _named_grads(self) -> Iterable[tuple[str, torch.Tensor]]:
+        """``(name, grad)`` of every parameter with a gradient; lazy, so free unless iterated."""
+        reporter = self._reporter
+        for g, group in enumerate(self.param_groups):
+            for i, p in enumerate(group["params"]):
+                if p.grad is not None and reporter is not None:
+                    yield reporter.name_of(p, g, i), p.grad
 
     def _step_with_closure(self, closure: Callable[[], Any]) -> Any:
         params = [p for g in self.param_groups for p in g["params"]]
@@ -439,7 +523,9 @@ class LossScaleOptimizer(torch.optim.Optimizer):
                 for p, saved in zip(params, saved_params):
                     p.copy_(saved)
             self._inner.load_state_dict(saved_state)
-        self._finish(found_total)
+            self._finish(found_total, True)
+        else:
+            self._finish(found_total, False)
         return loss
 
     # ------------------------------------------------------------ TF's methods
@@ -510,14 +596,21 @@ class LossScaleOptimizer(torch.optim.Optimizer):
             for grad, var in pairs:
                 if grad is not None:
                     var.grad = grad
-            self._apply(found_inf, None)
+            skipped = self._apply(found_inf, None)
         finally:
             for p, grad in zip(params, saved):
                 p.grad = grad
         applied = found_inf == 0
         if global_step is not None:
             global_step.add_(applied.to(device=global_step.device, dtype=global_step.dtype))
-        self._finish(found_inf)
+        index = {id(p): (g, i) for g, group in enumerate(self.param_groups) for i, p in enumerate(group["params"])}
+        reporter = self._reporter
+        named = (
+            [(reporter.name_of(v, *index[id(v)]), grad) for grad, v in pairs if grad is not None]
+            if reporter is not None
+            else None
+        )
+        self._finish(found_inf, skipped, named)
         return applied
 
     def minimize(
@@ -600,13 +693,23 @@ class LossScaleOptimizer(torch.optim.Optimizer):
         self._pending = None
 
     def __getstate__(self) -> dict[str, Any]:  # type: ignore[override]
-        return {"inner": self._inner, "scale": self._scale}
+        # Parameter names (keyed by tensor identity) and process groups do not survive pickling.
+        return {
+            "inner": self._inner,
+            "scale": self._scale,
+            "max_consecutive_skips": None if self._guard is None else self._guard.limit,
+            "overflow_report": self._reporter is not None,
+            "history": self.history,
+        }
 
     def __setstate__(self, state: dict[str, Any]) -> None:  # type: ignore[override]
         self._inner = state["inner"]
         self._scale = state["scale"]
         self._pending = None
         self._process_group = None  # process groups do not pickle; pass process_group= again
+        self._init_diagnostics(
+            state.get("max_consecutive_skips"), state.get("overflow_report", False), None, state.get("history")
+        )
         self._init_hooks()
         _WRAPPED[self._inner] = weakref.ref(self)
 

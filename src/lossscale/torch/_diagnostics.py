@@ -1,0 +1,185 @@
+"""Opt-in diagnostics for ``LossScaleOptimizer``: stall guard, overflow report, history.
+
+Each one costs nothing when it is off. When it is on:
+
+* :class:`SkipGuard` reads the consecutive-skip counter. On CPU the read is
+  free; on an accelerator it copies the counter into pinned host memory
+  without blocking and reads the *previous* step's copy, so it adds no sync
+  and raises one step late.
+* :class:`OverflowReporter` looks at individual gradients only on a skipped
+  step (one R pass over them then). Knowing that the step was skipped needs
+  the found-inf flag on the host: free on the unfused path, which reads it
+  anyway, and one host sync per step on the fused path.
+* :class:`StepRecorder` keeps each step's scale, skip flag and loss on the
+  device and moves them to a :class:`lossscale.History` in one transfer
+  every ``flush_every`` steps (one sync per flush, none per step).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+import torch
+
+from .._errors import LossScaleError
+
+__all__ = ["SkipGuard", "OverflowReport", "OverflowReporter", "StepRecorder"]
+
+logger = logging.getLogger("lossscale")
+
+
+def _host_int(t: torch.Tensor) -> int:
+    """A CPU tensor's value, read without the dispatcher (CPU tensors have no queue to sync)."""
+    return int(t.detach().numpy())
+
+
+class SkipGuard:
+    """Raises :class:`lossscale.LossScaleError` after too many skipped steps in a row."""
+
+    def __init__(self, max_consecutive_skips: int) -> None:
+        if isinstance(max_consecutive_skips, bool) or not isinstance(max_consecutive_skips, int):
+            raise TypeError(f"max_consecutive_skips must be an int or None, got {max_consecutive_skips!r}.")
+        if max_consecutive_skips < 1:
+            raise ValueError(f"max_consecutive_skips must be at least 1 (or None to disable), got {max_consecutive_skips}.")
+        self.limit = max_consecutive_skips
+        self._in_flight: tuple[torch.Tensor, Any] | None = None
+
+    def check(self, consecutive_skips: torch.Tensor, loss_scale: torch.Tensor) -> None:
+        if consecutive_skips.device.type == "cpu":
+            self._raise_if_stalled(_host_int(consecutive_skips), float(loss_scale.detach().numpy()))
+            return
+        previous, self._in_flight = self._in_flight, None
+        host = torch.empty(2, dtype=torch.float64, pin_memory=True)
+        host.copy_(torch.stack([consecutive_skips.double(), loss_scale.double()]), non_blocking=True)
+        event = torch.cuda.Event() if consecutive_skips.device.type == "cuda" else None
+        if event is not None:
+            event.record()
+        self._in_flight = (host, event)
+        if previous is not None:
+            values, done = previous
+            if done is not None:
+                done.synchronize()  # recorded a step ago: long finished
+            self._raise_if_stalled(int(values[0]), float(values[1]))
+
+    def _raise_if_stalled(self, streak: int, scale: float) -> None:
+        if streak < self.limit:
+            return
+        raise LossScaleError(
+            f"{streak} steps in a row were skipped because gradients held NaN or Inf (loss scale now {scale:g}; "
+            f"max_consecutive_skips={self.limit}). Lowering the scale has not helped, so the cause is likely not "
+            "an overflow of the scaled loss:\n"
+            "  * a NaN in the loss itself (bad inputs or labels, log(0), 0/0): check torch.isfinite(loss);\n"
+            "  * a learning rate too high, so the weights diverged: lower it or add warm-up;\n"
+            "  * a model pretrained in bfloat16 and run in float16, whose activations overflow 65504: "
+            "run it in bfloat16 with FixedLossScale(1), or keep the overflowing layers in float32;\n"
+            "  * stale gradients: zero_grad() not called between steps, or gradients accumulated over skipped steps.\n"
+            "Pass overflow_report=True (with named_parameters=model.named_parameters()) to see which "
+            "gradients overflow, or max_consecutive_skips=None to disable this check."
+        )
+
+
+@dataclass
+class OverflowReport:
+    """Which gradients were non-finite on a skipped step.
+
+    Attributes:
+        step: the optimizer's step count (``step()`` calls) when it happened.
+        loss_scale: the scale the gradients were computed with.
+        nonfinite: ``(name, has_nan, has_inf)`` per gradient that held either.
+    """
+
+    step: int
+    loss_scale: float
+    nonfinite: list[tuple[str, bool, bool]] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        lines = [f"step {self.step} skipped at loss scale {self.loss_scale:g}; non-finite gradients:"]
+        for name, nan, inf in self.nonfinite:
+            kinds = " and ".join(k for k, present in (("NaN", nan), ("Inf", inf)) if present)
+            lines.append(f"  {name}: {kinds}")
+        if not self.nonfinite:
+            lines.append("  (none in this optimizer's gradients: another rank or optimizer overflowed)")
+        return "\n".join(lines)
+
+
+class OverflowReporter:
+    """Builds an :class:`OverflowReport` on skipped steps; logs it to the ``lossscale`` logger."""
+
+    def __init__(self, named_parameters: Iterable[tuple[str, torch.Tensor]] | None) -> None:
+        self._names: dict[int, str] = {}
+        if named_parameters is not None:
+            for name, param in named_parameters:
+                if not isinstance(param, torch.Tensor):
+                    raise TypeError(
+                        "named_parameters must yield (name, tensor) pairs, e.g. model.named_parameters(); "
+                        f"got a {type(param).__name__} for {name!r}."
+                    )
+                self._names[id(param)] = name
+        self.last: OverflowReport | None = None
+        self.count = 0
+
+    def name_of(self, param: torch.Tensor, group: int, index: int) -> str:
+        return self._names.get(id(param), f"param_groups[{group}]['params'][{index}] {tuple(param.shape)}")
+
+    def observe(
+        self, skipped: bool, named_grads: Iterable[tuple[str, torch.Tensor]], loss_scale: float, step: int
+    ) -> None:
+        """On a skipped step, one R pass over the gradients to find the non-finite ones."""
+        if not skipped:
+            return
+        report = OverflowReport(step=step, loss_scale=loss_scale)
+        for name, grad in named_grads:
+            values = grad._values() if grad.layout == torch.sparse_coo else grad
+            nan, inf = bool(torch.isnan(values).any()), bool(torch.isinf(values).any())
+            if nan or inf:
+                report.nonfinite.append((name, nan, inf))
+        self.last = report
+        self.count += 1
+        logger.warning("%s", report)
+
+
+class StepRecorder:
+    """Per-step scale, skip flag and loss, batched from the device into a :class:`lossscale.History`."""
+
+    def __init__(self, history: Any = None, flush_every: int = 100) -> None:
+        from .._history import History  # framework-free; lazy only to keep this module light
+
+        if isinstance(flush_every, bool) or not isinstance(flush_every, int) or flush_every < 1:
+            raise ValueError(f"flush_every must be a positive int, got {flush_every!r}.")
+        self.history = History() if history is None or history is True else history
+        if not isinstance(self.history, History):
+            raise TypeError(f"history must be True or a lossscale.History, got {type(history).__name__}.")
+        self.flush_every = flush_every
+        self._rows: list[torch.Tensor] = []
+        self._steps: list[int] = []
+        self._loss: torch.Tensor | None = None
+        self._has_loss = False
+
+    def note_loss(self, loss: torch.Tensor) -> None:
+        """Remembers the (unscaled) loss of this iteration; no sync."""
+        self._loss = loss.detach()
+
+    def record(self, step: int, loss_scale: torch.Tensor, skipped: torch.Tensor) -> None:
+        """Queues one row on the device; moves the queue to the host every ``flush_every`` rows."""
+        loss = self._loss
+        self._loss = None
+        if loss is not None and loss.numel() == 1:
+            self._has_loss = True
+            loss_value = loss.reshape(()).to(device=loss_scale.device, dtype=torch.float64)
+        else:
+            loss_value = torch.full((), float("nan"), dtype=torch.float64, device=loss_scale.device)
+        self._rows.append(torch.stack([loss_scale.double(), skipped.double(), loss_value]))
+        self._steps.append(step)
+        if len(self._rows) >= self.flush_every:
+            self.flush()
+
+    def flush(self) -> None:
+        """Moves the queued rows to the history: one device-to-host transfer."""
+        if not self._rows:
+            return
+        rows = torch.stack(self._rows).cpu().numpy()
+        steps, self._steps, self._rows = self._steps, [], []
+        losses = rows[:, 2] if self._has_loss else None
+        self.history.extend(steps, rows[:, 0], rows[:, 1].astype(bool), losses)
