@@ -41,13 +41,16 @@ class GradGroups:
     """One step's gradients, grouped once by (device, dtype); sparse ones apart.
 
     Grouping uses torch's C++ helper; the Python cost is one loop over the
-    gradients to set sparse ones aside.
+    gradients to set sparse ones aside. DTensor gradients are replaced by
+    their local shards (views, so in-place passes reach the DTensor);
+    ``sharded`` then keeps the original list for :func:`scaled_norm`.
     """
 
-    __slots__ = ("tensors", "dense", "sparse")
+    __slots__ = ("tensors", "dense", "sparse", "sharded")
 
     def __init__(self, grads: Sequence[torch.Tensor]) -> None:
-        self.tensors = list(grads)
+        self.tensors = local_shards(grads)
+        self.sharded = list(grads) if any(a is not b for a, b in zip(self.tensors, grads)) else None
         dense: list[torch.Tensor] = []
         self.sparse: list[torch.Tensor] = []
         for grad in self.tensors:
@@ -68,6 +71,15 @@ class GradGroups:
     @property
     def device(self) -> torch.device | None:
         return self.tensors[0].device if self.tensors else None
+
+
+def local_shards(grads: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Each DTensor replaced by its local shard (a view: in-place ops reach the DTensor); others as they are."""
+    dtensor = dtensor_type()
+    if dtensor is None:
+        return list(grads)
+    with torch.no_grad():
+        return [g.to_local() if isinstance(g, dtensor) else g for g in grads]
 
 
 def reciprocal(scale: torch.Tensor) -> torch.Tensor:
@@ -145,7 +157,13 @@ def scaled_norm(grads: GradGroups, norm_type: float, *, out_device: torch.device
     Cost: one R pass; no host sync. Per-tensor norms of half-precision
     gradients are accumulated and returned in float32, so they cannot
     overflow at float16's 65504.
+
+    DTensor gradients: the norm of the whole (unsharded) gradients, from the
+    local shards plus one scalar all-reduce per (mesh, sharded dimensions)
+    combination (one under FSDP2); plain gradients count as local.
     """
+    if grads.sharded is not None:
+        return _sharded_norm(grads.sharded, norm_type, out_device)
     norms: list[torch.Tensor] = []
     for (_device, _dtype), tensors in grads.dense.items():
         per_tensor = torch._foreach_norm(tensors, norm_type, dtype=torch.float32)
@@ -155,6 +173,42 @@ def scaled_norm(grads: GradGroups, norm_type: float, *, out_device: torch.device
         norms.append(torch.linalg.vector_norm(values, norm_type, dtype=torch.float32).to(out_device))
     if not norms:
         return torch.zeros((), dtype=torch.float32, device=out_device)
+    return torch.linalg.vector_norm(torch.stack(norms), norm_type)
+
+
+def _sharded_norm(grads: Sequence[torch.Tensor], norm_type: float, out_device: torch.device) -> torch.Tensor:
+    """:func:`scaled_norm` over DTensor gradients: local norms, then a SUM (MAX for inf) over the shard dimensions."""
+    import torch.distributed as dist
+
+    dtensor = dtensor_type()
+    norm_type = float(norm_type)
+    buckets: dict[tuple, tuple[Any, tuple[int, ...], list[torch.Tensor]]] = {}
+    for grad in grads:
+        if dtensor is None or not isinstance(grad, dtensor):
+            buckets.setdefault(("local",), (None, (), []))[2].append(grad)
+            continue
+        if any(p.is_partial() for p in grad.placements):
+            raise ValueError(
+                "A DTensor gradient has a Partial placement (not yet reduced), so its norm is not defined by its "
+                "shards. Reduce it first, e.g. grad.redistribute(placements=[Replicate()] * mesh.ndim)."
+            )
+        dims = tuple(i for i, p in enumerate(grad.placements) if p.is_shard())
+        buckets.setdefault((id(grad.device_mesh), dims), (grad.device_mesh, dims, []))[2].append(grad)
+    norms = []
+    for mesh, dims, members in buckets.values():
+        part = scaled_norm(GradGroups(local_shards(members)), norm_type, out_device=out_device)
+        if dims:
+            if norm_type == float("inf"):
+                for dim in dims:
+                    dist.all_reduce(part, op=dist.ReduceOp.MAX, group=mesh.get_group(dim))
+            else:
+                power = part if norm_type == 0 else part**norm_type  # the 0-"norm" is a count
+                for dim in dims:
+                    dist.all_reduce(power, op=dist.ReduceOp.SUM, group=mesh.get_group(dim))
+                part = power if norm_type == 0 else power ** (1.0 / norm_type)
+        norms.append(part)
+    if norm_type == 0:
+        return torch.stack(norms).sum()
     return torch.linalg.vector_norm(torch.stack(norms), norm_type)
 
 
