@@ -1,0 +1,281 @@
+"""The fast paths of issue 3: fused and unfused steps, clipping, syncs, torch.compile.
+
+Scaling by a power of two and unscaling is exact in float32, so on finite
+steps a loss-scaled float32 run must give the *same bits* as an unscaled run
+of the same optimizer; where the clip factor travels into a fused kernel as
+part of ``grad_scale`` the rounding differs, and the tolerance is float32's.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch._dynamo as dynamo
+
+from lossscale.torch import LossScaleOptimizer
+from sync_counter import count_syncs
+
+ROOT = Path(__file__).resolve().parents[2]
+
+OPTIMIZERS = {
+    "adamw-fused": lambda p: torch.optim.AdamW(p, lr=1e-2, fused=True),
+    "adamw-foreach": lambda p: torch.optim.AdamW(p, lr=1e-2, foreach=True),
+    "adam-forloop": lambda p: torch.optim.Adam(p, lr=1e-2, foreach=False),
+    "sgd-momentum-fused": lambda p: torch.optim.SGD(p, lr=1e-2, momentum=0.9, fused=True),
+    "sgd-momentum-foreach": lambda p: torch.optim.SGD(p, lr=1e-2, momentum=0.9, foreach=True),
+    "adagrad-fused": lambda p: torch.optim.Adagrad(p, lr=1e-2, fused=True),
+}
+
+
+def make_model(seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
+
+
+def batches(n: int, seed: int = 1) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    gen = torch.Generator().manual_seed(seed)
+    return [(torch.randn(32, 6, generator=gen), torch.randn(32, 3, generator=gen)) for _ in range(n)]
+
+
+def loss_of(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.mse_loss(model(x), y)
+
+
+def run_plain(kind: str, data, clip: float | None = None) -> torch.nn.Module:
+    model = make_model()
+    opt = OPTIMIZERS[kind](model.parameters())
+    for x, y in data:
+        opt.zero_grad()
+        loss_of(model, x, y).backward()
+        if clip is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        opt.step()
+    return model
+
+
+def run_scaled(kind: str, data, clip: float | None = None, inject: set[int] = frozenset(), **kwargs):
+    model = make_model()
+    opt = LossScaleOptimizer(OPTIMIZERS[kind](model.parameters()), **kwargs)
+    for i, (x, y) in enumerate(data):
+        opt.zero_grad()
+        opt.get_scaled_loss(loss_of(model, x, y)).backward()
+        if i in inject:
+            model[0].weight.grad[0, 0] = float("inf")
+        if clip is not None:
+            opt.clip_grad_norm_(clip)
+        opt.step()
+    return model, opt
+
+
+def assert_same_weights(a: torch.nn.Module, b: torch.nn.Module, exact: bool) -> None:
+    for pa, pb in zip(a.parameters(), b.parameters()):
+        if exact:
+            assert torch.equal(pa, pb)
+        else:
+            torch.testing.assert_close(pa, pb, rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("kind", sorted(OPTIMIZERS))
+def test_finite_steps_give_the_unscaled_runs_bits(kind):
+    data = batches(12)
+    model, opt = run_scaled(kind, data, initial_scale=2.0**12, dynamic_growth_steps=5)
+    assert_same_weights(model, run_plain(kind, data), exact=True)
+    assert float(opt.loss_scale) == 2.0**14  # grew twice in 12 finite steps
+    assert int(opt.skipped_steps) == 0
+
+
+@pytest.mark.parametrize("kind", sorted(OPTIMIZERS))
+def test_overflow_step_is_skipped_on_every_path(kind):
+    data = batches(8)
+    model, opt = run_scaled(kind, data, inject={0, 3}, initial_scale=2.0**12, dynamic_growth_steps=100)
+    reference = run_plain(kind, [d for i, d in enumerate(data) if i not in (0, 3)])
+    assert_same_weights(model, reference, exact=True)
+    assert float(opt.loss_scale) == 2.0**10
+    assert int(opt.skipped_steps) == 2
+    assert not bool(opt.last_step_skipped)
+    inner_state = opt.inner_optimizer.state[model[0].weight]
+    if "step" in inner_state:
+        assert float(inner_state["step"]) == 6.0
+
+
+def test_fused_sgd_skipped_first_step_leaves_no_garbage_momentum():
+    # torch's fused SGD creates momentum buffers with empty_like on its first step
+    # and relies on the kernel to fill them; skipping that step on the device
+    # would leave garbage. lossscale decides that one step on the host.
+    data = batches(5)
+    model, opt = run_scaled("sgd-momentum-fused", data, inject={0}, initial_scale=2.0**8)
+    assert_same_weights(model, run_plain("sgd-momentum-fused", data[1:]), exact=True)
+
+
+@pytest.mark.parametrize(
+    "kind, expected",
+    [("adamw-fused", 0), ("sgd-momentum-fused", 0), ("adagrad-fused", 0), ("adamw-foreach", 1), ("adam-forloop", 1)],
+)
+def test_host_syncs_per_step(kind, expected):
+    model = make_model()
+    inner = OPTIMIZERS[kind](model.parameters())
+    opt = LossScaleOptimizer(inner, initial_scale=2.0**8)
+    (x, y), = batches(1)
+
+    def one_step(scaled: bool) -> int:
+        opt.zero_grad()
+        if scaled:
+            opt.get_scaled_loss(loss_of(model, x, y)).backward()
+            return count_syncs(opt.step)
+        loss_of(model, x, y).backward()
+        return count_syncs(inner.step)
+
+    one_step(True)  # first step: state allocation (and fused SGD's host-decided first step)
+    # Adam's non-capturable foreach/for-loop paths read their CPU step counters with .item():
+    # count what lossscale adds on top of the inner optimizer's own reads.
+    assert one_step(True) - one_step(False) == expected
+
+
+@pytest.mark.parametrize("kind", ["adamw-fused", "adamw-foreach", "sgd-momentum-fused", "sgd-momentum-foreach"])
+def test_clip_grad_norm_matches_torch_clip_of_unscaled_grads(kind):
+    data = batches(10)
+    model, opt = run_scaled(kind, data, clip=0.05, initial_scale=2.0**10)
+    reference = run_plain(kind, data, clip=0.05)
+    assert_same_weights(model, reference, exact=False)
+    assert int(opt.skipped_steps) == 0
+
+
+def test_clip_grad_norm_returns_the_unscaled_norm_and_costs_no_sync_when_fused():
+    model = make_model()
+    opt = LossScaleOptimizer(torch.optim.AdamW(model.parameters(), fused=True), initial_scale=2.0**10)
+    (x, y), = batches(1)
+    opt.get_scaled_loss(loss_of(model, x, y)).backward()
+    reference_model = copy.deepcopy(model)
+    for p, q in zip(reference_model.parameters(), model.parameters()):
+        p.grad = q.grad / 2.0**10
+    expected = torch.nn.utils.clip_grad_norm_(reference_model.parameters(), 1e9)
+    total = {}
+    assert count_syncs(lambda: total.setdefault("norm", opt.clip_grad_norm_(0.01))) == 0
+    assert count_syncs(opt.step) == 0
+    torch.testing.assert_close(total["norm"], expected, rtol=1e-6, atol=0)
+
+
+def test_clip_grad_norm_on_a_non_finite_gradient_skips_the_step():
+    model = make_model()
+    before = copy.deepcopy(model)
+    opt = LossScaleOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), initial_scale=8.0)
+    (x, y), = batches(1)
+    opt.get_scaled_loss(loss_of(model, x, y)).backward()
+    model[2].bias.grad[0] = float("nan")
+    norm = opt.clip_grad_norm_(1.0)
+    assert math.isnan(float(norm))
+    opt.step()
+    assert_same_weights(model, before, exact=True)
+    assert float(opt.loss_scale) == 4.0
+
+
+def test_a_scaled_norm_past_float32_range_counts_as_overflow():
+    # Every element is finite, but the scaled gradients' 2-norm is not representable:
+    # the step is skipped and the scale backs off, after which the norm fits.
+    w = torch.nn.Parameter(torch.zeros(4))
+    opt = LossScaleOptimizer(torch.optim.SGD([w], lr=1.0), initial_scale=2.0**20)
+    w.grad = torch.full((4,), 1e32)  # scaled values 1e32: finite; their squares overflow float32
+    assert torch.isfinite(w.grad).all()
+    norm = opt.clip_grad_norm_(1.0)
+    assert math.isinf(float(norm))
+    opt.step()
+    assert torch.equal(w.detach(), torch.zeros(4))
+    assert float(opt.loss_scale) == 2.0**19
+
+
+def test_fused_float16_parameters_are_unscaled_in_float32_inside_the_kernel():
+    torch.manual_seed(0)
+    w16 = torch.nn.Parameter(torch.randn(64).half())
+    w32 = torch.nn.Parameter(w16.detach().float().clone())
+    grad = torch.randn(64) * 1e-5  # below float16's smallest normal, after unscaling
+    opt = LossScaleOptimizer(torch.optim.SGD([w16], lr=1.0, fused=True), initial_scale=2.0**16)
+    w16.grad = (grad * 2.0**16).half()
+    assert count_syncs(opt.step) == 0
+    expected = (w32 - grad).half()
+    torch.testing.assert_close(w16.detach(), expected, rtol=0, atol=1e-3)
+
+
+def test_unfused_float16_gradients_are_refused_with_the_fix():
+    w = torch.nn.Parameter(torch.randn(4).half())
+    opt = LossScaleOptimizer(torch.optim.SGD([w], lr=1.0), initial_scale=8.0)
+    w.grad = torch.ones(4).half()
+    with pytest.raises(ValueError, match="float16 gradients.*autocast.*fused=True"):
+        opt.step()
+
+
+def _graph_breaks(fn) -> int:
+    dynamo.reset()
+    return dynamo.explain(fn)().graph_break_count
+
+
+def _scaled_model_and_optimizer(**inner_kwargs):
+    model = make_model()
+    opt = LossScaleOptimizer(torch.optim.AdamW(model.parameters(), **inner_kwargs))
+    (x, y), = batches(1)
+    opt.get_scaled_loss(loss_of(model, x, y)).backward()
+    return model, opt
+
+
+def test_torch_compile_fused_step_breaks_only_where_torch_optim_does():
+    # torch.optim's _use_grad calls torch._dynamo.graph_break() before and after
+    # every optimizer step, on purpose (pytorch#104053): two breaks that any
+    # compiled torch optimizer step has. lossscale's fused path adds none.
+    _, opt = _scaled_model_and_optimizer(fused=True)
+    assert _graph_breaks(lambda: opt.step()) == 2
+
+
+def test_lossscale_work_of_a_step_traces_as_one_graph():
+    from lossscale.torch._grads import GradGroups, unscale_and_check_
+
+    _, opt = _scaled_model_and_optimizer(fused=True)
+    scale = opt.shared_loss_scale
+
+    def lossscale_part() -> torch.Tensor:
+        found_inf = unscale_and_check_(GradGroups.of(opt.param_groups), scale.inv_scale(), out_device=scale.device)
+        scale._advance(found_inf)
+        return found_inf
+
+    dynamo.reset()
+    found_inf = torch.compile(lossscale_part, fullgraph=True, backend="eager")()  # raises on any graph break
+    assert float(found_inf) == 0.0
+    assert int(opt.dynamic_counter) == 1
+
+
+def test_torch_compile_unfused_step_breaks_once_more_at_the_documented_sync():
+    _, opt = _scaled_model_and_optimizer(foreach=True)
+    assert _graph_breaks(lambda: opt.step()) == 3  # torch's two, and found_inf.item()
+
+
+def test_compiled_fused_step_follows_the_eager_trajectory():
+    data = batches(6)
+    eager_model, eager_opt = run_scaled("adamw-fused", data, inject={2}, initial_scale=2.0**8, dynamic_growth_steps=2)
+    model = make_model()
+    opt = LossScaleOptimizer(OPTIMIZERS["adamw-fused"](model.parameters()), initial_scale=2.0**8, dynamic_growth_steps=2)
+    dynamo.reset()
+    compiled_step = torch.compile(opt.step, backend="eager")
+    for i, (x, y) in enumerate(data):
+        opt.zero_grad()
+        opt.get_scaled_loss(loss_of(model, x, y)).backward()
+        if i == 2:
+            model[0].weight.grad[0, 0] = float("inf")
+        compiled_step()
+    assert_same_weights(model, eager_model, exact=True)
+    assert float(opt.loss_scale) == float(eager_opt.loss_scale)
+    assert int(opt.skipped_steps) == 1
+
+
+def test_bench_torch_quick_run_prints_every_case():
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench_torch.py"), "--quick", "--sizes", "20000"],
+        capture_output=True, text=True, timeout=300, check=True,
+    ).stdout
+    rows = [line for line in out.splitlines() if line.startswith("| adamw") or line.startswith("| sgd")]
+    assert len(rows) == 3 * 2  # three optimizers, clip off and on
+    fused_rows = [r.split("|") for r in rows if r.startswith("| adamw-fused")]
+    assert all(cells[-2].strip() == "0" for cells in fused_rows)  # lossscale: no added host sync
