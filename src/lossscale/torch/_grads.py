@@ -49,12 +49,19 @@ class GradGroups:
     __slots__ = ("tensors", "dense", "sparse", "sharded")
 
     def __init__(self, grads: Sequence[torch.Tensor]) -> None:
-        self.tensors = local_shards(grads)
-        self.sharded = list(grads) if any(a is not b for a, b in zip(self.tensors, grads)) else None
-        dense: list[torch.Tensor] = []
+        dtensor = dtensor_type()
+        self.tensors: list[torch.Tensor] = []
         self.sparse: list[torch.Tensor] = []
-        for grad in self.tensors:
-            (dense if grad.layout == torch.strided else self.sparse).append(grad)
+        self.sharded: list[torch.Tensor] | None = None
+        dense: list[torch.Tensor] = []
+        strided = torch.strided
+        for grad in grads:  # the one Python loop over the gradients
+            if dtensor is not None and isinstance(grad, dtensor):
+                self.sharded = list(grads)
+                with torch.no_grad():
+                    grad = grad.to_local()
+            self.tensors.append(grad)
+            (dense if grad.layout == strided else self.sparse).append(grad)
         self.dense = {key: tensors for key, ([tensors], _) in _group_tensors_by_device_and_dtype([dense]).items()}
 
     @classmethod

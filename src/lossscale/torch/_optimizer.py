@@ -177,6 +177,7 @@ class LossScaleOptimizer(torch.optim.Optimizer):
         self._scale = scale
         self._pending: tuple[torch.Tensor, torch.Tensor | None] | None = None
         self._process_group = validate_process_group(process_group)
+        self._agreement: list[Any] | None = None
         if named_parameters is not None and not overflow_report:
             raise ValueError("named_parameters only names the gradients of the overflow report: pass overflow_report=True too.")
         self._init_diagnostics(max_consecutive_skips, overflow_report, named_parameters, history)
@@ -233,6 +234,7 @@ class LossScaleOptimizer(torch.optim.Optimizer):
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         self._inner.add_param_group(param_group)
+        self._agreement = None
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """The inner optimizer's ``zero_grad``; also forgets an ``unscale_()`` not yet stepped."""
@@ -454,7 +456,9 @@ class LossScaleOptimizer(torch.optim.Optimizer):
         One scalar all-reduce per step (none without a group or DTensors);
         no host sync on NCCL (stream-ordered), a blocking wait on gloo.
         """
-        return all_reduce_max(found_inf, agreement_groups(self._process_group, self._all_params()))
+        if self._agreement is None:  # worked out once; add_param_group() clears it
+            self._agreement = agreement_groups(self._process_group, self._all_params())
+        return all_reduce_max(found_inf, self._agreement) if self._agreement else found_inf
 
     def check_replicas_agree(self, process_group: Any = None) -> None:
         """Debug check: raises :class:`lossscale.LossScaleError` unless all ranks hold the same scale state.
@@ -707,6 +711,7 @@ class LossScaleOptimizer(torch.optim.Optimizer):
         self._scale = state["scale"]
         self._pending = None
         self._process_group = None  # process groups do not pickle; pass process_group= again
+        self._agreement = None
         self._init_diagnostics(
             state.get("max_consecutive_skips"), state.get("overflow_report", False), None, state.get("history")
         )
