@@ -124,12 +124,12 @@ class OverflowReporter:
         return self._names.get(id(param), f"param_groups[{group}]['params'][{index}] {tuple(param.shape)}")
 
     def observe(
-        self, skipped: bool, named_grads: Iterable[tuple[str, torch.Tensor]], loss_scale: float, step: int
+        self, skipped: bool, named_grads: Iterable[tuple[str, torch.Tensor]], loss_scale: torch.Tensor, step: int
     ) -> None:
-        """On a skipped step, one R pass over the gradients to find the non-finite ones."""
+        """On a skipped step, one R pass over the gradients to find the non-finite ones; nothing otherwise."""
         if not skipped:
             return
-        report = OverflowReport(step=step, loss_scale=loss_scale)
+        report = OverflowReport(step=step, loss_scale=float(loss_scale))
         for name, grad in named_grads:
             values = grad._values() if grad.layout == torch.sparse_coo else grad
             nan, inf = bool(torch.isnan(values).any()), bool(torch.isinf(values).any())

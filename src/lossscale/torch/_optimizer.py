@@ -490,7 +490,7 @@ class LossScaleOptimizer(torch.optim.Optimizer):
                 skipped = bool(found_inf.item())  # the report's one sync on the fused path
             if named_grads is None:
                 named_grads = self._named_grads()
-            self._reporter.observe(skipped, named_grads, float(scale_used), step)
+            self._reporter.observe(skipped, named_grads, scale_used, step)
         self._scale._record(found_inf, self)
         if self._recorder is not None:
             self._recorder.record(step, scale_used, found_inf > 0)
