@@ -1,0 +1,449 @@
+"""Policies: validation, ``get``, configs, properties, repr, equality, pickle, immutability."""
+
+from __future__ import annotations
+
+import copy
+import math
+import pickle
+
+import numpy as np
+import pytest
+
+import lossscale
+from lossscale import (
+    DynamicLossScale,
+    ExponentialUpdateLossScaleManager,
+    FixedLossScale,
+    FixedLossScaleManager,
+    LossScale,
+    RuleParams,
+    get,
+    serialize,
+)
+
+ALL_POLICIES = [
+    FixedLossScale(128),
+    FixedLossScale(1),
+    DynamicLossScale(),
+    DynamicLossScale(2048, 500),
+    DynamicLossScale(4, 3, 1.5, min_loss_scale=0.5, max_loss_scale=64, backoff_factor=0.25, hysteresis=3),
+    FixedLossScaleManager(5000),
+    ExponentialUpdateLossScaleManager(1024, 100),
+    ExponentialUpdateLossScaleManager(8, 3, 4, 3, 0.5),
+]
+IDS = [repr(p) for p in ALL_POLICIES]
+
+
+# ----------------------------------------------------------------------------- validation
+
+NUMBER_TYPE_ERRORS = ["1", None, [1.0], True, object(), 1 + 2j]
+
+
+class TestFixedLossScaleValidation:
+    @pytest.mark.parametrize("value", [0, -1, -0.5])
+    def test_non_positive(self, value):
+        with pytest.raises(ValueError, match=r"loss_scale_value must be positive.*Pass a positive finite number"):
+            FixedLossScale(value)
+
+    @pytest.mark.parametrize("value", [math.inf, -math.inf, math.nan])
+    def test_non_finite(self, value):
+        with pytest.raises(ValueError, match=r"loss_scale_value must be finite.*Pass a positive finite number"):
+            FixedLossScale(value)
+
+    @pytest.mark.parametrize("value", [0.5, 0.999])
+    def test_below_one_as_in_tf(self, value):
+        with pytest.raises(ValueError, match=r"loss_scale_value must be at least 1.*FixedLossScale\(1\)"):
+            FixedLossScale(value)
+
+    @pytest.mark.parametrize("value", NUMBER_TYPE_ERRORS, ids=repr)
+    def test_not_a_number(self, value):
+        with pytest.raises(TypeError, match=r"loss_scale_value must be a real number"):
+            FixedLossScale(value)
+
+    @pytest.mark.xfail(
+        strict=True, reason="BUG: a scale finite in float64 but beyond float32 (1e39) is accepted and becomes inf"
+    )
+    def test_beyond_float32_is_non_finite(self):
+        with pytest.raises(ValueError, match="loss_scale_value"):
+            FixedLossScale(1e39)
+
+    def test_accepts_numpy_numbers_and_ints(self):
+        assert FixedLossScale(np.float32(4)).loss_scale_value == 4.0
+        assert FixedLossScale(np.int64(4)) == FixedLossScale(4.0)
+
+
+class TestDynamicLossScaleValidation:
+    @pytest.mark.parametrize("value", [0, -2.0])
+    def test_initial_non_positive(self, value):
+        with pytest.raises(ValueError, match=r"initial_loss_scale must be positive.*Pass a positive finite number"):
+            DynamicLossScale(value)
+
+    @pytest.mark.parametrize("value", [math.inf, math.nan])
+    def test_initial_non_finite(self, value):
+        with pytest.raises(ValueError, match=r"initial_loss_scale must be finite"):
+            DynamicLossScale(value)
+
+    @pytest.mark.xfail(
+        strict=True, reason="BUG: an initial scale finite in float64 but beyond float32 (1e39) becomes an inf scale"
+    )
+    def test_initial_beyond_float32(self):
+        with pytest.raises(ValueError, match="initial_loss_scale"):
+            DynamicLossScale(1e39)
+
+    def test_initial_below_the_floor(self):
+        with pytest.raises(ValueError, match=r"below min_loss_scale.*raise initial_loss_scale or lower min_loss_scale"):
+            DynamicLossScale(0.5)
+        assert DynamicLossScale(0.5, min_loss_scale=0.25).initial_loss_scale == 0.5
+
+    @pytest.mark.parametrize("value", [0, -1])
+    def test_period_below_one(self, value):
+        with pytest.raises(ValueError, match=r"increment_period must be an int in \[1, 2\*\*31 - 1\]"):
+            DynamicLossScale(2, value)
+
+    def test_period_above_int32(self):
+        with pytest.raises(ValueError, match=r"increment_period must be an int in \[1, 2\*\*31 - 1\]"):
+            DynamicLossScale(2, 2**31)
+
+    @pytest.mark.parametrize("value", [2.5, 2.0, "2", True])
+    def test_period_not_an_int(self, value):
+        with pytest.raises(TypeError, match=r"increment_period must be an int"):
+            DynamicLossScale(2, value)
+
+    @pytest.mark.parametrize("value", [1, 1.0, 0.5, 0, -2])
+    def test_multiplier_not_above_one(self, value):
+        with pytest.raises(ValueError, match=r"multiplier must be greater than 1.*multiplier=2\.0"):
+            DynamicLossScale(2, 10, value)
+
+    @pytest.mark.parametrize("value", [math.inf, math.nan])
+    def test_multiplier_non_finite(self, value):
+        with pytest.raises(ValueError, match=r"multiplier must be finite.*above 1"):
+            DynamicLossScale(2, 10, value)
+
+    @pytest.mark.parametrize("value", [0, -1, math.nan])
+    def test_min_loss_scale(self, value):
+        with pytest.raises(ValueError, match=r"min_loss_scale must be"):
+            DynamicLossScale(min_loss_scale=value)
+
+    def test_max_below_min(self):
+        with pytest.raises(ValueError, match=r"max_loss_scale must be at least 1"):
+            DynamicLossScale(1, max_loss_scale=0.5)
+
+    def test_initial_above_max(self):
+        with pytest.raises(ValueError, match=r"above max_loss_scale.*lower initial_loss_scale or raise max_loss_scale"):
+            DynamicLossScale(100, max_loss_scale=50)
+
+    @pytest.mark.parametrize("value", [0, 1, 1.5, -0.5])
+    def test_backoff_factor_outside_0_1(self, value):
+        with pytest.raises(ValueError, match=r"backoff_factor must be in the open interval \(0, 1\).*backoff_factor=0\.5"):
+            DynamicLossScale(backoff_factor=value)
+
+    @pytest.mark.parametrize("value", [0, -3])
+    def test_hysteresis(self, value):
+        with pytest.raises(ValueError, match=r"hysteresis must be an int in \[1"):
+            DynamicLossScale(hysteresis=value)
+
+    def test_extensions_are_keyword_only(self):
+        with pytest.raises(TypeError):
+            DynamicLossScale(2, 10, 2.0, 1.0)  # type: ignore[misc]
+
+
+class TestManagerValidation:
+    @pytest.mark.parametrize("value", [0, -1, 0.5, math.inf, math.nan])
+    def test_fixed_manager_scale(self, value):
+        with pytest.raises(ValueError, match=r"loss_scale must be"):
+            FixedLossScaleManager(value)
+
+    def test_fixed_manager_type(self):
+        with pytest.raises(TypeError, match=r"loss_scale must be a real number"):
+            FixedLossScaleManager("5000")
+
+    @pytest.mark.parametrize("value", [0, -1, 0.5, math.inf])
+    def test_init_loss_scale(self, value):
+        with pytest.raises(ValueError, match=r"init_loss_scale must be"):
+            ExponentialUpdateLossScaleManager(value, 10)
+
+    @pytest.mark.parametrize("name", ["incr_every_n_steps", "decr_every_n_nan_or_inf"])
+    def test_periods(self, name):
+        kwargs = dict(init_loss_scale=8, incr_every_n_steps=10)
+        kwargs[name] = 0
+        with pytest.raises(ValueError, match=rf"{name} must be an int in \[1"):
+            ExponentialUpdateLossScaleManager(**kwargs)
+        kwargs[name] = 1.5
+        with pytest.raises(TypeError, match=rf"{name} must be an int"):
+            ExponentialUpdateLossScaleManager(**kwargs)
+
+    @pytest.mark.parametrize("value", [1, 0.9, 0])
+    def test_incr_ratio(self, value):
+        with pytest.raises(ValueError, match=r"incr_ratio must be greater than 1.*incr_ratio=2\.0"):
+            ExponentialUpdateLossScaleManager(8, 10, incr_ratio=value)
+
+    @pytest.mark.parametrize("value", [0, 1, 1.2, -0.8])
+    def test_decr_ratio_outside_0_1(self, value):
+        with pytest.raises(ValueError, match=r"decr_ratio must be in the open interval \(0, 1\).*decr_ratio=0\.5"):
+            ExponentialUpdateLossScaleManager(8, 10, decr_ratio=value)
+
+    def test_contrib_defaults(self):
+        m = ExponentialUpdateLossScaleManager(8, 10)
+        assert (m.decr_every_n_nan_or_inf, m.incr_ratio, m.decr_ratio) == (2, 2.0, 0.8)
+
+
+# ----------------------------------------------------------------------------- get()
+
+
+class TestGet:
+    @pytest.mark.parametrize("value", [128, 128.0, np.float32(128), np.int32(128)], ids=repr)
+    def test_number_is_fixed(self, value):
+        got = get(value)
+        assert type(got) is FixedLossScale and got.loss_scale_value == 128.0
+
+    def test_dynamic_string(self):
+        got = get("dynamic")
+        assert type(got) is DynamicLossScale and got == DynamicLossScale()
+        assert got.get_config() == {"initial_loss_scale": 32768.0, "increment_period": 2000, "multiplier": 2.0}
+
+    @pytest.mark.parametrize("policy", ALL_POLICIES, ids=IDS)
+    def test_loss_scale_returned_as_is(self, policy):
+        assert get(policy) is policy
+
+    def test_none(self):
+        assert get(None) is None
+
+    @pytest.mark.parametrize("policy", ALL_POLICIES, ids=IDS)
+    def test_config_dict(self, policy):
+        got = get(serialize(policy))
+        assert type(got) is type(policy) and got == policy
+        assert get({"class_name": type(policy).__name__, "config": policy.get_config()}) == policy
+
+    @pytest.mark.parametrize("value", ["Dynamic", "fixed", "", "dynamic "])
+    def test_bad_string(self, value):
+        with pytest.raises(ValueError, match=r'only string accepted is "dynamic"'):
+            get(value)
+
+    @pytest.mark.parametrize("value", [object(), [128], (1,), True, False, b"dynamic", 1j], ids=repr)
+    def test_bad_object(self, value):
+        with pytest.raises(ValueError, match=r'Invalid loss scale .*pass a number \(fixed scale\), "dynamic"'):
+            get(value)
+
+    @pytest.mark.parametrize(
+        "value",
+        [
+            {"class_name": "Nope", "config": {}},
+            {"class_name": "LossScale", "config": {}},
+            {"config": {"loss_scale_value": 2}},
+            {"class_name": "FixedLossScale", "config": {"loss_scale_value": 2}, "extra": 1},
+            {"initial_loss_scale": 2.0, "increment_period": 10, "multiplier": 2.0},
+        ],
+        ids=repr,
+    )
+    def test_bad_dict(self, value):
+        with pytest.raises(ValueError, match=r"Invalid loss scale config.*lossscale\.serialize\(\)"):
+            get(value)
+
+    @pytest.mark.xfail(
+        strict=True,
+        reason="BUG: get() raises TypeError (not ValueError) for a config dict with bad/missing config keys",
+    )
+    @pytest.mark.parametrize(
+        "value",
+        [
+            {"class_name": "FixedLossScale", "config": {"bogus": 1}},
+            {"class_name": "FixedLossScale"},
+            {"class_name": "FixedLossScale", "config": 5},
+        ],
+        ids=repr,
+    )
+    def test_malformed_config_is_value_error(self, value):
+        with pytest.raises(ValueError):
+            get(value)
+
+    @pytest.mark.parametrize("value", [0, -1, math.inf, math.nan, 0.5])
+    def test_bad_numbers(self, value):
+        with pytest.raises(ValueError, match="loss_scale_value"):
+            get(value)
+
+    def test_invalid_config_values_are_validated(self):
+        with pytest.raises(ValueError, match="multiplier must be greater than 1"):
+            get({"class_name": "DynamicLossScale", "config": {"multiplier": 1.0}})
+
+
+def test_serialize_rejects_non_policies():
+    with pytest.raises(TypeError, match="serialize\\(\\) takes a LossScale"):
+        serialize(128)
+
+
+# ----------------------------------------------------------------------------- configs
+
+
+def test_tf_config_keys():
+    assert FixedLossScale(128).get_config() == {"loss_scale_value": 128.0}
+    assert DynamicLossScale().get_config() == {"initial_loss_scale": 32768.0, "increment_period": 2000, "multiplier": 2.0}
+    assert DynamicLossScale(2048, 500).get_config() == {
+        "initial_loss_scale": 2048.0,
+        "increment_period": 500,
+        "multiplier": 2.0,
+    }
+    assert FixedLossScaleManager(5000).get_config() == {"loss_scale": 5000.0}
+    assert ExponentialUpdateLossScaleManager(1024, 100).get_config() == {
+        "init_loss_scale": 1024.0,
+        "incr_every_n_steps": 100,
+        "decr_every_n_nan_or_inf": 2,
+        "incr_ratio": 2.0,
+        "decr_ratio": 0.8,
+    }
+
+
+def test_extensions_appear_only_when_not_default():
+    assert set(DynamicLossScale(min_loss_scale=1.0, max_loss_scale=None, hysteresis=1).get_config()) == {
+        "initial_loss_scale",
+        "increment_period",
+        "multiplier",
+    }
+    config = DynamicLossScale(4, 3, 1.5, min_loss_scale=0.5, max_loss_scale=64, backoff_factor=0.25, hysteresis=3).get_config()
+    assert config == {
+        "initial_loss_scale": 4.0,
+        "increment_period": 3,
+        "multiplier": 1.5,
+        "min_loss_scale": 0.5,
+        "max_loss_scale": 64.0,
+        "backoff_factor": 0.25,
+        "hysteresis": 3,
+    }
+
+
+@pytest.mark.parametrize("policy", ALL_POLICIES, ids=IDS)
+def test_config_round_trip(policy):
+    config = policy.get_config()
+    again = type(policy).from_config(config)
+    assert type(again) is type(policy) and again == policy and again.get_config() == config
+    assert again.rule_params() == policy.rule_params()
+    # configs are plain, JSON-able Python values
+    import json
+
+    assert json.loads(json.dumps(serialize(policy))) == serialize(policy)
+    # get_config returns a fresh dict: mutating it does not touch the policy
+    config["bogus"] = 1
+    assert "bogus" not in policy.get_config()
+
+
+def test_tf_from_config_examples():
+    assert DynamicLossScale.from_config({"initial_loss_scale": 2048, "increment_period": 500, "multiplier": 2}) == (
+        DynamicLossScale(2048, 500)
+    )
+    assert FixedLossScale.from_config({"loss_scale_value": 3}) == FixedLossScale(3.0)
+
+
+# ----------------------------------------------------------------------------- properties
+
+
+def test_fixed_properties():
+    p = FixedLossScale(128)
+    assert p.dynamic is False and p.initial_scale == 128.0 and p.loss_scale_value == 128.0
+    assert isinstance(p, LossScale)
+    m = FixedLossScaleManager(5000)
+    assert m.dynamic is False and m.loss_scale == 5000.0 and m.initial_scale == 5000.0
+    assert m.rule_params() == FixedLossScale(5000).rule_params()
+
+
+def test_dynamic_properties():
+    p = DynamicLossScale(2048, 500, 3)
+    assert p.dynamic is True
+    assert (p.initial_loss_scale, p.increment_period, p.multiplier, p.initial_scale) == (2048.0, 500, 3.0, 2048.0)
+    assert (p.min_loss_scale, p.max_loss_scale, p.backoff_factor, p.hysteresis) == (1.0, None, None, 1)
+    assert isinstance(p.increment_period, int) and isinstance(p.multiplier, float)
+
+
+def test_manager_properties():
+    m = ExponentialUpdateLossScaleManager(8, 3, 4, 3, 0.5)
+    assert m.dynamic is True
+    assert (m.init_loss_scale, m.incr_every_n_steps, m.decr_every_n_nan_or_inf, m.incr_ratio, m.decr_ratio) == (
+        8.0, 3, 4, 3.0, 0.5,
+    )
+    assert m.initial_scale == 8.0
+
+
+def test_rule_params():
+    assert DynamicLossScale(2048, 500).rule_params() == RuleParams(
+        dynamic=True, initial_scale=2048.0, growth_interval=500, growth_factor=2.0,
+        backoff_multiplier=1.0, backoff_divisor=2.0, hysteresis=1, min_scale=1.0, max_scale=None,
+    )
+    assert ExponentialUpdateLossScaleManager(8, 3).rule_params() == RuleParams(
+        dynamic=True, initial_scale=8.0, growth_interval=3, growth_factor=2.0,
+        backoff_multiplier=0.8, backoff_divisor=1.0, hysteresis=2, min_scale=1.0, max_scale=None,
+    )
+    fixed = FixedLossScale(16).rule_params()
+    assert fixed.dynamic is False and fixed.initial_scale == 16.0
+
+
+@pytest.mark.parametrize(
+    "policy,name",
+    [
+        (FixedLossScale(2), "loss_scale_value"),
+        (DynamicLossScale(), "initial_loss_scale"),
+        (DynamicLossScale(), "increment_period"),
+        (DynamicLossScale(), "multiplier"),
+        (DynamicLossScale(), "dynamic"),
+        (ExponentialUpdateLossScaleManager(8, 3), "decr_ratio"),
+        (FixedLossScaleManager(8), "loss_scale"),
+    ],
+)
+def test_properties_are_read_only(policy, name):
+    before = policy.get_config()
+    with pytest.raises(AttributeError, match="immutable"):
+        setattr(policy, name, 5)
+    assert policy.get_config() == before
+
+
+@pytest.mark.parametrize("policy", ALL_POLICIES, ids=IDS)
+def test_no_new_attributes(policy):
+    with pytest.raises(AttributeError):
+        policy.anything = 1  # type: ignore[attr-defined]
+
+
+@pytest.mark.xfail(strict=True, reason="BUG: `del policy._value` succeeds (no __delattr__), breaking an 'immutable' policy")
+def test_attributes_cannot_be_deleted():
+    p = FixedLossScale(4)
+    with pytest.raises(AttributeError):
+        del p._value  # type: ignore[attr-defined]
+    assert p.loss_scale_value == 4.0
+
+
+def test_abstract_base():
+    with pytest.raises(TypeError):
+        LossScale()  # type: ignore[abstract]
+
+
+# ----------------------------------------------------------------------------- repr, equality, hash, pickle
+
+
+def test_repr():
+    assert repr(FixedLossScale(128)) == "FixedLossScale(loss_scale_value=128.0)"
+    assert repr(DynamicLossScale()) == "DynamicLossScale(initial_loss_scale=32768.0, increment_period=2000, multiplier=2.0)"
+    assert repr(FixedLossScaleManager(5)) == "FixedLossScaleManager(loss_scale=5.0)"
+
+
+@pytest.mark.parametrize("policy", ALL_POLICIES, ids=IDS)
+def test_repr_evaluates_back(policy):
+    assert eval(repr(policy), vars(lossscale)) == policy
+
+
+def test_equality_and_hash():
+    assert FixedLossScale(128) == FixedLossScale(128.0) == get(128)
+    assert hash(FixedLossScale(128)) == hash(FixedLossScale(128.0))
+    assert DynamicLossScale() == DynamicLossScale(2**15, 2000, 2) == get("dynamic")
+    assert hash(DynamicLossScale()) == hash(get("dynamic"))
+    assert DynamicLossScale(2048, 500) != DynamicLossScale(2048, 501)
+    assert DynamicLossScale(2048, 500) != DynamicLossScale(2048, 500, hysteresis=2)
+    assert FixedLossScale(5) != FixedLossScaleManager(5)  # different classes, different configs
+    assert FixedLossScale(5) != 5 and DynamicLossScale() != "dynamic"
+    assert len(set(ALL_POLICIES) | set(copy.deepcopy(ALL_POLICIES))) == len(ALL_POLICIES)
+
+
+@pytest.mark.parametrize("policy", ALL_POLICIES, ids=IDS)
+def test_pickle_and_copy(policy):
+    for again in (pickle.loads(pickle.dumps(policy)), copy.copy(policy), copy.deepcopy(policy)):
+        assert type(again) is type(policy) and again == policy and hash(again) == hash(policy)
+        assert again.rule_params() == policy.rule_params()
+
+
+def test_resolve_is_exported():
+    assert lossscale.resolve_loss_scale(123) == FixedLossScale(123)

@@ -1,0 +1,72 @@
+"""The package root's public surface, and that importing it pulls in no framework."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import lossscale
+
+FRAMEWORKS = ("torch", "jax", "jaxlib", "tensorflow", "optax", "flax", "keras")
+
+
+def test_all_is_pinned():
+    assert sorted(lossscale.__all__) == [
+        "DynamicLossScale",
+        "ExponentialUpdateLossScaleManager",
+        "FixedLossScale",
+        "FixedLossScaleManager",
+        "LossScale",
+        "LossScaleError",
+        "LossScaleState",
+        "RuleParams",
+        "get",
+        "initial_state",
+        "next_state",
+        "resolve_loss_scale",
+        "serialize",
+    ]
+    for name in lossscale.__all__:
+        assert getattr(lossscale, name) is not None
+
+
+def test_version():
+    assert isinstance(lossscale.__version__, str) and lossscale.__version__.count(".") == 2
+
+
+def test_import_lossscale_imports_no_framework():
+    code = (
+        "import sys, json, lossscale\n"
+        "from lossscale import DynamicLossScale, get, initial_state, next_state\n"
+        "import numpy as np\n"
+        "p = get('dynamic'); s = next_state(p, initial_state(p, np), np.asarray(True), np)\n"
+        f"print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in {FRAMEWORKS!r})))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == []
+
+
+def test_torch_binding_imports_torch_only_when_imported():
+    code = (
+        "import sys, json, lossscale.torch\n"
+        "print(json.dumps(['torch' in sys.modules, 'jax' in sys.modules, 'tensorflow' in sys.modules]))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == [True, False, False]
+
+
+def test_torch_binding_all():
+    import lossscale.torch as lst
+
+    assert sorted(lst.__all__) == [
+        "DynamicLossScale",
+        "ExponentialUpdateLossScaleManager",
+        "FixedLossScale",
+        "FixedLossScaleManager",
+        "LossScale",
+        "LossScaleError",
+        "LossScaleOptimizer",
+        "SharedLossScale",
+    ]
+    assert lst.DynamicLossScale is lossscale.DynamicLossScale
