@@ -12,7 +12,7 @@ loss scaling changes), not the forward/backward pass:
 Both scaled variants start each step from gradients equal to ``S * g``
 (restored outside the timed region). "overhead" is a variant's time minus
 plain's; "ratio" is lossscale's overhead over GradScaler's. Host syncs are
-counted with a ``TorchDispatchMode`` that counts ``aten._local_scalar_dense``
+counted with ``lossscale.torch.HostSyncCounter``, a ``TorchDispatchMode`` that counts ``aten._local_scalar_dense``
 (what ``.item()``, ``bool(tensor)`` and friends call); the table shows the
 syncs each variant adds to the plain step.
 
@@ -29,25 +29,10 @@ import time
 from typing import Callable
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-
-from lossscale.torch import LossScaleOptimizer
+from lossscale.torch import HostSyncCounter, LossScaleOptimizer
 
 SCALE = 1024.0
 MAX_NORM = 1.0
-
-
-class SyncCounter(TorchDispatchMode):
-    """Counts host syncs: every ``aten._local_scalar_dense`` call."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.count = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        if func is torch.ops.aten._local_scalar_dense.default:
-            self.count += 1
-        return func(*args, **(kwargs or {}))
 
 
 def make_params(n_params: int, n_tensors: int, seed: int) -> list[torch.nn.Parameter]:
@@ -128,7 +113,7 @@ class Variant:
 
     def syncs(self) -> int:
         self.restore()
-        with SyncCounter() as counter:
+        with HostSyncCounter() as counter:
             self.run()
         return counter.count
 

@@ -25,12 +25,14 @@ from .._policy import (
 )
 from ._optimizer import LossScaleOptimizer
 from ._scale import SharedLossScale
+from ._syncs import HostSyncCounter
 
 __all__ = [
     "DynamicLossScale",
     "ExponentialUpdateLossScaleManager",
     "FixedLossScale",
     "FixedLossScaleManager",
+    "HostSyncCounter",
     "LossScale",
     "LossScaleError",
     "LossScaleOptimizer",
