@@ -59,7 +59,8 @@ def test_torch_binding_imports_torch_only_when_imported():
 def test_torch_binding_all():
     import lossscale.torch as lst
 
-    assert sorted(lst.__all__) == [
+    # Other issues add names to the torch binding; these are the ones issue 2 requires.
+    assert set(lst.__all__) >= {
         "DynamicLossScale",
         "ExponentialUpdateLossScaleManager",
         "FixedLossScale",
@@ -68,5 +69,5 @@ def test_torch_binding_all():
         "LossScaleError",
         "LossScaleOptimizer",
         "SharedLossScale",
-    ]
+    }
     assert lst.DynamicLossScale is lossscale.DynamicLossScale
