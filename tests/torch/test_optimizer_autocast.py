@@ -81,7 +81,7 @@ def test_unscaled_float16_loses_its_gradients(runs):
     assert max(zeros_fp32) == 0.0  # in float32 every gradient is nonzero
     assert min(zeros_fp16) > 0.9  # in float16 (almost) all of them underflow to zero
     # so training stalls: the loss barely moves
-    assert losses[-1] == pytest.approx(losses[0], rel=0.02)
+    assert losses[-1] == pytest.approx(losses[0], rel=1e-4)
 
 
 def test_loss_scaled_float16_matches_float32(runs):
@@ -89,7 +89,7 @@ def test_loss_scaled_float16_matches_float32(runs):
     model, zeros, losses, opt = runs["scaled"]
     assert max(zeros) < 0.01  # next to no gradient lost (a rare exact zero from float16 rounding)
     assert int(opt.skipped_steps) == 0 and float(opt.loss_scale) == 2**15
-    assert losses[-1] < 0.8 * losses[0]  # it trains
+    assert losses[-1] < 0.95 * losses[0]  # it trains (fp32: 1.179 -> 1.069)
     for a, b in zip(losses, fp32_losses):
         assert a == pytest.approx(b, rel=5e-3)
     for p, q in zip(model.parameters(), fp32_model.parameters()):
