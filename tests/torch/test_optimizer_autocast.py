@@ -96,6 +96,6 @@ def test_loss_scaled_float16_matches_float32(runs):
         torch.testing.assert_close(p.detach(), q.detach(), rtol=1e-2, atol=2e-3)
     # and the unscaled float16 run is far from float32
     fp16_model = runs["fp16"][0]
-    gap_fp16 = sum(float((p - q).abs().max()) for p, q in zip(fp16_model.parameters(), fp32_model.parameters()))
-    gap_scaled = sum(float((p - q).abs().max()) for p, q in zip(model.parameters(), fp32_model.parameters()))
+    gap_fp16 = sum(float((p - q).detach().abs().max()) for p, q in zip(fp16_model.parameters(), fp32_model.parameters()))
+    gap_scaled = sum(float((p - q).detach().abs().max()) for p, q in zip(model.parameters(), fp32_model.parameters()))
     assert gap_scaled < gap_fp16 / 10

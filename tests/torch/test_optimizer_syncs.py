@@ -1,0 +1,155 @@
+"""Host syncs per step, counted as ``aten._local_scalar_dense`` calls (``.item()``, ``bool(t)``, ``float(t)``).
+
+The fused path decides on the device (0 syncs); every other inner optimizer
+needs one ``found_inf.item()`` to decide whether to call ``step()`` (1 sync).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from lossscale.torch import LossScaleOptimizer, SharedLossScale
+
+
+class SyncCounter(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten._local_scalar_dense.default:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def test_counter_counts_item_and_bool():
+    t = torch.tensor(1.0)
+    with SyncCounter() as c:
+        t.item()
+        bool(t > 0)
+        float(t)
+        torch.ones(3).mul_(2)  # no sync
+    assert c.count == 3
+
+
+def make_model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+
+
+def count_step_syncs(opt, model, steps=4, bad=(2,)):
+    """Syncs of step() alone, per step (backward happens outside the counter)."""
+    counts = []
+    for i in range(steps):
+        opt.zero_grad()
+        x = torch.randn(4, 8)
+        with SyncCounter() as c:
+            scaled = opt.get_scaled_loss(model(x).square().mean())
+        assert c.count == 0  # scaling the loss never syncs
+        scaled.backward()
+        if i in bad:
+            model[0].weight.grad[0, 0] = math.inf
+        with SyncCounter() as c:
+            opt.step()
+        counts.append(c.count)
+    return counts
+
+
+def inner_syncs(make_inner, steps=4):
+    """Syncs of the plain inner optimizer's own step (e.g. foreach Adam's step.item() per parameter)."""
+    model = make_model()
+    inner = make_inner(model.parameters())
+    counts = []
+    for _ in range(steps):
+        inner.zero_grad()
+        model(torch.randn(4, 8)).square().mean().backward()
+        with SyncCounter() as c:
+            inner.step()
+        counts.append(c.count)
+    return counts
+
+
+@pytest.mark.parametrize(
+    "make_inner",
+    [
+        lambda ps: torch.optim.Adam(ps, lr=1e-3, fused=True),
+        lambda ps: torch.optim.AdamW(ps, lr=1e-3, fused=True),
+    ],
+    ids=["adam-fused", "adamw-fused"],
+)
+def test_fused_path_has_no_sync(make_inner):
+    model = make_model()
+    opt = LossScaleOptimizer(make_inner(model.parameters()), initial_scale=2**10, dynamic_growth_steps=2)
+    assert count_step_syncs(opt, model) == [0, 0, 0, 0]  # overflow step (2) included
+    assert int(opt.skipped_steps) == 1
+
+
+def test_fused_sgd_momentum_decides_its_first_step_on_the_host():
+    """Fused SGD creates its momentum buffers uninitialized on the first step: that one step syncs (documented)."""
+    model = make_model()
+    opt = LossScaleOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, fused=True))
+    assert count_step_syncs(opt, model) == [1, 0, 0, 0]
+    model = make_model()
+    no_momentum = LossScaleOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, fused=True))
+    assert count_step_syncs(no_momentum, model) == [0, 0, 0, 0]
+
+
+@pytest.mark.parametrize(
+    "make_inner",
+    [
+        lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, foreach=True),
+        lambda ps: torch.optim.SGD(ps, lr=0.1, foreach=False),
+        lambda ps: torch.optim.RMSprop(ps, lr=1e-3, foreach=True),
+    ],
+    ids=["sgd-momentum-foreach", "sgd-for-loop", "rmsprop-foreach"],
+)
+def test_foreach_path_has_exactly_one_sync(make_inner):
+    assert inner_syncs(make_inner) == [0, 0, 0, 0]  # the inner optimizer itself never syncs...
+    model = make_model()
+    opt = LossScaleOptimizer(make_inner(model.parameters()))
+    assert count_step_syncs(opt, model) == [1, 1, 1, 1]  # ... so this one is lossscale's found_inf.item()
+
+
+def test_foreach_adam_adds_exactly_one_sync():
+    make_inner = lambda ps: torch.optim.Adam(ps, lr=1e-3, foreach=True)  # noqa: E731
+    own = inner_syncs(make_inner)
+    n = own[0]
+    assert n > 0 and own == [n] * 4  # foreach Adam reads each parameter's step with .item() (twice)
+    model = make_model()
+    opt = LossScaleOptimizer(make_inner(model.parameters()))
+    counts = count_step_syncs(opt, model, bad=(2,))
+    assert counts == [n + 1, n + 1, 1, n + 1]  # + 1 for found_inf; on the skipped step only that one
+
+
+def test_unscale_and_shared_update_do_not_sync():
+    torch.manual_seed(0)
+    a, b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 1)
+    scale = SharedLossScale(initial_scale=8)
+    opt_a = LossScaleOptimizer(torch.optim.Adam(a.parameters(), fused=True), loss_scale=scale)
+    opt_b = LossScaleOptimizer(torch.optim.AdamW(b.parameters(), fused=True), loss_scale=scale)
+    scale.get_scaled_loss(b(a(torch.randn(2, 4))).sum()).backward()
+    with SyncCounter() as c:
+        opt_a.unscale_()
+        opt_a.step()
+        opt_b.step()
+        scale.update()
+        _ = opt_a.loss_scale, opt_a.dynamic_counter, opt_a.skipped_steps
+    assert c.count == 0
+
+
+def test_apply_gradients_syncs():
+    w = torch.nn.Parameter(torch.ones(3))
+    fused = LossScaleOptimizer(torch.optim.Adam([w], lr=0.1, fused=True))
+    with SyncCounter() as c:
+        fused.apply_gradients([(torch.ones(3), w)])
+        fused.apply_gradients([(torch.full((3,), math.nan), w)])
+    assert c.count == 0
+    v = torch.nn.Parameter(torch.ones(3))
+    plain = LossScaleOptimizer(torch.optim.SGD([v], lr=0.1))
+    with SyncCounter() as c:
+        plain.apply_gradients([(torch.ones(3), v)])
+    assert c.count == 1
