@@ -30,6 +30,24 @@ def _axis_names(axis_name: Any) -> tuple[Hashable, ...] | None:
     )
 
 
+def _varying_axes(aval: Any) -> frozenset:
+    """The shard_map axes over which a value varies (empty outside shard_map and on old JAX)."""
+    manual = getattr(aval, "manual_axis_type", None)  # JAX >= 0.9
+    if manual is not None:
+        return frozenset(manual.varying)
+    return frozenset(getattr(aval, "vma", None) or ())  # JAX 0.6 - 0.8
+
+
+def _like(x: Any, aval: Any) -> Any:
+    """``x`` marked as varying over the same shard_map axes as ``aval``, so both cond branches agree."""
+    typeof = getattr(jax, "typeof", None) or jax.core.get_aval
+    missing = _varying_axes(aval) - _varying_axes(typeof(x))
+    if not missing:
+        return x
+    axes = tuple(sorted(missing))
+    return lax.pcast(x, axes, to="varying") if hasattr(lax, "pcast") else lax.pvary(x, axes)
+
+
 def loss_scale_optimizer(
     inner: optax.GradientTransformation,
     loss_scale: Any = None,
@@ -162,10 +180,18 @@ def loss_scale_optimizer(
 
         def skip(operands: Any) -> Any:
             _, inner_state, _ = operands
-            shapes = jax.eval_shape(step, operands)
-            zeros = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shapes[0])
-            kept = jax.tree_util.tree_map(lambda x, s: jnp.asarray(x, s.dtype), inner_state, shapes[1])
-            return zeros, kept
+            # The true branch's output types, traced (not run) so that the zeros match them exactly,
+            # shard_map's varying axes included.
+            closed, shapes = jax.make_jaxpr(step, return_shape=True)(operands)
+            out_avals = closed.out_avals
+            updates_def = jax.tree_util.tree_structure(shapes[0])
+            zeros_avals, state_avals = out_avals[: updates_def.num_leaves], out_avals[updates_def.num_leaves :]
+            zeros = [_like(jnp.zeros(a.shape, a.dtype), a) for a in zeros_avals]
+            kept = [_like(jnp.asarray(x, a.dtype), a) for x, a in zip(jax.tree_util.tree_leaves(inner_state), state_avals)]
+            return (
+                jax.tree_util.tree_unflatten(updates_def, zeros),
+                jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(inner_state), kept),
+            )
 
         new_updates, new_inner = lax.cond(finite, step, skip, (updates, state.inner_state, params))
         new_scale_state = next_state(params_of_rule, scale_state, finite, jnp)

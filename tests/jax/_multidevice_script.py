@@ -1,0 +1,65 @@
+"""Run by test_multidevice.py in a fresh process with two CPU devices; prints JSON results."""
+
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+import lossscale.jax as lsj
+
+
+def summary(updates, state):
+    return {
+        "updates": np.asarray(updates).tolist(),
+        "scale": np.asarray(state.loss_scale).tolist(),
+        "skipped": np.asarray(state.skipped_steps).tolist(),
+        "count": np.asarray(state.inner_state[0].count).tolist(),
+    }
+
+
+def main():
+    assert "--xla_force_host_platform_device_count=2" in os.environ.get("XLA_FLAGS", "")
+    out = {"devices": jax.device_count()}
+    good = jnp.ones((2, 4))  # one row per device
+    bad = good.at[1, 3].set(jnp.inf)  # an Inf on device 1 only
+
+    # pmap: each device holds different gradients.
+    for name, axis in (("pmap_local", None), ("pmap_global", "d")):
+        opt = lsj.loss_scale_optimizer(optax.adam(0.1), 1024.0, axis_name=axis)
+        state = jax.pmap(opt.init)(jnp.zeros((2, 4)))
+        updates, state = jax.pmap(opt.update, axis_name="d")(bad * 1024, state)
+        out[name] = summary(updates, state)
+
+    # shard_map: the parameters are sharded over the mesh axis.
+    mesh = jax.make_mesh((2,), ("d",))
+    opt = lsj.loss_scale_optimizer(optax.adam(0.1), 1024.0, axis_name="d")
+    params = jnp.zeros(8)
+    state = opt.init(params)
+    state_spec = jax.tree.map(lambda x: P("d") if x.ndim else P(), state)
+    f = jax.shard_map(opt.update, mesh=mesh, in_specs=(P("d"), state_spec), out_specs=(P("d"), state_spec))
+    state = jax.tree.map(lambda x, spec: jax.device_put(x, NamedSharding(mesh, spec)), state, state_spec)
+    grads = jax.device_put(bad.reshape(8) * 1024, NamedSharding(mesh, P("d")))
+    updates, state = jax.jit(f)(grads, state)
+    out["shard_map"] = summary(updates, state)
+
+    # jit over sharded arrays: no axis_name; the check is global by construction.
+    opt = lsj.loss_scale_optimizer(optax.adam(0.1), 1024.0)
+    sharded = NamedSharding(mesh, P("d"))
+    params = jax.device_put(jnp.zeros(8), sharded)
+    state = opt.init(params)
+    grads = jax.device_put(bad.reshape(8) * 1024, sharded)
+    out["grad_shards_finite"] = [bool(np.isfinite(np.asarray(s.data)).all()) for s in grads.addressable_shards]
+    updates, state = jax.jit(opt.update)(grads, state, params)
+    out["sharded_jit"] = summary(updates, state)
+    out["sharded_jit"]["update_sharding"] = str(updates.sharding.spec)
+    updates, state = jax.jit(opt.update)(jax.device_put(good.reshape(8) * 1024, sharded), state, params)
+    out["sharded_jit_next"] = summary(updates, state)
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,51 @@
+"""Two CPU devices (in a subprocess, so XLA_FLAGS is set before jax starts): an Inf on one device's shard."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def results():
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
+    script = pathlib.Path(__file__).with_name("_multidevice_script.py")
+    proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_two_devices(results):
+    assert results["devices"] == 2
+
+
+def test_pmap_without_axis_name_decides_per_device(results):
+    # The control: without axis_name device 0 steps and device 1 skips; the replicas drift apart.
+    local = results["pmap_local"]
+    assert local["skipped"] == [0, 1] and local["count"] == [1, 0] and local["scale"] == [1024, 1024]
+    assert all(u != 0 for u in local["updates"][0]) and local["updates"][1] == [0, 0, 0, 0]
+
+
+def test_pmap_with_axis_name_skips_everywhere(results):
+    glob = results["pmap_global"]
+    assert glob["skipped"] == [1, 1] and glob["count"] == [0, 0]
+    assert glob["updates"] == [[0, 0, 0, 0], [0, 0, 0, 0]]
+
+
+def test_shard_map_with_axis_name_skips_everywhere(results):
+    res = results["shard_map"]
+    assert res["updates"] == [0] * 8 and res["skipped"] == 1 and res["count"] == 0 and res["scale"] == 1024
+
+
+def test_sharded_jit_is_global_without_axis_name(results):
+    assert results["grad_shards_finite"] == [True, False]  # device 0 alone would have stepped
+    res = results["sharded_jit"]
+    assert res["updates"] == [0] * 8 and res["skipped"] == 1 and res["count"] == 0
+    assert res["update_sharding"].endswith("('d',)")  # the updates stay sharded
+    nxt = results["sharded_jit_next"]
+    assert nxt["skipped"] == 1 and nxt["count"] == 1 and all(u < 0 for u in nxt["updates"])
