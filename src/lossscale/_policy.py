@@ -15,6 +15,7 @@ behaviour at their defaults.
 from __future__ import annotations
 
 import abc
+import inspect
 import math
 from dataclasses import dataclass
 from numbers import Integral, Real
@@ -32,6 +33,8 @@ __all__ = [
 ]
 
 _INT32_MAX = 2**31 - 1
+#: The largest float32; the state holds the scale as float32.
+FLOAT32_MAX = 3.4028234663852886e38
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,8 @@ def _scale(name: str, value: Any, *, at_least: float | None = None) -> float:
     value = _number(name, value, fix)
     if value <= 0:
         raise ValueError(f"{name} must be positive, got {value!r}. {fix}")
+    if value > FLOAT32_MAX:
+        raise ValueError(f"{name}={value!r} is not finite in float32, the loss scale's dtype (max about 3.4e38). {fix}")
     if at_least is not None and value < at_least:
         raise ValueError(f"{name} must be at least {at_least:g}, got {value!r}.")
     return value
@@ -159,6 +164,9 @@ class LossScale(abc.ABC):
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"{type(self).__name__} is immutable; build a new one instead of setting {name!r}.")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"{type(self).__name__} is immutable; {name!r} cannot be deleted.")
 
     def _init(self, **fields: Any) -> None:
         for name, value in fields.items():
@@ -495,7 +503,17 @@ def get(identifier: Any) -> LossScale | None:
                 f"Invalid loss scale config {dict(identifier)!r}: expected "
                 f'{{"class_name": <one of {known}>, "config": {{...}}}}, as lossscale.serialize() returns.'
             )
-        return cls.from_config(identifier.get("config", {}))
+        config = identifier.get("config", {})
+        if not isinstance(config, Mapping):
+            raise ValueError(f"Invalid loss scale config for {class_name}: 'config' must be a dict, got {config!r}.")
+        try:
+            inspect.signature(cls).bind(**config)
+        except TypeError as error:
+            raise ValueError(
+                f"Invalid loss scale config for {class_name}: {error}. Expected the keys that "
+                f"{class_name}(...).get_config() returns."
+            ) from error
+        return cls.from_config(config)
     raise ValueError(
         f"Invalid loss scale {identifier!r} of type {type(identifier).__name__}: pass a number (fixed scale), "
         '"dynamic", a LossScale instance, a serialized LossScale dict, or None.'

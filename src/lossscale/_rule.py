@@ -11,6 +11,7 @@ numbers and are resolved when the function is traced.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, NamedTuple
 
 from ._policy import LossScale, RuleParams
@@ -91,6 +92,13 @@ def next_state(policy: LossScale | RuleParams, state: LossScaleState, finite: An
     [1.0, 2.0, 2.0, 4.0, 4.0, 8.0]
     """
     params = policy if isinstance(policy, RuleParams) else policy.rule_params()
+    # A refused growth computes an inf on purpose; numpy would warn about it.
+    quiet = xp.errstate(over="ignore") if hasattr(xp, "errstate") else contextlib.nullcontext()
+    with quiet:
+        return _next_state(params, state, finite, xp)
+
+
+def _next_state(params: RuleParams, state: LossScaleState, finite: Any, xp: Any) -> LossScaleState:
     scale, good, bad, skipped, streak = state
     not_finite = ~finite
     skipped = skipped + (not_finite & (skipped < COUNTER_MAX))

@@ -542,10 +542,6 @@ def test_rule_is_pure():
         assert as_tuple(s0) == before
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: next_state with numpy emits 'RuntimeWarning: overflow encountered in multiply' when growth is refused",
-)
 def test_refused_growth_is_silent_with_numpy():
     """The numpy reference is used by users and tests; refusing growth is normal, not an error."""
     policy = DynamicLossScale(2.0**127, 1, 2)

@@ -219,10 +219,6 @@ def test_is_a_torch_optimizer():
         lambda ps: torch.optim.RMSprop(ps, lr=1e-2, momentum=0.5),
         pytest.param(
             lambda ps: torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.1, fused=True),
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="BUG: from_config passes AdamW.defaults back to AdamW(), which rejects 'decoupled_weight_decay'",
-            ),
         ),
     ],
     ids=["sgd", "adam", "adam-fused", "lbfgs", "rmsprop", "adamw-fused"],

@@ -84,10 +84,6 @@ def test_idiom_skips_a_non_finite_step():
     assert not bool(opt.last_step_skipped)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: step() with no gradient at all crashes in torch._group_tensors_by_device_and_dtype([[]])",
-)
 def test_step_with_no_gradient_at_all_is_a_no_op():
     """torch optimizers accept step() when no parameter has a gradient (frozen model, first accumulation step)."""
     w = torch.nn.Parameter(torch.ones(2))
@@ -553,10 +549,6 @@ def test_sparse_and_dense_gradients_with_sgd(bad):
         torch.testing.assert_close(head.weight.detach(), head2.weight.detach(), rtol=0, atol=0)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: when every gradient is sparse, step() crashes in torch._group_tensors_by_device_and_dtype([[]])",
-)
 def test_sparse_only_gradients_with_sparse_adam():
     emb, _ = _embedding_bag(True)
     emb2 = copy.deepcopy(emb)

@@ -62,7 +62,8 @@ class GradGroups:
                     grad = grad.to_local()
             self.tensors.append(grad)
             (dense if grad.layout == strided else self.sparse).append(grad)
-        self.dense = {key: tensors for key, ([tensors], _) in _group_tensors_by_device_and_dtype([dense]).items()}
+        groups = _group_tensors_by_device_and_dtype([dense]) if dense else {}
+        self.dense = {key: tensors for key, ([tensors], _) in groups.items()}
 
     @classmethod
     def of(cls, param_groups: Iterable[dict]) -> GradGroups:
@@ -95,12 +96,16 @@ def reciprocal(scale: torch.Tensor) -> torch.Tensor:
 
 
 def _combine(flags: list[torch.Tensor], device: torch.device) -> torch.Tensor:
-    """Sum of per-device found-inf flags on ``device`` (0 or a positive count)."""
+    """The per-group found-inf flags as one flag on ``device``: exactly 0.0 or 1.0.
+
+    Exactly 1.0 matters: torch's fused kernels skip only when the flag equals
+    1.0, and subtract it from their step counters.
+    """
     if not flags:
         return torch.zeros((), dtype=torch.float32, device=device)
     total = flags[0].to(device, non_blocking=True)
     for flag in flags[1:]:
-        total = total + flag.to(device, non_blocking=True)
+        total = torch.maximum(total, flag.to(device, non_blocking=True))
     return total
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import copy
 import importlib
+import inspect
 import weakref
 from collections import OrderedDict
 from typing import Any, Callable, Iterable, Mapping, Sequence
@@ -667,7 +668,7 @@ class LossScaleOptimizer(torch.optim.Optimizer):
             opt_cls = getattr(module, name, None)
         if opt_cls is None:
             raise ValueError(f"Unknown optimizer class {name!r}: pass it in custom_objects={{{name!r}: {name}}}.")
-        inner = opt_cls(params, **spec["config"])
+        inner = opt_cls(params, **_constructor_kwargs(opt_cls, spec["config"]))
         if config.get("loss_scale") is not None:
             return cls(inner, loss_scale=config["loss_scale"])
         return cls(
@@ -720,3 +721,15 @@ class LossScaleOptimizer(torch.optim.Optimizer):
 
     def __repr__(self) -> str:
         return f"LossScaleOptimizer({self._inner!r}, loss_scale={self._scale.policy!r})"
+
+
+def _constructor_kwargs(opt_cls: type, defaults: Mapping[str, Any]) -> dict[str, Any]:
+    """The entries of an optimizer's ``defaults`` that its constructor takes.
+
+    ``defaults`` may hold derived entries the constructor rejects (AdamW's
+    ``decoupled_weight_decay``); a constructor with ``**kwargs`` takes all.
+    """
+    parameters = inspect.signature(opt_cls).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return dict(defaults)
+    return {k: v for k, v in defaults.items() if k in parameters}
