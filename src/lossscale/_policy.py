@@ -73,8 +73,8 @@ def _number(name: str, value: Any, fix: str) -> float:
     return value
 
 
-def _scale(name: str, value: Any, *, at_least: float | None = None) -> float:
-    fix = f"Pass a positive finite number, for example {name}=2**15."
+def _scale(name: str, value: Any, *, at_least: float | None = None, example: str = "2**15") -> float:
+    fix = f"Pass a positive finite number, for example {name}={example}."
     value = _number(name, value, fix)
     if value <= 0:
         raise ValueError(f"{name} must be positive, got {value!r}. {fix}")
@@ -271,8 +271,10 @@ class DynamicLossScale(LossScale):
         backoff_factor: float | None = None,
         hysteresis: int = 1,
     ) -> None:
-        min_scale = _scale("min_loss_scale", min_loss_scale)
-        max_scale = None if max_loss_scale is None else _scale("max_loss_scale", max_loss_scale, at_least=min_scale)
+        min_scale = _scale("min_loss_scale", min_loss_scale, example="1.0")
+        max_scale = (
+            None if max_loss_scale is None else _scale("max_loss_scale", max_loss_scale, at_least=min_scale, example="2**24")
+        )
         initial = _scale("initial_loss_scale", initial_loss_scale)
         if initial < min_scale:
             raise ValueError(

@@ -138,10 +138,6 @@ def test_fused_float16_and_float32_params_both_overflowing():
     assert all(float(s["step"]) == 0 for s in opt.state.values())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: a fused Adam/AdamW step skipped on the device still creates the inner state (step=0, zero moments)",
-)
 @pytest.mark.parametrize("name", ["adam-fused", "adamw-fused"])
 def test_skipped_first_fused_step_leaves_inner_state_untouched(name):
     """Issue 2: a non-finite gradient means the inner optimizer's state is untouched (foreach: it stays empty)."""

@@ -179,6 +179,7 @@ class LossScaleOptimizer(torch.optim.Optimizer):
         self._pending: tuple[torch.Tensor, torch.Tensor | None] | None = None
         self._process_group = validate_process_group(process_group)
         self._agreement: list[Any] | None = None
+        self._inner_has_stepped = bool(optimizer.state)  # a fused optimizer's state exists once it has stepped
         if named_parameters is not None and not overflow_report:
             raise ValueError("named_parameters only names the gradients of the overflow report: pass overflow_report=True too.")
         self._init_diagnostics(max_consecutive_skips, overflow_report, named_parameters, history)
@@ -413,22 +414,16 @@ class LossScaleOptimizer(torch.optim.Optimizer):
         return None
 
     def _needs_host_decision(self) -> bool:
-        """Whether the inner optimizer cannot skip on the device for this step.
+        """Whether this step's skip must be decided on the host.
 
-        Fused SGD with momentum creates its momentum buffers uninitialized
-        (``torch.empty_like``) on its first step and relies on the kernel to
-        fill them; a first step skipped on the device would leave garbage in
-        them. That one step is decided on the host instead.
+        Always for unfused optimizers, which take no ``found_inf``. For a fused
+        one, only while its state is still empty: its first step creates the
+        state (Adam's zero moments and step counts; SGD's momentum buffers,
+        made with ``torch.empty_like`` and filled by the kernel), and a first
+        step skipped on the device would leave that state behind, garbage in
+        SGD's case. One sync per step until the inner optimizer has stepped once.
         """
-        if not self._fused:
-            return True
-        if isinstance(self._inner, torch.optim.SGD):
-            momentum = any(g.get("momentum", 0) != 0 for g in self.param_groups)
-            has_buffers = any(
-                self.state.get(p, {}).get("momentum_buffer") is not None for g in self.param_groups for p in g["params"]
-            )
-            return momentum and not has_buffers
-        return False
+        return not self._fused or not self._inner_has_stepped
 
     def _apply(self, found_inf: torch.Tensor, grad_scale: torch.Tensor | None) -> bool | None:
         """Runs the inner step unless ``found_inf``; on the device when the inner optimizer can skip itself.
@@ -443,6 +438,7 @@ class LossScaleOptimizer(torch.optim.Optimizer):
             if not self._fused:
                 self._inner.step()
                 return False
+            self._inner_has_stepped = True
         inner: Any = self._inner
         inner.grad_scale, inner.found_inf = grad_scale, found_inf
         try:
@@ -696,6 +692,7 @@ class LossScaleOptimizer(torch.optim.Optimizer):
         if saved_scale is not None:
             self._scale.load_state_dict(saved_scale)
         self._pending = None
+        self._inner_has_stepped = bool(self.state)
 
     def __getstate__(self) -> dict[str, Any]:  # type: ignore[override]
         # Parameter names (keyed by tensor identity) and process groups do not survive pickling.
@@ -713,6 +710,7 @@ class LossScaleOptimizer(torch.optim.Optimizer):
         self._pending = None
         self._process_group = None  # process groups do not pickle; pass process_group= again
         self._agreement = None
+        self._inner_has_stepped = bool(self._inner.state)
         self._init_diagnostics(
             state.get("max_consecutive_skips"), state.get("overflow_report", False), None, state.get("history")
         )
