@@ -365,8 +365,9 @@ class LossScaleOptimizer(torch.optim.Optimizer):
         divided by ``S``; a scaled norm beyond float32's range counts as an
         overflow (the step is skipped and the scale backs off, as for an Inf).
         With a fused inner optimizer the unscale and the clip factor travel
-        into its kernel, so the norm is the only pass (R); otherwise one more
-        R+W pass applies ``clip/S`` to every gradient.
+        into its kernel, so the norm is the only pass (R), and ``p.grad``
+        stays scaled (as with GradScaler's fused path); otherwise one more R+W
+        pass applies ``clip/S`` to every gradient.
         """
         grads = self._prepare()
         if self._pending is not None:
