@@ -8,6 +8,7 @@ and import their framework when *they* are imported.
 from __future__ import annotations
 
 from ._errors import LossScaleError
+from ._history import History
 from ._policy import (
     DynamicLossScale,
     ExponentialUpdateLossScaleManager,
@@ -28,6 +29,7 @@ __all__ = [
     "ExponentialUpdateLossScaleManager",
     "FixedLossScale",
     "FixedLossScaleManager",
+    "History",
     "LossScale",
     "LossScaleError",
     "LossScaleState",

@@ -9,7 +9,8 @@ import sys
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m lossscale", description="lossscale command line")
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("demo", help="train fp32 vs fp16 vs fp16 + lossscale and plot the difference")
+    # add_help=False: "demo --help" reaches the demo's own parser, which documents its options.
+    sub.add_parser("demo", add_help=False, help="train fp32 vs fp16 vs fp16 + lossscale and plot the difference")
     args, rest = parser.parse_known_args(argv)
     if args.command == "demo":
         from ._demo import main as demo_main

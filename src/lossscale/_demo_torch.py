@@ -1,0 +1,122 @@
+"""The demo's PyTorch backend: one training run of the digits MLP in a given precision mode.
+
+Kept apart from :mod:`lossscale._demo` so that the demo's data, table and
+plot stay framework-free and a JAX backend is one more module of this shape
+(``train(mode, data, config, on_step) -> RunResult``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ._demo import MODES, DemoConfig, DemoData, RunResult
+from ._history import History
+from .torch import LossScaleOptimizer
+
+__all__ = ["train"]
+
+
+def _model(config: DemoConfig, seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)  # the same initial weights in every mode
+    layers: list[torch.nn.Module] = []
+    width_in = 64
+    for _ in range(config.depth):
+        layers += [torch.nn.Linear(width_in, config.width), torch.nn.GELU()]
+        width_in = config.width
+    layers.append(torch.nn.Linear(width_in, 10))
+    return torch.nn.Sequential(*layers)
+
+
+def train(mode: str, data: DemoData, config: DemoConfig, on_step: Callable[[], None] | None = None) -> RunResult:
+    """Trains one model in ``mode`` (``"fp32"``, ``"fp16"`` or ``"fp16+lossscale"``).
+
+    Every mode starts from the same weights and sees the same batches. fp16
+    runs use ``torch.autocast("cpu", float16)`` with float32 parameters, so
+    the forward and backward matmuls run in float16 and each weight gradient
+    is a float16 value cast to float32: what fp16 flushed is zero there.
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(MODES)}; got {mode!r}.")
+    previous_threads = torch.get_num_threads()
+    torch.set_num_threads(config.threads)
+    try:
+        return _train(mode, data, config, on_step)
+    finally:
+        torch.set_num_threads(previous_threads)
+
+
+def _train(mode: str, data: DemoData, config: DemoConfig, on_step: Callable[[], None] | None) -> RunResult:
+    model = _model(config, config.seed)
+    params = list(model.parameters())
+    w = config.loss_weight
+    # Adam is invariant to a constant factor on the loss when eps scales alike: in exact arithmetic the
+    # weighted loss trains exactly as the plain mean does, so fp32 is the same reference for any weight.
+    inner = torch.optim.Adam(params, lr=config.lr, eps=1e-8 * w)
+    scaled = mode == "fp16+lossscale"
+    opt: Any = LossScaleOptimizer(inner, dynamic_growth_steps=config.growth_steps) if scaled else inner
+    half = mode != "fp32"
+
+    x_train, y_train = torch.from_numpy(data.x_train), torch.from_numpy(data.y_train)
+    generator = torch.Generator().manual_seed(config.seed)
+    n = len(x_train)
+    order, pos = torch.randperm(n, generator=generator), 0
+
+    losses: list[torch.Tensor] = []
+    scales: list[torch.Tensor] = []
+    skips: list[torch.Tensor] = []
+    zero_steps: list[int] = []
+    zero_fractions: list[float] = []
+    for step in range(config.steps):
+        if pos + config.batch_size > n:
+            order, pos = torch.randperm(n, generator=generator), 0
+        idx = order[pos : pos + config.batch_size]
+        pos += config.batch_size
+
+        opt.zero_grad()
+        with torch.autocast("cpu", dtype=torch.float16, enabled=half):
+            loss = F.cross_entropy(model(x_train[idx]), y_train[idx]) * w
+        if scaled:
+            scales.append(opt.loss_scale.detach().clone())
+            opt.get_scaled_loss(loss).backward()
+        else:
+            loss.backward()
+        if step % config.measure_every == 0 or step == config.steps - 1:
+            grads = torch.cat([p.grad.reshape(-1) for p in params])
+            zero_steps.append(step)
+            zero_fractions.append(float((grads == 0).float().mean()))
+        opt.step()
+        if scaled:
+            skips.append(opt.last_step_skipped.detach().clone())
+        losses.append(loss.detach() / w)
+        if on_step is not None:
+            on_step()
+
+    history = None
+    if scaled:
+        history = History()
+        # One host transfer for the whole run, as a training loop would do every N steps.
+        history.extend(
+            np.arange(config.steps),
+            torch.stack(scales).float().numpy(),
+            torch.stack(skips).numpy(),
+            torch.stack(losses).float().numpy(),
+        )
+    with torch.no_grad():
+        final_loss = float(F.cross_entropy(model(x_train), y_train))
+        logits = model(torch.from_numpy(data.x_test))
+        accuracy = float((logits.argmax(1) == torch.from_numpy(data.y_test)).float().mean())
+    return RunResult(
+        mode=mode,
+        losses=torch.stack(losses).float().numpy(),
+        final_loss=final_loss,
+        accuracy=accuracy,
+        zero_grad_steps=np.asarray(zero_steps),
+        zero_grad_fractions=np.asarray(zero_fractions),
+        skipped_steps=int(opt.skipped_steps) if scaled else 0,
+        final_scale=float(opt.loss_scale) if scaled else None,
+        history=history,
+    )

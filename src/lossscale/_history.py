@@ -1,0 +1,268 @@
+"""A framework-free record of a loss scale's trajectory: scale, skips and loss per step.
+
+Dynamic loss scaling is a feedback loop, and the first question when a
+mixed-precision run misbehaves is "what did the scale do?". :class:`History`
+answers it without tying the record to a framework: it holds numpy arrays,
+takes batches so that a training loop can keep per-step values on the device
+and move them to the host in one transfer every N steps, and writes CSV,
+a matplotlib plot or TensorBoard scalars.
+
+>>> h = History()
+>>> h.append(0, 32768.0, False, loss=2.3)
+>>> h.extend([1, 2], [32768.0, 16384.0], [True, False])
+>>> len(h), h.num_skipped, h.loss_scales.tolist()
+(3, 1, [32768.0, 32768.0, 16384.0])
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+from typing import Any
+
+import numpy as np
+
+__all__ = ["History"]
+
+_COLUMNS = ("step", "loss_scale", "skipped", "loss")
+
+
+def _column(name: str, values: Any, dtype: Any) -> np.ndarray:
+    try:
+        array = np.asarray(values)
+    except (TypeError, RuntimeError) as error:  # e.g. a CUDA tensor
+        raise TypeError(
+            f"{name} must be array-like on the host (a list, numpy array or CPU tensor); got "
+            f"{type(values).__name__}. Move device tensors first, e.g. torch.stack(values).cpu()."
+        ) from error
+    if array.ndim == 0:
+        array = array.reshape(1)
+    if array.ndim != 1:
+        raise ValueError(f"{name} must be one-dimensional (one value per step); got shape {array.shape}.")
+    if dtype is bool:
+        if array.dtype != np.bool_:
+            if not np.issubdtype(array.dtype, np.number) or not np.isin(array, (0, 1)).all():
+                raise ValueError(f"skipped must hold booleans (or 0/1); got {array[:5].tolist()}...")
+        return array.astype(np.bool_)
+    if dtype is np.int64:
+        if not np.issubdtype(array.dtype, np.integer):
+            if not (np.issubdtype(array.dtype, np.floating) and np.all(array == np.round(array))):
+                raise ValueError(f"steps must be integers; got {array[:5].tolist()}...")
+        return array.astype(np.int64)
+    if not (np.issubdtype(array.dtype, np.number) or array.dtype == np.bool_):
+        raise TypeError(f"{name} must be numbers; got dtype {array.dtype}.")
+    return array.astype(np.float64)
+
+
+class History:
+    """Per-step loss scale, skip flag and (optionally) loss, stored as numpy arrays.
+
+    Steps must increase strictly across calls, so a record can be appended
+    to from a resumed run but not silently interleaved. Losses are optional
+    per batch; a step without one stores NaN.
+
+    Cost: :meth:`extend` copies its batch once; the arrays are concatenated
+    lazily, so recording is O(1) amortised per batch however long the run.
+    """
+
+    def __init__(self) -> None:
+        self._chunks: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
+        self._cache: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._last_step: int | None = None
+
+    # ------------------------------------------------------------ recording
+
+    def extend(self, steps: Any, loss_scales: Any, skipped: Any, losses: Any = None) -> None:
+        """Records a batch of steps.
+
+        Args:
+            steps: the step numbers, integers, strictly increasing and after
+                every step already recorded.
+            loss_scales: the scale each step's loss was multiplied by.
+            skipped: whether each step was skipped (its gradients held NaN/Inf).
+            losses: optional unscaled losses, one per step.
+
+        All are array-likes of equal length: lists, numpy arrays or CPU
+        tensors (stack device values and move them once, e.g.
+        ``torch.stack(scales).cpu()``, to pay one transfer per batch).
+
+        Raises:
+            ValueError: on lengths that differ, steps that do not increase, or
+                skip flags that are not booleans.
+            TypeError: on values that are not numbers.
+        """
+        step_arr = _column("steps", steps, np.int64)
+        scale_arr = _column("loss_scales", loss_scales, np.float64)
+        skip_arr = _column("skipped", skipped, bool)
+        if losses is None:
+            loss_arr = np.full(step_arr.shape, np.nan)
+        else:
+            loss_arr = _column("losses", losses, np.float64)
+        lengths = {len(step_arr), len(scale_arr), len(skip_arr), len(loss_arr)}
+        if len(lengths) != 1:
+            raise ValueError(
+                f"steps, loss_scales, skipped and losses must have one value per step; got lengths "
+                f"{len(step_arr)}, {len(scale_arr)}, {len(skip_arr)}, {len(loss_arr)}."
+            )
+        if len(step_arr) == 0:
+            return
+        if np.any(np.diff(step_arr) <= 0) or (self._last_step is not None and step_arr[0] <= self._last_step):
+            raise ValueError(
+                f"steps must increase strictly (last recorded: {self._last_step}, got {step_arr[:5].tolist()}...); "
+                "start a new History for a new run."
+            )
+        self._chunks.append((step_arr, scale_arr, skip_arr, loss_arr))
+        self._cache = None
+        self._last_step = int(step_arr[-1])
+
+    def append(self, step: int, loss_scale: float, skipped: bool, loss: float | None = None) -> None:
+        """Records one step; see :meth:`extend`, which is cheaper per step for long runs."""
+        self.extend([step], [loss_scale], [skipped], None if loss is None else [loss])
+
+    # ------------------------------------------------------------ reading
+
+    def _arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        if self._cache is None:
+            if self._chunks:
+                self._cache = tuple(np.concatenate(column) for column in zip(*self._chunks))  # type: ignore[assignment]
+                self._chunks = [self._cache]  # type: ignore[list-item]
+            else:
+                empty = np.zeros(0)
+                self._cache = (empty.astype(np.int64), empty, empty.astype(np.bool_), empty)
+            for array in self._cache:  # type: ignore[union-attr]
+                array.flags.writeable = False
+        return self._cache  # type: ignore[return-value]
+
+    @property
+    def steps(self) -> np.ndarray:
+        """int64 step numbers (read-only)."""
+        return self._arrays()[0]
+
+    @property
+    def loss_scales(self) -> np.ndarray:
+        """float64 loss scale of each step (read-only)."""
+        return self._arrays()[1]
+
+    @property
+    def skipped(self) -> np.ndarray:
+        """bool, True where the step was skipped (read-only)."""
+        return self._arrays()[2]
+
+    @property
+    def losses(self) -> np.ndarray:
+        """float64 loss of each step, NaN where none was recorded (read-only)."""
+        return self._arrays()[3]
+
+    @property
+    def num_skipped(self) -> int:
+        """How many recorded steps were skipped."""
+        return int(self.skipped.sum())
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def __repr__(self) -> str:
+        if not len(self):
+            return "History(empty)"
+        return (
+            f"History({len(self)} steps {int(self.steps[0])}..{int(self.steps[-1])}, "
+            f"{self.num_skipped} skipped, last scale {self.loss_scales[-1]:g})"
+        )
+
+    # ------------------------------------------------------------ writing
+
+    def to_csv(self, path: str | os.PathLike[str]) -> None:
+        """Writes ``step,loss_scale,skipped,loss`` rows (skipped as 0/1, a missing loss empty).
+
+        Scales are written with ``repr`` precision, so :meth:`from_csv` gives
+        back the same values.
+        """
+        steps, scales, skipped, losses = self._arrays()
+        with open(path, "w", newline="") as handle:
+            writer = csv.writer(handle)
+            writer.writerow(_COLUMNS)
+            for step, scale, skip, loss in zip(steps.tolist(), scales.tolist(), skipped.tolist(), losses.tolist()):
+                writer.writerow([step, repr(scale), int(skip), "" if math.isnan(loss) else repr(loss)])
+
+    @classmethod
+    def from_csv(cls, path: str | os.PathLike[str]) -> History:
+        """Reads a file written by :meth:`to_csv`.
+
+        Raises:
+            ValueError: if the header is not ``step,loss_scale,skipped,loss``.
+        """
+        with open(path, newline="") as handle:
+            rows = list(csv.reader(handle))
+        if not rows or tuple(rows[0]) != _COLUMNS:
+            raise ValueError(f"{os.fspath(path)!r} is not a History CSV: its header must be {','.join(_COLUMNS)}.")
+        history = cls()
+        body = rows[1:]
+        if body:
+            history.extend(
+                [int(r[0]) for r in body],
+                [float(r[1]) for r in body],
+                [bool(int(r[2])) for r in body],
+                [float(r[3]) if r[3] else math.nan for r in body],
+            )
+        return history
+
+    def plot(self, ax: Any = None, path: str | os.PathLike[str] | None = None) -> Any:
+        """Draws the scale per step on a log2 axis, with skipped steps marked by red crosses.
+
+        Args:
+            ax: a matplotlib ``Axes`` to draw into; by default a new figure.
+            path: if given, the figure is saved there (PNG, SVG, ... by suffix).
+
+        Returns:
+            The ``Axes``. matplotlib is imported only here, and without
+            pyplot, so this works headless and leaves pyplot's state alone.
+        """
+        try:
+            from matplotlib.figure import Figure
+        except ImportError as error:  # pragma: no cover - matplotlib is in the demo extra
+            raise ImportError("History.plot needs matplotlib: pip install 'lossscale[demo]'.") from error
+        if ax is None:
+            ax = Figure(figsize=(7, 3.5), layout="constrained").add_subplot()
+        steps, scales, skipped, _ = self._arrays()
+        if len(steps):
+            ax.step(steps, scales, where="post", color="#2a7ab0", linewidth=1.8, label="loss scale")
+            if skipped.any():
+                ax.scatter(
+                    steps[skipped], scales[skipped], marker="x", color="#d62728", s=36, zorder=3,
+                    label=f"skipped step ({int(skipped.sum())})",
+                )
+            ax.set_yscale("log", base=2)
+        ax.set_xlabel("step")
+        ax.set_ylabel("loss scale")
+        ax.grid(True, which="major", alpha=0.3)
+        ax.legend(loc="best", frameon=False)
+        if path is not None:
+            ax.figure.savefig(path, dpi=150)
+        return ax
+
+    def write_tensorboard(self, writer: Any, prefix: str = "lossscale/") -> None:
+        """Writes every step as scalars ``{prefix}loss_scale``, ``{prefix}skipped`` and ``{prefix}loss``.
+
+        Args:
+            writer: anything with ``add_scalar(tag, value, step)``, e.g.
+                ``torch.utils.tensorboard.SummaryWriter`` or tensorboardX's.
+            prefix: prepended to each tag.
+
+        Steps without a loss get no loss scalar. Cost: one call per value.
+
+        Raises:
+            TypeError: if ``writer`` has no ``add_scalar`` method.
+        """
+        add_scalar = getattr(writer, "add_scalar", None)
+        if not callable(add_scalar):
+            raise TypeError(
+                f"writer must have add_scalar(tag, value, step), like torch.utils.tensorboard.SummaryWriter; "
+                f"got {type(writer).__name__}."
+            )
+        steps, scales, skipped, losses = self._arrays()
+        for step, scale, skip, loss in zip(steps.tolist(), scales.tolist(), skipped.tolist(), losses.tolist()):
+            add_scalar(f"{prefix}loss_scale", scale, step)
+            add_scalar(f"{prefix}skipped", float(skip), step)
+            if not math.isnan(loss):
+                add_scalar(f"{prefix}loss", loss, step)

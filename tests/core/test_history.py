@@ -1,0 +1,144 @@
+"""lossscale.History: recording, CSV round trip, plot, TensorBoard scalars."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from lossscale import History
+
+
+def _sample() -> History:
+    h = History()
+    h.extend(np.arange(4), [8.0, 8.0, 4.0, 4.0], [False, True, False, False], losses=[2.5, 2.25, 2.0, 1.75])
+    h.append(4, 8.0, True)  # no loss for this one
+    h.extend([5, 6], np.array([4.0, 4.0], dtype=np.float32), np.array([0, 0]))
+    return h
+
+
+def test_extend_and_append_store_columns():
+    h = _sample()
+    assert len(h) == 7
+    assert h.steps.tolist() == list(range(7))
+    assert h.loss_scales.tolist() == [8.0, 8.0, 4.0, 4.0, 8.0, 4.0, 4.0]
+    assert h.skipped.tolist() == [False, True, False, False, True, False, False]
+    assert h.num_skipped == 2
+    assert h.losses[:4].tolist() == [2.5, 2.25, 2.0, 1.75]
+    assert np.isnan(h.losses[4:]).all()
+    assert h.steps.dtype == np.int64 and h.skipped.dtype == np.bool_
+    with pytest.raises(ValueError):
+        h.steps[0] = 99  # read-only views: the record cannot be changed behind its back
+    assert "7 steps" in repr(h) and "2 skipped" in repr(h)
+
+
+def test_extend_accepts_cpu_tensors():
+    torch = pytest.importorskip("torch")
+    h = History()
+    h.extend(torch.arange(3), torch.tensor([1.0, 2.0, 4.0]), torch.tensor([False, False, True]), torch.zeros(3))
+    assert h.loss_scales.tolist() == [1.0, 2.0, 4.0] and h.num_skipped == 1
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (([0, 1], [1.0], [False, False]), "one value per step"),
+        (([1, 0], [1.0, 1.0], [False, False]), "increase strictly"),
+        (([0.5], [1.0], [False]), "integers"),
+        (([0], [1.0], [2]), "booleans"),
+        (([[0]], [[1.0]], [[False]]), "one-dimensional"),
+    ],
+)
+def test_extend_rejects_bad_input(args, message):
+    with pytest.raises(ValueError, match=message):
+        History().extend(*args)
+
+
+def test_steps_must_continue_after_the_last_batch():
+    h = History()
+    h.extend([0, 1], [1.0, 1.0], [False, False])
+    with pytest.raises(ValueError, match="last recorded: 1"):
+        h.append(1, 1.0, False)
+    with pytest.raises(TypeError, match="numbers"):
+        History().extend([0], ["big"], [False])
+
+
+def test_csv_round_trip(tmp_path):
+    h = _sample()
+    h.append(7, 2.0**-14 / 3, False, loss=1e-7 / 3)  # values that need full precision
+    path = tmp_path / "history.csv"
+    h.to_csv(path)
+    lines = path.read_text().splitlines()
+    assert lines[0] == "step,loss_scale,skipped,loss"
+    assert lines[5] == "4,8.0,1,"  # a missing loss is an empty field
+    back = History.from_csv(path)
+    np.testing.assert_array_equal(back.steps, h.steps)
+    np.testing.assert_array_equal(back.loss_scales, h.loss_scales)
+    np.testing.assert_array_equal(back.skipped, h.skipped)
+    np.testing.assert_array_equal(back.losses, h.losses)  # NaN == NaN for assert_array_equal
+
+
+def test_from_csv_rejects_other_files(tmp_path):
+    path = tmp_path / "other.csv"
+    path.write_text("a,b\n1,2\n")
+    with pytest.raises(ValueError, match="header"):
+        History.from_csv(path)
+
+
+def test_empty_history_round_trips(tmp_path):
+    History().to_csv(tmp_path / "empty.csv")
+    assert len(History.from_csv(tmp_path / "empty.csv")) == 0
+
+
+def test_plot_writes_a_png_with_log_scale_and_skip_markers(tmp_path):
+    pytest.importorskip("matplotlib")
+    h = _sample()
+    path = tmp_path / "scale.png"
+    ax = h.plot(path=path)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert ax.get_yscale() == "log"
+    markers = ax.collections[0].get_offsets()
+    assert np.asarray(markers).tolist() == [[1.0, 8.0], [4.0, 8.0]]  # the two skipped steps, at their scale
+    assert "skipped step (2)" in [t.get_text() for t in ax.get_legend().get_texts()]
+
+
+def test_plot_into_given_axes():
+    pytest.importorskip("matplotlib")
+    from matplotlib.figure import Figure
+
+    ax = Figure().add_subplot()
+    assert _sample().plot(ax=ax) is ax
+
+
+class FakeWriter:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, float, int]] = []
+
+    def add_scalar(self, tag: str, value: float, step: int) -> None:
+        self.calls.append((tag, value, step))
+
+
+def test_write_tensorboard_calls_add_scalar():
+    writer = FakeWriter()
+    _sample().write_tensorboard(writer, prefix="amp/")
+    by_tag: dict[str, list[tuple[float, int]]] = {}
+    for tag, value, step in writer.calls:
+        by_tag.setdefault(tag, []).append((value, step))
+    assert set(by_tag) == {"amp/loss_scale", "amp/skipped", "amp/loss"}
+    assert by_tag["amp/loss_scale"] == [(8.0, 0), (8.0, 1), (4.0, 2), (4.0, 3), (8.0, 4), (4.0, 5), (4.0, 6)]
+    assert [v for v, _ in by_tag["amp/skipped"]] == [0.0, 1.0, 0.0, 0.0, 1.0, 0.0, 0.0]
+    assert by_tag["amp/loss"] == [(2.5, 0), (2.25, 1), (2.0, 2), (1.75, 3)]  # steps without a loss are left out
+    assert all(isinstance(step, int) and isinstance(value, float) for _, value, step in writer.calls)
+
+
+def test_write_tensorboard_rejects_non_writers():
+    with pytest.raises(TypeError, match="add_scalar"):
+        _sample().write_tensorboard(object())
+
+
+def test_import_lossscale_stays_light():
+    code = "import sys, lossscale; print(sorted(m for m in ('torch', 'jax', 'matplotlib') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
