@@ -184,7 +184,7 @@ class DemoResult:
         return rows
 
 
-TABLE_HEADER = ["run", "final loss", "test accuracy", "zero grads", "skipped steps", "final scale"]
+TABLE_HEADER = ["run", "final loss", "test acc", "zero grads", "skipped", "final scale"]
 
 
 def load_data(seed: int = 0) -> DemoData:
@@ -389,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
 
     table = Table(title=f"After {config.steps} steps (seed {config.seed}, {result.seconds:.0f} s)")
     for i, name in enumerate(TABLE_HEADER):
-        table.add_column(name, justify="left" if i == 0 else "right")
+        table.add_column(name, justify="left" if i == 0 else "right", no_wrap=True)
     for row in result.table_rows():
         table.add_row(*row)
     console.print(table)
