@@ -14,7 +14,6 @@ import torch
 import torch.nn.functional as F
 
 from ._demo import MODES, DemoConfig, DemoData, RunResult
-from ._history import History
 from .torch import LossScaleOptimizer
 
 __all__ = ["train"]
@@ -57,7 +56,9 @@ def _train(mode: str, data: DemoData, config: DemoConfig, on_step: Callable[[], 
     # weighted loss trains exactly as the plain mean does, so fp32 is the same reference for any weight.
     inner = torch.optim.Adam(params, lr=config.lr, eps=1e-8 * w)
     scaled = mode == "fp16+lossscale"
-    opt: Any = LossScaleOptimizer(inner, dynamic_growth_steps=config.growth_steps) if scaled else inner
+    # history=True: the optimizer records scale, skip flag and loss per step on the device and moves
+    # them to a lossscale.History in batches, with no host sync per step.
+    opt: Any = LossScaleOptimizer(inner, dynamic_growth_steps=config.growth_steps, history=True) if scaled else inner
     half = mode != "fp32"
 
     x_train, y_train = torch.from_numpy(data.x_train), torch.from_numpy(data.y_train)
@@ -66,8 +67,6 @@ def _train(mode: str, data: DemoData, config: DemoConfig, on_step: Callable[[], 
     order, pos = torch.randperm(n, generator=generator), 0
 
     losses: list[torch.Tensor] = []
-    scales: list[torch.Tensor] = []
-    skips: list[torch.Tensor] = []
     zero_steps: list[int] = []
     zero_fractions: list[float] = []
     for step in range(config.steps):
@@ -80,7 +79,6 @@ def _train(mode: str, data: DemoData, config: DemoConfig, on_step: Callable[[], 
         with torch.autocast("cpu", dtype=torch.float16, enabled=half):
             loss = F.cross_entropy(model(x_train[idx]), y_train[idx]) * w
         if scaled:
-            scales.append(opt.loss_scale.detach().clone())
             opt.get_scaled_loss(loss).backward()
         else:
             loss.backward()
@@ -89,22 +87,11 @@ def _train(mode: str, data: DemoData, config: DemoConfig, on_step: Callable[[], 
             zero_steps.append(step)
             zero_fractions.append(float((grads == 0).float().mean()))
         opt.step()
-        if scaled:
-            skips.append(opt.last_step_skipped.detach().clone())
         losses.append(loss.detach() / w)
         if on_step is not None:
             on_step()
 
-    history = None
-    if scaled:
-        history = History()
-        # One host transfer for the whole run, as a training loop would do every N steps.
-        history.extend(
-            np.arange(config.steps),
-            torch.stack(scales).float().numpy(),
-            torch.stack(skips).numpy(),
-            torch.stack(losses).float().numpy(),
-        )
+    history = opt.history if scaled else None  # its losses are the weighted ones given to get_scaled_loss
     with torch.no_grad():
         final_loss = float(F.cross_entropy(model(x_train), y_train))
         logits = model(torch.from_numpy(data.x_test))

@@ -214,3 +214,51 @@ def test_diagnostics_survive_pickling():
     with pytest.raises(LossScaleError):
         _stalling_run(clone, clone_w, 3, bad=lambda i: True)
     assert clone.last_overflow_report is not None
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["foreach", "fused"])
+def test_history_records_every_step_without_a_sync_per_step(fused, tmp_path):
+    from lossscale import History
+
+    losses = [0.5, 0.25, 2.0, 1.0, 4.0]
+
+    def run(history):
+        w = torch.nn.Parameter(torch.ones(2))
+        opt = LossScaleOptimizer(
+            torch.optim.Adam([w], fused=fused), initial_scale=8.0, dynamic_growth_steps=2, history=history
+        )
+
+        def one_step(i):
+            opt.zero_grad()
+            opt.get_scaled_loss(w.sum() * 0 + losses[i]).backward()
+            w.grad.fill_(8.0)
+            if i == 2:
+                w.grad[1] = float("inf")
+            opt.step()
+
+        return opt, [count_syncs(lambda i=i: one_step(i)) for i in range(5)]
+
+    opt, syncs = run(history=True)
+    assert syncs == run(history=None)[1]  # the recorder adds no sync to any step
+    history = opt.history
+    assert isinstance(history, History)
+    assert history.steps.tolist() == [0, 1, 2, 3, 4]
+    assert history.loss_scales.tolist() == [8.0, 8.0, 16.0, 8.0, 8.0]  # the scale each step used
+    assert history.skipped.tolist() == [False, False, True, False, False]
+    assert history.losses.tolist() == losses
+    history.to_csv(tmp_path / "h.csv")
+    assert History.from_csv(tmp_path / "h.csv").loss_scales.tolist() == history.loss_scales.tolist()
+
+
+def test_history_flushes_in_batches():
+    from lossscale.torch._diagnostics import StepRecorder
+
+    recorder = StepRecorder(flush_every=3)
+    for step in range(7):
+        recorder.record(step, torch.tensor(2.0), torch.tensor(step == 4))
+    assert len(recorder.history) == 6  # two transfers of three rows; one row still queued
+    recorder.flush()
+    assert recorder.history.skipped.tolist() == [False] * 4 + [True] + [False] * 2
+    assert np.isnan(recorder.history.losses).all() or recorder.history.losses.size == 0
+    with pytest.raises(TypeError, match="lossscale.History"):
+        StepRecorder(history="yes")
