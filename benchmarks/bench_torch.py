@@ -143,6 +143,36 @@ def bench_case(kind: str, n_params: int, n_tensors: int, clip: bool, rounds: int
     }
 
 
+def bench_check_kernels(rounds: int = 3, reps: int = 5) -> None:
+    """Times the multi-tensor kernels that could look for Inf/NaN (best of ``rounds``)."""
+    print("| kernel | pass | 100 x 100K floats (ms) | 1000 x 10K floats (ms) |")
+    print("|---|---|---|---|")
+    results: dict[str, list[float]] = {}
+    for n_tensors in (100, 1000):
+        grads = [torch.randn(10_000_000 // n_tensors) for _ in range(n_tensors)]
+        found, one = torch.zeros(()), torch.ones(())
+        kernels: dict[str, tuple[str, Callable[[], object]]] = {
+            "_amp_foreach_non_finite_check_and_unscale_": (
+                "R+W", lambda: torch._amp_foreach_non_finite_check_and_unscale_(grads, found, one)),
+            "_foreach_max": ("R", lambda: torch.stack(torch._foreach_max(grads))),
+            "_foreach_norm(2)": ("R", lambda: torch.stack(torch._foreach_norm(grads, 2))),
+            "_foreach_norm(1)": ("R", lambda: torch.stack(torch._foreach_norm(grads, 1))),
+            "per-tensor dot(g, g)": ("R", lambda: [torch.dot(g, g) for g in grads]),
+            "per-tensor sum": ("R", lambda: [g.sum() for g in grads]),
+        }
+        for name, (_, fn) in kernels.items():
+            best = float("inf")
+            for _ in range(rounds):
+                fn()
+                start = time.perf_counter()
+                for _ in range(reps):
+                    fn()
+                best = min(best, (time.perf_counter() - start) / reps)
+            results.setdefault(name, []).append(best * 1e3)
+    for name, (kind, _) in kernels.items():
+        print(f"| `{name}` | {kind} | {results[name][0]:.2f} | {results[name][1]:.2f} |")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="small sizes and few rounds (a smoke run)")
@@ -152,7 +182,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--clip", choices=["both", "on", "off"], default="both")
     parser.add_argument("--rounds", type=int, default=None)
     parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument("--check-kernels", action="store_true", help="time the candidate Inf/NaN check kernels and exit")
     args = parser.parse_args(argv)
+    if args.check_kernels:
+        bench_check_kernels()
+        return
     sizes = args.sizes or ([100_000] if args.quick else [1_000_000, 10_000_000, 50_000_000])
     tensors = args.tensors or ([10] if args.quick else [100, 1000])
     kinds = args.optimizers or ["adamw-fused", "adamw-foreach", "sgd-momentum"]
