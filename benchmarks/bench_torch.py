@@ -71,8 +71,11 @@ class Variant:
             self.opt = inner
             self.scaler = torch.amp.GradScaler("cpu", init_scale=SCALE)
             self.run = self._grad_scaler
-        else:
+        elif name == "lossscale":
             self.opt = LossScaleOptimizer(inner, initial_scale=SCALE)
+            self.run = self._lossscale
+        else:  # every diagnostic on: stall guard and batched history (the overflow report syncs when fused)
+            self.opt = LossScaleOptimizer(inner, initial_scale=SCALE, max_consecutive_skips=100, history=True)
             self.run = self._lossscale
         self.restore()
 
@@ -118,8 +121,11 @@ class Variant:
         return counter.count
 
 
-def bench_case(kind: str, n_params: int, n_tensors: int, clip: bool, rounds: int, steps: int) -> dict:
-    variants = [Variant(name, kind, n_params, n_tensors, clip) for name in ("plain", "GradScaler", "lossscale")]
+def bench_case(
+    kind: str, n_params: int, n_tensors: int, clip: bool, rounds: int, steps: int, diagnostics: bool = False
+) -> dict:
+    names = ("plain", "GradScaler", "lossscale") + (("lossscale+diagnostics",) if diagnostics else ())
+    variants = [Variant(name, kind, n_params, n_tensors, clip) for name in names]
     for v in variants:  # warm-up: state allocation, first-step paths
         v.timed(2)
     samples: dict[str, list[float]] = {v.name: [] for v in variants}
@@ -136,6 +142,7 @@ def bench_case(kind: str, n_params: int, n_tensors: int, clip: bool, rounds: int
         "plain_ms": med["plain"] * 1e3,
         "gs_over_ms": (med["GradScaler"] - med["plain"]) * 1e3,
         "ls_over_ms": (med["lossscale"] - med["plain"]) * 1e3,
+        "diag_over_ms": (med["lossscale+diagnostics"] - med["plain"]) * 1e3 if diagnostics else None,
         # Added host syncs: Adam's non-capturable paths read CPU step counters
         # with .item() themselves; those are the plain step's, not loss scaling's.
         "gs_syncs": variants[1].syncs() - variants[0].syncs(),
@@ -182,6 +189,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--clip", choices=["both", "on", "off"], default="both")
     parser.add_argument("--rounds", type=int, default=None)
     parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument("--diagnostics", action="store_true",
+                        help="add a column: lossscale with max_consecutive_skips and history=True")
     parser.add_argument("--check-kernels", action="store_true", help="time the candidate Inf/NaN check kernels and exit")
     args = parser.parse_args(argv)
     if args.check_kernels:
@@ -197,19 +206,20 @@ def main(argv: list[str] | None = None) -> None:
     print(f"# torch {torch.__version__}, {platform.processor() or platform.machine()}, "
           f"{torch.get_num_threads()} threads, rounds={rounds}, steps/round={steps}, scale={SCALE:g}")
     header = ("optimizer", "params", "tensors", "clip", "plain ms", "GradScaler +ms", "lossscale +ms",
-              "ratio", "+syncs GS", "+syncs LS")
+              "ratio", "+syncs GS", "+syncs LS") + (("lossscale+diagnostics +ms",) if args.diagnostics else ())
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
     for kind in kinds:
         for n_params in sizes:
             for n_tensors in tensors:
                 for clip in clips:
-                    row = bench_case(kind, n_params, n_tensors, clip, rounds, steps)
+                    row = bench_case(kind, n_params, n_tensors, clip, rounds, steps, args.diagnostics)
                     ratio = row["ls_over_ms"] / row["gs_over_ms"] if row["gs_over_ms"] > 0 else float("nan")
                     print(
                         f"| {kind} | {n_params / 1e6:g}M | {n_tensors} | {'yes' if clip else 'no'} | "
                         f"{row['plain_ms']:.2f} | {row['gs_over_ms']:+.2f} | {row['ls_over_ms']:+.2f} | "
-                        f"{ratio:.2f} | {row['gs_syncs']} | {row['ls_syncs']} |",
+                        f"{ratio:.2f} | {row['gs_syncs']} | {row['ls_syncs']} |"
+                        + (f" {row['diag_over_ms']:+.2f} |" if args.diagnostics else ""),
                         flush=True,
                     )
 
