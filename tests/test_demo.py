@@ -94,8 +94,8 @@ def test_png_is_a_valid_image(short):
 def test_run_demo_validates_before_training(tmp_path):
     with pytest.raises(ValueError, match="steps must be at least 1"):
         run_demo(DemoConfig(steps=0), output=None)
-    with pytest.raises(ValueError, match="framework must be one of torch"):
-        run_demo(DemoConfig(framework="jax"), output=None)
+    with pytest.raises(ValueError, match="framework must be one of jax, torch"):
+        run_demo(DemoConfig(framework="tensorflow"), output=None)
     with pytest.raises(ValueError, match="does not exist"):
         run_demo(DemoConfig(steps=1), output=tmp_path / "missing" / "demo.png")
     with pytest.raises(ValueError, match=".png"):
@@ -118,7 +118,7 @@ def test_cli_help_documents_the_options(capsys):
         _cli.main(["demo", "--help"])
     assert exit_info.value.code == 0
     text = capsys.readouterr().out
-    for option in ("--steps", "--seed", "--output", "--framework", "{torch}", "--loss-weight"):
+    for option in ("--steps", "--seed", "--output", "--framework", "{jax,torch}", "--loss-weight"):
         assert option in text
 
 
@@ -127,7 +127,7 @@ def test_cli_help_documents_the_options(capsys):
     [
         (["--steps", "0"], "steps must be at least 1"),
         (["--steps", "ten"], "invalid int value"),
-        (["--framework", "jax"], "invalid choice"),
+        (["--framework", "tensorflow"], "invalid choice"),
         (["--loss-weight", "0"], "loss_weight must be in (0, 1]"),
         (["--output", "no/such/folder/demo.png"], "does not exist"),
         (["--bogus"], "unrecognized arguments"),

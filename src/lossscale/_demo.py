@@ -10,6 +10,10 @@ of 128, three times from the same weights on the same batches:
 3. ``fp16+lossscale``: the same, with :class:`lossscale.torch.LossScaleOptimizer`
    (dynamic scale).
 
+``--framework jax`` trains the same three runs with optax and
+:mod:`lossscale.jax` (float16 compute, float32 master weights; see
+:mod:`lossscale._demo_jax`).
+
 Why the unscaled fp16 run loses gradients, honestly. float16's smallest
 positive value is 2**-24 (about 6e-8); anything smaller rounds to zero.
 Micikevicius et al. (2018, "Mixed Precision Training") found that in real
@@ -65,8 +69,8 @@ __all__ = ["DemoConfig", "DemoData", "DemoResult", "RunResult", "MODES", "load_d
 MODES = ("fp32", "fp16", "fp16+lossscale")
 
 #: framework name -> module holding ``train(mode, data, config, on_step) -> RunResult``.
-#: Adding JAX is one entry here and one ``_demo_jax.py``.
-BACKENDS = {"torch": "lossscale._demo_torch"}
+#: Adding a framework is one entry here and one ``_demo_<framework>.py``.
+BACKENDS = {"torch": "lossscale._demo_torch", "jax": "lossscale._demo_jax"}
 
 DEFAULT_OUTPUT = "lossscale_demo.png"
 
@@ -87,7 +91,8 @@ class DemoConfig:
         batch_size, depth, width, lr: the model and its training.
         measure_every: steps between measurements of zero gradients.
         threads: torch intra-op threads during the demo; 1 is fastest for
-            this small model on a shared 2-core machine.
+            this small model on a shared 2-core machine. Ignored by the JAX
+            backend (XLA fixes its thread pool when JAX starts).
     """
 
     steps: int = 1000
@@ -259,6 +264,7 @@ def run_demo(
 # ---------------------------------------------------------------- the picture
 
 _COLORS = {"fp32": "#222222", "fp16": "#d62728", "fp16+lossscale": "#1f77b4"}
+_PRECISION = {"torch": "torch CPU autocast float16", "jax": "jax CPU float16"}
 _LABELS = {"fp32": "fp32 (reference)", "fp16": "fp16, no loss scaling", "fp16+lossscale": "fp16 + lossscale"}
 
 
@@ -306,7 +312,7 @@ def plot_results(result: DemoResult, path: str | os.PathLike[str]) -> None:
     ax_loss.set_title(
         f"scikit-learn digits, MLP {cfg.depth}x{cfg.width} GELU, Adam lr {cfg.lr:g}, batch {cfg.batch_size}, "
         f"loss x 2^{math.log2(cfg.loss_weight):g} (a large model's gradient magnitude), seed {cfg.seed}, "
-        f"{cfg.framework} CPU autocast float16",
+        f"{_PRECISION.get(cfg.framework, cfg.framework)}",
         loc="left", fontsize=9, color="#555555",
     )
     ax_loss.tick_params(labelbottom=False)
@@ -350,7 +356,8 @@ def _parser() -> argparse.ArgumentParser:
                              "1 shows that a small model's gradients fit fp16")
     parser.add_argument("--growth-steps", type=int, default=defaults.growth_steps,
                         help="finite steps before the dynamic loss scale doubles (the library default is 2000)")
-    parser.add_argument("--threads", type=int, default=defaults.threads, help="intra-op threads for training")
+    parser.add_argument("--threads", type=int, default=defaults.threads,
+                        help="intra-op threads for training (torch only)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     return parser
 
