@@ -17,6 +17,7 @@ def test_all_is_pinned():
         "ExponentialUpdateLossScaleManager",
         "FixedLossScale",
         "FixedLossScaleManager",
+        "History",
         "LossScale",
         "LossScaleError",
         "LossScaleState",
