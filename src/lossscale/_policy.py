@@ -87,10 +87,16 @@ def _scale(name: str, value: Any, *, at_least: float | None = None, example: str
 
 def _count(name: str, value: Any, *, at_least: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, Integral):
-        raise TypeError(f"{name} must be an int, got {value!r} of type {type(value).__name__}.")
+        raise TypeError(
+            f"{name} must be an int, got {value!r} of type {type(value).__name__}. Pass a whole number, "
+            f"for example {name}={max(at_least, 2)}."
+        )
     value = int(value)
     if not at_least <= value <= _INT32_MAX:
-        raise ValueError(f"{name} must be an int in [{at_least}, 2**31 - 1], got {value}.")
+        raise ValueError(
+            f"{name} must be an int in [{at_least}, 2**31 - 1] (the counters are int32), got {value}. "
+            f"Pass for example {name}={max(at_least, 2)}."
+        )
     return value
 
 

@@ -3,9 +3,10 @@
 Each one costs nothing when it is off. When it is on:
 
 * :class:`SkipGuard` reads the consecutive-skip counter. On CPU the read is
-  free; on an accelerator it copies the counter into pinned host memory
+  free; on a CUDA device it copies the counter into pinned host memory
   without blocking and reads the *previous* step's copy, so it adds no sync
-  and raises one step late.
+  and raises one step late; on other accelerators it reads the counter at
+  once (one sync per step).
 * :class:`OverflowReporter` looks at individual gradients only on a skipped
   step (one R pass over them then). Knowing that the step was skipped needs
   the found-inf flag on the host: free on the unfused path, which reads it
@@ -47,21 +48,27 @@ class SkipGuard:
         self._in_flight: tuple[torch.Tensor, Any] | None = None
 
     def check(self, consecutive_skips: torch.Tensor, loss_scale: torch.Tensor) -> None:
-        if consecutive_skips.device.type == "cpu":
+        device = consecutive_skips.device
+        if device.type == "cpu":
             self._raise_if_stalled(_host_int(consecutive_skips), float(loss_scale.detach().numpy()))
+            return
+        values = torch.stack([consecutive_skips.double(), loss_scale.double()])
+        if device.type != "cuda":  # no event to wait on: read it now (one sync)
+            host_values = values.cpu()
+            self._raise_if_stalled(int(host_values[0]), float(host_values[1]))
             return
         previous, self._in_flight = self._in_flight, None
         host = torch.empty(2, dtype=torch.float64, pin_memory=True)
-        host.copy_(torch.stack([consecutive_skips.double(), loss_scale.double()]), non_blocking=True)
-        event = torch.cuda.Event() if consecutive_skips.device.type == "cuda" else None
-        if event is not None:
-            event.record()
+        stream = torch.cuda.current_stream(device)
+        with torch.cuda.stream(stream):
+            host.copy_(values, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record(stream)
         self._in_flight = (host, event)
         if previous is not None:
-            values, done = previous
-            if done is not None:
-                done.synchronize()  # recorded a step ago: long finished
-            self._raise_if_stalled(int(values[0]), float(values[1]))
+            copied, done = previous
+            done.synchronize()  # recorded a step ago: long finished
+            self._raise_if_stalled(int(copied[0]), float(copied[1]))
 
     def _raise_if_stalled(self, streak: int, scale: float) -> None:
         if streak < self.limit:

@@ -34,6 +34,7 @@ __all__ = [
     "unscaled_copies",
     "scaled_norm",
     "reciprocal",
+    "move",
 ]
 
 
@@ -57,7 +58,8 @@ class GradGroups:
         strided = torch.strided
         for grad in grads:  # the one Python loop over the gradients
             if dtensor is not None and isinstance(grad, dtensor):
-                self.sharded = list(grads)
+                if self.sharded is None:
+                    self.sharded = list(grads)
                 with torch.no_grad():
                     grad = grad.to_local()
             self.tensors.append(grad)
@@ -90,6 +92,15 @@ def local_shards(grads: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         return [g.to_local() if isinstance(g, dtensor) else g for g in grads]
 
 
+def move(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``tensor`` on ``device``, without blocking unless the copy lands on the host.
+
+    A non-blocking copy into CPU memory may still be in flight when the
+    host reads it, so copies to the CPU block (they are 0-d flags: cheap).
+    """
+    return tensor.to(device, non_blocking=device.type != "cpu")
+
+
 def reciprocal(scale: torch.Tensor) -> torch.Tensor:
     """``1 / scale`` computed in float64, returned as float32 (exact for powers of two)."""
     return scale.double().reciprocal().float()
@@ -103,9 +114,9 @@ def _combine(flags: list[torch.Tensor], device: torch.device) -> torch.Tensor:
     """
     if not flags:
         return torch.zeros((), dtype=torch.float32, device=device)
-    total = flags[0].to(device, non_blocking=True)
+    total = move(flags[0], device)
     for flag in flags[1:]:
-        total = torch.maximum(total, flag.to(device, non_blocking=True))
+        total = torch.maximum(total, move(flag, device))
     return total
 
 
@@ -119,7 +130,7 @@ def unscale_and_check_(grads: GradGroups, inv_scale: torch.Tensor, *, out_device
     flags: list[torch.Tensor] = []
     for (device, _dtype), tensors in grads.dense.items():
         found = torch.zeros((), dtype=torch.float32, device=device)
-        torch._amp_foreach_non_finite_check_and_unscale_(tensors, found, inv_scale.to(device, non_blocking=True))
+        torch._amp_foreach_non_finite_check_and_unscale_(tensors, found, move(inv_scale, device))
         flags.append(found)
     for grad in grads.sparse:
         found = torch.zeros((), dtype=torch.float32, device=grad.device)
@@ -153,7 +164,7 @@ def unscaled_copies(grads: Sequence[torch.Tensor | None], inv_scale: torch.Tenso
     dense = [i for i in present if grads[i].layout == torch.strided]  # type: ignore[union-attr]
     groups = _group_tensors_by_device_and_dtype([[grads[i] for i in dense]], with_indices=True)
     for (device, _dtype), ([tensors], indices) in groups.items():
-        results = torch._foreach_mul(tensors, inv_scale.to(device, non_blocking=True))
+        results = torch._foreach_mul(tensors, move(inv_scale, device))
         for j, result in zip(indices, results):
             out[dense[j]] = result
     for i in present:
@@ -179,7 +190,7 @@ def scaled_norm(grads: GradGroups, norm_type: float, *, out_device: torch.device
     norms: list[torch.Tensor] = []
     for (_device, _dtype), tensors in grads.dense.items():
         per_tensor = torch._foreach_norm(tensors, norm_type, dtype=torch.float32)
-        norms.extend(n.to(out_device, non_blocking=True) for n in per_tensor)
+        norms.extend(move(n, out_device) for n in per_tensor)
     for grad in grads.sparse:
         values = _sparse_values(grad)
         norms.append(torch.linalg.vector_norm(values, norm_type, dtype=torch.float32).to(out_device))
@@ -214,13 +225,11 @@ def _sharded_norm(grads: Sequence[torch.Tensor], norm_type: float, out_device: t
                 for dim in dims:
                     dist.all_reduce(part, op=dist.ReduceOp.MAX, group=mesh.get_group(dim))
             else:
-                power = part if norm_type == 0 else part**norm_type  # the 0-"norm" is a count
+                power = part**norm_type
                 for dim in dims:
                     dist.all_reduce(power, op=dist.ReduceOp.SUM, group=mesh.get_group(dim))
-                part = power if norm_type == 0 else power ** (1.0 / norm_type)
+                part = power ** (1.0 / norm_type)
         norms.append(part)
-    if norm_type == 0:
-        return torch.stack(norms).sum()
     return torch.linalg.vector_norm(torch.stack(norms), norm_type)
 
 

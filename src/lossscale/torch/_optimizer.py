@@ -10,14 +10,23 @@ Cost per ``step()``, with G the bytes of all gradients:
 ========================== ======================== ====================
 inner optimizer            passes over gradients    host syncs
 ========================== ======================== ====================
-fused (``fused=True``)     1 unscale+check (R+W)    0: it skips itself
-fused, float16 gradients   1 check (R+W, values     0
+fused (``fused=True``)     1 unscale+check (R+W)    0: it skips itself [*]
+fused, float16 gradients   1 check (R+W, values     0 [*]
                            unchanged); the kernel
                            unscales in float32
 anything else              1 unscale+check (R+W)    1 (``found_inf``)
 with ``clip_grad_norm_``   1 norm (R) [+1 R+W if    as above
                            not fused]
 ========================== ======================== ====================
+
+[*] 1 on a step in which a parameter gets its first gradient: the inner
+optimizer creates its state for that parameter then (SGD's momentum buffer
+is uninitialised memory until its first real step), so that step is
+decided on the host. In a usual run this is the first step only.
+
+A policy whose scale may fall below 1 (``min_loss_scale < 1``) adds one
+check pass (R+W) after the unscale: multiplying by ``1/S > 1`` can overflow
+a finite gradient.
 
 The scale update always runs on the device (about 20 scalar ops, no sync).
 """
@@ -38,7 +47,7 @@ from .._resolve import stable_form
 from ._distributed import agreement_groups, all_reduce_max, validate_process_group
 from ._distributed import check_replicas_agree as _check_replicas_agree
 from ._diagnostics import OverflowReport, OverflowReporter, SkipGuard, StepRecorder
-from ._grads import GradGroups, check_finite, scaled_norm, unscale_and_check_, unscaled_copies
+from ._grads import GradGroups, check_finite, move, reciprocal, scaled_norm, unscale_and_check_, unscaled_copies
 from ._scale import SharedLossScale
 
 __all__ = ["LossScaleOptimizer"]
@@ -179,7 +188,8 @@ class LossScaleOptimizer(torch.optim.Optimizer):
         self._pending: tuple[torch.Tensor, torch.Tensor | None] | None = None
         self._process_group = validate_process_group(process_group)
         self._agreement: list[Any] | None = None
-        self._inner_has_stepped = bool(optimizer.state)  # a fused optimizer's state exists once it has stepped
+        if not isinstance(overflow_report, bool):
+            raise TypeError(f"overflow_report must be True or False, got {overflow_report!r}.")
         if named_parameters is not None and not overflow_report:
             raise ValueError("named_parameters only names the gradients of the overflow report: pass overflow_report=True too.")
         self._init_diagnostics(max_consecutive_skips, overflow_report, named_parameters, history)
@@ -193,7 +203,12 @@ class LossScaleOptimizer(torch.optim.Optimizer):
         named_parameters: Iterable[tuple[str, torch.Tensor]] | None,
         history: Any,
     ) -> None:
-        self._steps = 0
+        self._steps = 0  # step() calls; numbers the history and the overflow reports
+        # Parameters (by id) that a fused inner optimizer stepped and left without state (e.g. SGD, momentum=0).
+        self._stateless: set[int] = set()
+        # This optimizer's own skip signal, kept only when its scale is shared (else the scale's state says it).
+        self._last_found_inf: torch.Tensor | None = None
+        self._own_skipped_steps: torch.Tensor | None = None
         self._guard = None if max_consecutive_skips is None else SkipGuard(max_consecutive_skips)
         self._reporter = OverflowReporter(named_parameters) if overflow_report else None
         self._recorder = None if history is None or history is False else StepRecorder(history)
@@ -236,7 +251,7 @@ class LossScaleOptimizer(torch.optim.Optimizer):
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         self._inner.add_param_group(param_group)
-        self._agreement = None
+        self._agreement = None  # the new parameters may be DTensors on another mesh
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """The inner optimizer's ``zero_grad``; also forgets an ``unscale_()`` not yet stepped."""
@@ -282,13 +297,25 @@ class LossScaleOptimizer(torch.optim.Optimizer):
 
     @property
     def last_step_skipped(self) -> torch.Tensor:
-        """0-d bool tensor: was the last step skipped? (no sync until you convert it)."""
-        return self._scale.state.consecutive_skips > 0
+        """0-d bool tensor: was this optimizer's last step skipped? (no sync until you convert it).
+
+        With a shared scale it is this optimizer's own step, even when
+        another optimizer sharing the scale overflowed.
+        """
+        if self._scale._private:
+            return self._scale.state.consecutive_skips > 0
+        if self._last_found_inf is None:
+            return torch.zeros((), dtype=torch.bool, device=self._scale.device)
+        return self._last_found_inf > 0
 
     @property
     def skipped_steps(self) -> torch.Tensor:
-        """0-d int32 tensor: steps skipped so far; saved in ``state_dict``."""
-        return self._scale.state.skipped_steps.clone()
+        """0-d int32 tensor: this optimizer's steps skipped so far; saved in ``state_dict``."""
+        if self._scale._private:
+            return self._scale.state.skipped_steps.clone()
+        if self._own_skipped_steps is None:
+            return torch.zeros((), dtype=torch.int32, device=self._scale.device)
+        return self._own_skipped_steps.clone()
 
     # ------------------------------------------------------------ scaling
 
@@ -342,17 +369,40 @@ class LossScaleOptimizer(torch.optim.Optimizer):
                 "directly: it unscales inside its float32 kernel."
             )
 
+    def _unscale_and_check(self, grads: GradGroups) -> torch.Tensor:
+        """Unscales ``grads`` in place; returns the found-inf flag. No sync.
+
+        One R+W pass, which checks the values before the multiplication by
+        ``1/S``. When the policy lets ``S`` fall below 1 that product can
+        overflow a finite value, so a second R+W pass checks the results.
+        """
+        device = self._scale.device
+        found_inf = unscale_and_check_(grads, self._scale.inv_scale(), out_device=device)
+        if self._scale.can_go_below_one:
+            found_inf = torch.maximum(found_inf, check_finite(grads, out_device=device))
+        return found_inf
+
     def unscale_(self) -> None:
-        """Unscales the gradients in place now, e.g. to clip them before ``step()``.
+        """Unscales the gradients in place now, e.g. to clip or inspect them before ``step()``.
 
         Calling it again before ``step()`` does nothing: the gradients are
-        unscaled once. Cost: one R+W pass; no sync.
+        unscaled once. After :meth:`clip_grad_norm_` with a fused inner
+        optimizer (which leaves them scaled for its kernel) it applies that
+        clip's ``coef / S``. Cost: one R+W pass; no sync.
         """
         if self._pending is not None:
+            found_inf, grad_scale = self._pending
+            if grad_scale is None:
+                return
+            grads = self._prepare()
+            self._require_unscalable(grads, "unscale_() after clip_grad_norm_()")
+            if grads.tensors:
+                torch._foreach_mul_(grads.tensors, reciprocal(grad_scale))
+            self._pending = (found_inf, None)
             return
         grads = self._prepare()
         self._require_unscalable(grads, "unscale_()")
-        self._pending = (unscale_and_check_(grads, self._scale.inv_scale(), out_device=self._scale.device), None)
+        self._pending = (self._unscale_and_check(grads), None)
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
         """Clips the gradients' global norm to ``max_norm``, folding in the unscale.
@@ -368,7 +418,12 @@ class LossScaleOptimizer(torch.optim.Optimizer):
         into its kernel, so the norm is the only pass (R), and ``p.grad``
         stays scaled (as with GradScaler's fused path); otherwise one more R+W
         pass applies ``clip/S`` to every gradient.
+
+        ``norm_type`` is any positive p, or ``inf``: a p-norm is infinite
+        whenever an element is, which is what lets it stand in for the check.
         """
+        norm_type = _validated_norm_type(norm_type)
+        _validate_max_norm(max_norm)
         grads = self._prepare()
         if self._pending is not None:
             if self._pending[1] is not None:
@@ -408,7 +463,7 @@ class LossScaleOptimizer(torch.optim.Optimizer):
                 self._pending = (check_finite(grads, out_device=self._scale.device), self._scale.state.loss_scale)
             else:
                 self._require_unscalable(grads, "step()")
-                self._pending = (unscale_and_check_(grads, self._scale.inv_scale(), out_device=self._scale.device), None)
+                self._pending = (self._unscale_and_check(grads), None)
         found_inf, grad_scale = self._pending
         found_inf = self._agree(found_inf)
         self._finish(found_inf, self._apply(found_inf, grad_scale))
@@ -418,13 +473,22 @@ class LossScaleOptimizer(torch.optim.Optimizer):
         """Whether this step's skip must be decided on the host.
 
         Always for unfused optimizers, which take no ``found_inf``. For a fused
-        one, only while its state is still empty: its first step creates the
-        state (Adam's zero moments and step counts; SGD's momentum buffers,
-        made with ``torch.empty_like`` and filled by the kernel), and a first
-        step skipped on the device would leave that state behind, garbage in
-        SGD's case. One sync per step until the inner optimizer has stepped once.
+        one, only when a parameter with a gradient has no inner state yet: the
+        step creates it (Adam's zero moments; SGD's momentum buffer, made with
+        ``torch.empty_like`` and filled by the kernel), and a step skipped on
+        the device would leave it behind, garbage in SGD's case. Parameters
+        that a real step left stateless (SGD without momentum) are remembered.
+        Cost: a length comparison once every parameter has state, else one
+        dictionary lookup per parameter.
         """
-        return not self._fused or not self._inner_has_stepped
+        if not self._fused:
+            return True
+        state = self._inner.state
+        params = self._all_params()
+        if len(state) >= len(params):
+            return False
+        stateless = self._stateless
+        return any(p.grad is not None and p not in state and id(p) not in stateless for p in params)
 
     def _apply(self, found_inf: torch.Tensor, grad_scale: torch.Tensor | None) -> bool | None:
         """Runs the inner step unless ``found_inf``; on the device when the inner optimizer can skip itself.
@@ -439,14 +503,17 @@ class LossScaleOptimizer(torch.optim.Optimizer):
             if not self._fused:
                 self._inner.step()
                 return False
-            self._inner_has_stepped = True
         inner: Any = self._inner
         inner.grad_scale, inner.found_inf = grad_scale, found_inf
         try:
             inner.step()
         finally:
             del inner.grad_scale, inner.found_inf
-        return False if on_host else None
+        if not on_host:
+            return None
+        state = self._inner.state
+        self._stateless.update(id(p) for p in self._all_params() if p.grad is not None and p not in state)
+        return False
 
     def _agree(self, found_inf: torch.Tensor) -> torch.Tensor:
         """The found-inf flag every rank agrees on: MAX-all-reduced over ``process_group`` or the DTensor mesh.
@@ -489,6 +556,11 @@ class LossScaleOptimizer(torch.optim.Optimizer):
             if named_grads is None:
                 named_grads = self._named_grads()
             self._reporter.observe(skipped, named_grads, scale_used, step)
+        if not self._scale._private:
+            self._last_found_inf = found_inf
+            skipped_now = (found_inf > 0).to(torch.int32)
+            own = self._own_skipped_steps
+            self._own_skipped_steps = skipped_now if own is None else move(own, found_inf.device) + skipped_now
         self._scale._record(found_inf, self)
         if self._recorder is not None:
             self._recorder.record(step, scale_used, found_inf > 0)
@@ -504,7 +576,7 @@ class LossScaleOptimizer(torch.optim.Optimizer):
                     yield reporter.name_of(p, g, i), p.grad
 
     def _step_with_closure(self, closure: Callable[[], Any]) -> Any:
-        params = [p for g in self.param_groups for p in g["params"]]
+        params = self._all_params()
         saved_params = [p.detach().clone() for p in params]
         saved_state = copy.deepcopy(self._inner.state_dict())
         found_total = torch.zeros((), dtype=torch.float32, device=self._scale.device)
@@ -514,7 +586,7 @@ class LossScaleOptimizer(torch.optim.Optimizer):
                 loss = closure()
             grads = self._prepare()
             self._require_unscalable(grads, "step(closure)")
-            found_total.add_(unscale_and_check_(grads, self._scale.inv_scale(), out_device=found_total.device))
+            found_total.add_(self._unscale_and_check(grads))
             return loss
 
         self._pending = None
@@ -676,10 +748,29 @@ class LossScaleOptimizer(torch.optim.Optimizer):
         )
 
     def state_dict(self) -> dict[str, Any]:  # type: ignore[override]
-        """The inner optimizer's state dict plus a ``"lossscale"`` entry (policy, scale, counters)."""
+        """The inner optimizer's state dict plus a ``"lossscale"`` entry.
+
+        That entry holds the policy, the scale and its counters, and this
+        optimizer's own ``"optimizer"`` counters: its step count and, when
+        the scale is shared, its skipped steps.
+        """
         state = dict(self._inner.state_dict())
-        state["lossscale"] = self._scale.state_dict()
+        state["lossscale"] = {**self._scale.state_dict(), "optimizer": self._own_state()}
         return state
+
+    def _own_state(self) -> dict[str, Any]:
+        own = self._own_skipped_steps
+        return {"steps": self._steps, "skipped_steps": None if own is None else own.detach().clone()}
+
+    def _load_own_state(self, own: Mapping[str, Any] | None) -> None:
+        own = own or {}
+        steps = own.get("steps", 0)
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+            raise ValueError(f"Not a lossscale state dict: its step count is {steps!r}; pass what state_dict() returned.")
+        self._steps = steps
+        skipped = own.get("skipped_steps")
+        self._own_skipped_steps = None if skipped is None else torch.as_tensor(skipped).to(self._scale.device, torch.int32)
+        self._last_found_inf = None
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:  # type: ignore[override]
         """Restores :meth:`state_dict`'s output; the saved policy replaces the current one.
@@ -692,8 +783,8 @@ class LossScaleOptimizer(torch.optim.Optimizer):
         self._inner.load_state_dict(state)
         if saved_scale is not None:
             self._scale.load_state_dict(saved_scale)
+            self._load_own_state(saved_scale.get("optimizer"))
         self._pending = None
-        self._inner_has_stepped = bool(self.state)
 
     def __getstate__(self) -> dict[str, Any]:  # type: ignore[override]
         # Parameter names (keyed by tensor identity) and process groups do not survive pickling.
@@ -703,6 +794,7 @@ class LossScaleOptimizer(torch.optim.Optimizer):
             "max_consecutive_skips": None if self._guard is None else self._guard.limit,
             "overflow_report": self._reporter is not None,
             "history": self.history,
+            "optimizer": self._own_state(),
         }
 
     def __setstate__(self, state: dict[str, Any]) -> None:  # type: ignore[override]
@@ -711,15 +803,43 @@ class LossScaleOptimizer(torch.optim.Optimizer):
         self._pending = None
         self._process_group = None  # process groups do not pickle; pass process_group= again
         self._agreement = None
-        self._inner_has_stepped = bool(self._inner.state)
         self._init_diagnostics(
             state.get("max_consecutive_skips"), state.get("overflow_report", False), None, state.get("history")
         )
+        self._load_own_state(state.get("optimizer"))
         self._init_hooks()
         _WRAPPED[self._inner] = weakref.ref(self)
 
     def __repr__(self) -> str:
         return f"LossScaleOptimizer({self._inner!r}, loss_scale={self._scale.policy!r})"
+
+
+def _validated_norm_type(norm_type: Any) -> float:
+    """``norm_type`` as a float p > 0 (``inf`` included), as ``clip_grad_norm_`` needs."""
+    try:
+        p = float(norm_type)
+    except (TypeError, ValueError):
+        raise TypeError(
+            f"norm_type must be a number or 'inf', got {norm_type!r}. Use 2.0 for the Euclidean norm."
+        ) from None
+    if not p > 0:
+        raise ValueError(
+            f"norm_type must be positive, got {norm_type!r}: for p <= 0 (and -inf) the result is not a norm, "
+            "and it can be finite while a gradient is Inf, so the overflow check would miss it. "
+            "Use 2.0, 1.0 or float('inf')."
+        )
+    return p
+
+
+def _validate_max_norm(max_norm: Any) -> None:
+    if isinstance(max_norm, torch.Tensor):
+        return  # reading it would sync
+    try:
+        value = float(max_norm)
+    except (TypeError, ValueError):
+        raise TypeError(f"max_norm must be a number, got {max_norm!r}.") from None
+    if not value >= 0:
+        raise ValueError(f"max_norm must be a non-negative number, got {max_norm!r}; for example max_norm=1.0.")
 
 
 def _constructor_kwargs(opt_cls: type, defaults: Mapping[str, Any]) -> dict[str, Any]:

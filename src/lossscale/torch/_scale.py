@@ -20,7 +20,7 @@ import torch
 from .._policy import LossScale, get, serialize
 from .._resolve import resolve_loss_scale
 from .._rule import LossScaleState, initial_state, next_state
-from ._grads import reciprocal
+from ._grads import move, reciprocal
 
 __all__ = ["SharedLossScale"]
 
@@ -82,6 +82,11 @@ class SharedLossScale:
         return self._state.loss_scale.device
 
     @property
+    def can_go_below_one(self) -> bool:
+        """Whether the policy lets the scale fall below 1 (``min_loss_scale < 1``)."""
+        return self._params.min_scale < 1
+
+    @property
     def loss_scale(self) -> torch.Tensor:
         """The current scale, a 0-d float32 tensor (a copy; no host sync)."""
         return self._state.loss_scale.clone()
@@ -105,7 +110,7 @@ class SharedLossScale:
             raise TypeError(f"get_scaled_loss() needs a floating-point loss, got dtype {loss.dtype}.")
         scale = self._state.loss_scale
         if scale.device != loss.device:
-            scale = scale.to(loss.device, non_blocking=True)
+            scale = move(scale, loss.device)
         return torch.mul(loss, scale).to(loss.dtype)
 
     def inv_scale(self) -> torch.Tensor:
@@ -161,7 +166,7 @@ class SharedLossScale:
         int32, the same function), about 5x less dispatch overhead, and no
         sync, since CPU tensors have no queue to wait for.
         """
-        found_inf = found_inf.to(self.device, non_blocking=True)
+        found_inf = move(found_inf, self.device)
         if self.device.type == "cpu" and not torch.compiler.is_compiling():
             views = LossScaleState(*(t.numpy() for t in self._state))
             new = next_state(self._params, views, found_inf.detach().numpy() == 0, np)
