@@ -144,3 +144,14 @@ def test_demo_module_does_not_import_torch_until_it_trains():
     code = "import sys, lossscale._demo; print('torch' in sys.modules, 'matplotlib' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]
+
+
+def test_a_missing_framework_exits_2_naming_the_install_command(monkeypatch, capsys):
+    from lossscale import _demo
+
+    real_find_spec = _demo.importlib.util.find_spec
+    monkeypatch.setattr(_demo.importlib.util, "find_spec", lambda name: None if name == "optax" else real_find_spec(name))
+    with pytest.raises(SystemExit) as exit_info:
+        _cli.main(["demo", "--framework", "jax", "--steps", "1"])
+    assert exit_info.value.code == 2
+    assert "needs optax: pip install 'lossscale[demo,jax]'" in capsys.readouterr().err

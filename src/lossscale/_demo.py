@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import math
 import os
 import sys
@@ -71,6 +72,19 @@ MODES = ("fp32", "fp16", "fp16+lossscale")
 #: framework name -> module holding ``train(mode, data, config, on_step) -> RunResult``.
 #: Adding a framework is one entry here and one ``_demo_<framework>.py``.
 BACKENDS = {"torch": "lossscale._demo_torch", "jax": "lossscale._demo_jax"}
+#: framework name -> the packages its backend imports, and the extra that installs them.
+REQUIREMENTS = {"torch": (("torch",), "demo"), "jax": (("jax", "optax"), "demo,jax")}
+
+
+def check_installed(framework: str) -> None:
+    """Raises ``ModuleNotFoundError`` naming the install command when ``framework``'s packages are missing."""
+    packages, extra = REQUIREMENTS[framework]
+    missing = [name for name in packages if importlib.util.find_spec(name) is None]
+    if missing:
+        raise ModuleNotFoundError(
+            f"The {framework} demo needs {', '.join(missing)}: pip install 'lossscale[{extra}]' "
+            "(make demo installs everything)."
+        )
 
 DEFAULT_OUTPUT = "lossscale_demo.png"
 
@@ -245,6 +259,7 @@ def run_demo(
         raise TypeError(f"config must be a DemoConfig; got {type(config).__name__}.")
     config.validate()
     png_path = None if output is None else _check_output(output)
+    check_installed(config.framework)
     backend: Any = importlib.import_module(BACKENDS[config.framework])
     data = load_data(config.seed)
     start = time.perf_counter()
@@ -339,8 +354,9 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m lossscale demo",
         description=(
-            "Train one MLP on scikit-learn's digits three ways (fp32; fp16 autocast without loss scaling; "
-            "fp16 autocast with lossscale's dynamic loss scale), print a table of final loss, accuracy, "
+            "Train one MLP on scikit-learn's digits three ways (fp32; float16 compute without loss scaling; "
+            "float16 compute with lossscale's dynamic loss scale; torch: autocast, jax: float16 with float32 "
+            "master weights), print a table of final loss, accuracy, "
             "zero gradients, skipped steps and final scale, and write a PNG of the loss curves and the "
             "loss-scale trajectory. About a minute on 2 CPU cores."
         ),
@@ -373,7 +389,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config.validate()
         _check_output(args.output)
-    except (ValueError, TypeError) as error:
+        check_installed(config.framework)
+    except (ValueError, TypeError, ModuleNotFoundError) as error:
         parser.error(str(error))  # exits 2 with the usage line
 
     from rich.console import Console
