@@ -484,11 +484,10 @@ class LossScaleOptimizer(torch.optim.Optimizer):
         if not self._fused:
             return True
         state = self._inner.state
-        params = self._all_params()
-        if len(state) >= len(params):
+        if len(state) >= sum(len(group["params"]) for group in self.param_groups):
             return False
         stateless = self._stateless
-        return any(p.grad is not None and p not in state and id(p) not in stateless for p in params)
+        return any(p.grad is not None and p not in state and id(p) not in stateless for p in self._all_params())
 
     def _apply(self, found_inf: torch.Tensor, grad_scale: torch.Tensor | None) -> bool | None:
         """Runs the inner step unless ``found_inf``; on the device when the inner optimizer can skip itself.
