@@ -7,16 +7,22 @@
 stays on the device and traces under ``jax.jit`` and ``torch.compile``.
 Branches on :class:`~lossscale._policy.RuleParams` are on static Python
 numbers and are resolved when the function is traced.
+
+:func:`advance_in_place` runs the same function on the host for state held
+in memory the host can read (CPU tensors, numpy arrays), with numpy
+*scalars* instead of 0-d arrays: the same float32/int32 arithmetic, about
+5x less overhead.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 from typing import Any, NamedTuple
 
 from ._policy import LossScale, RuleParams
 
-__all__ = ["LossScaleState", "initial_state", "next_state", "COUNTER_MAX"]
+__all__ = ["LossScaleState", "initial_state", "next_state", "advance_in_place", "COUNTER_MAX"]
 
 #: Counters are int32 (JAX's default integer) and saturate here instead of wrapping.
 COUNTER_MAX = 2**31 - 1
@@ -139,3 +145,37 @@ def _next_state(params: RuleParams, state: LossScaleState, finite: Any, xp: Any)
         consecutive_skips=streak,
     )
 
+
+class _HostScalars:
+    """The namespace :func:`_next_state` needs, for numpy scalars (``np.float32``, ``np.int32``, ``np.bool_``).
+
+    Arithmetic and comparisons on numpy scalars keep numpy's dtypes (NEP 50:
+    a Python number takes the scalar's dtype), so only ``where`` and
+    ``isfinite`` need defining.
+    """
+
+    @staticmethod
+    def where(condition: Any, a: Any, b: Any) -> Any:
+        return a if condition else b
+
+    @staticmethod
+    def isfinite(x: Any) -> bool:
+        return math.isfinite(x)
+
+
+def advance_in_place(params: RuleParams, views: LossScaleState, finite: bool) -> None:
+    """``views <- next_state(params, views, finite)`` on 0-d numpy arrays, in place.
+
+    ``views`` are writable 0-d numpy arrays (e.g. ``tensor.numpy()`` of CPU
+    tensors, which share their memory); ``finite`` is a Python or numpy bool.
+    The arithmetic is :func:`next_state`'s, on numpy scalars of the same
+    dtypes, so the result equals ``next_state(params, views, finite, numpy)``
+    bit for bit. Cost: a few microseconds; no device involved.
+    """
+    import numpy as np
+
+    scalars = LossScaleState(*(view[()] for view in views))
+    with np.errstate(over="ignore"):  # a refused growth computes an inf on purpose
+        new = _next_state(params, scalars, np.bool_(finite), _HostScalars)
+    for view, value in zip(views, new):
+        view[...] = value

@@ -98,6 +98,8 @@ def move(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     A non-blocking copy into CPU memory may still be in flight when the
     host reads it, so copies to the CPU block (they are 0-d flags: cheap).
     """
+    if tensor.device == device:
+        return tensor
     return tensor.to(device, non_blocking=device.type != "cpu")
 
 
