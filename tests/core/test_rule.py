@@ -33,6 +33,7 @@ from lossscale import (
     initial_state,
     next_state,
 )
+from lossscale._rule import advance_in_place
 
 torch = pytest.importorskip("torch")
 
@@ -87,6 +88,20 @@ def run_torch(policy, finites, state=None):
         assert s.loss_scale.dtype == torch.float32 and s.loss_scale.dim() == 0
         assert all(t.dtype == torch.int32 and t.dim() == 0 for t in s[1:])
         out.append(s)
+    return out
+
+
+def run_host(policy, finites, state=None):
+    """advance_in_place: the same rule on numpy scalars, in place on 0-d arrays (the CPU fast path)."""
+    views = initial_state(policy, np) if state is None else LossScaleState(*(np.array(t) for t in state))
+    params = policy.rule_params()
+    out = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a refused growth must stay silent here too
+        for fin in finites:
+            advance_in_place(params, views, bool(fin))
+            assert views.loss_scale.dtype == np.float32 and all(t.dtype == np.int32 for t in views[1:])
+            out.append(LossScaleState(*(v.copy() for v in views)))
     return out
 
 
@@ -437,6 +452,7 @@ def test_random_sequences_match_tf_reference_bit_for_bit(case):
     want_bits = [(bits(np.float32(s)), g) for s, g in want]
     assert [(bits(s.loss_scale), int(s.good_steps)) for s in got_np] == want_bits
     assert [(bits(s.loss_scale), int(s.good_steps)) for s in got_torch] == want_bits
+    assert [as_tuple(s) for s in run_host(policy, finites)] == [as_tuple(s) for s in got_np]
     # The skip counters count non-finite steps, in total and in a row.
     skipped = streak = 0
     for fin, s_np, s_t in zip(finites, got_np, got_torch):
@@ -468,7 +484,7 @@ def test_random_sequences_match_contrib_reference_bit_for_bit(case):
     finites = _random_finites(hash(case) & 0xFFFF, 600, p_bad)
     policy = ExponentialUpdateLossScaleManager(init, incr, decr, up, down)
     want = [(bits(np.float32(s)), g, b) for s, g, b in contrib_reference(init, incr, decr, up, down, finites)]
-    for got in (run_np(policy, finites), run_torch(policy, finites)):
+    for got in (run_np(policy, finites), run_torch(policy, finites), run_host(policy, finites)):
         assert [(bits(s.loss_scale), int(s.good_steps), int(s.bad_steps)) for s in got] == want
     assert len({w[0] for w in want}) > 3
 
@@ -499,7 +515,7 @@ def test_random_sequences_match_extended_reference_bit_for_bit(case):
         (bits(np.float32(s)), g, b, k, r)
         for s, g, b, k, r in extended_reference(initial, period, multiplier, finites, **case)
     ]
-    for got in (run_np(policy, finites), run_torch(policy, finites)):
+    for got in (run_np(policy, finites), run_torch(policy, finites), run_host(policy, finites)):
         assert [(bits(s.loss_scale), *as_tuple(s)[1:]) for s in got] == want
 
 
