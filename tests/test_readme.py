@@ -39,4 +39,8 @@ def test_the_two_setup_commands_are_the_makefile_targets_ci_runs():
 def test_linked_docs_exist():
     root = Path(__file__).resolve().parents[1]
     for link in re.findall(r"\]\((docs/[^)]+)\)", README):
-        assert (root / link).exists(), link
+        path, _, anchor = link.partition("#")
+        assert (root / path).exists(), link
+        if anchor:  # GitHub's anchor of a heading: lower case, spaces as hyphens
+            headings = re.findall(r"^#+ (.+)$", (root / path).read_text(encoding="utf-8"), flags=re.M)
+            assert anchor in {h.strip().lower().replace(" ", "-") for h in headings}, link
