@@ -460,6 +460,7 @@ class LossScaleOptimizer(torch.optim.Optimizer):
             grads = self._prepare()
             if self._fused and grads.has_float16:
                 # Unscaling in float16 would flush small values: let the kernel unscale in float32.
+                # (There g / S overflows float32 only if S < 65504 / 3.4e38, about 2**-112: not re-checked.)
                 self._pending = (check_finite(grads, out_device=self._scale.device), self._scale.state.loss_scale)
             else:
                 self._require_unscalable(grads, "step()")
