@@ -19,6 +19,7 @@ from __future__ import annotations
 import csv
 import math
 import os
+from numbers import Integral
 from typing import Any
 
 import numpy as np
@@ -119,6 +120,24 @@ class History:
     def append(self, step: int, loss_scale: float, skipped: bool, loss: float | None = None) -> None:
         """Records one step; see :meth:`extend`, which is cheaper per step for long runs."""
         self.extend([step], [loss_scale], [skipped], None if loss is None else [loss])
+
+    def truncate(self, before_step: int) -> None:
+        """Drops every row whose step is ``before_step`` or later.
+
+        For a run rolled back to a checkpoint: the steps after it did not
+        happen in the trajectory being continued, and recording resumes from
+        ``before_step``. ``LossScaleOptimizer.load_state_dict`` calls it.
+        """
+        if isinstance(before_step, bool) or not isinstance(before_step, Integral):
+            raise TypeError(f"before_step must be an int, got {before_step!r}.")
+        steps = self.steps
+        keep = int(np.searchsorted(steps, int(before_step), side="left"))
+        if keep == len(steps):
+            return
+        columns = tuple(np.array(column[:keep]) for column in self._arrays())
+        self._chunks = [columns] if keep else []  # type: ignore[list-item]
+        self._cache = None
+        self._last_step = int(columns[0][-1]) if keep else None
 
     # ------------------------------------------------------------ reading
 

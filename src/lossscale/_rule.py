@@ -149,7 +149,7 @@ def _next_state(params: RuleParams, state: LossScaleState, finite: Any, xp: Any)
 class _HostScalars:
     """The namespace :func:`_next_state` needs, for numpy scalars (``np.float32``, ``np.int32``, ``np.bool_``).
 
-    Arithmetic and comparisons on numpy scalars keep numpy's dtypes (NEP 50:
+    Arithmetic and comparisons on numpy scalars keep numpy's dtypes (NEP 50, numpy 2:
     a Python number takes the scalar's dtype), so only ``where`` and
     ``isfinite`` need defining.
     """

@@ -142,3 +142,20 @@ def test_import_lossscale_stays_light():
     code = "import sys, lossscale; print(sorted(m for m in ('torch', 'jax', 'matplotlib') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_truncate_drops_rows_from_a_step_on_and_recording_resumes_there():
+    h = History()
+    h.extend([0, 1, 2], [8.0, 8.0, 4.0], [False, False, True], [1.0, 0.5, float("nan")])
+    h.extend([3, 4], [4.0, 4.0], [False, False])
+    h.truncate(2)
+    assert h.steps.tolist() == [0, 1] and h.loss_scales.tolist() == [8.0, 8.0] and h.losses.tolist() == [1.0, 0.5]
+    h.append(2, 2.0, False)
+    assert h.steps.tolist() == [0, 1, 2]
+    h.truncate(10)  # nothing at or after step 10: unchanged
+    assert len(h) == 3
+    h.truncate(0)
+    assert len(h) == 0
+    h.append(0, 1.0, False)
+    with pytest.raises(TypeError, match="before_step must be an int"):
+        h.truncate(1.5)

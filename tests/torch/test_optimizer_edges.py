@@ -33,7 +33,7 @@ def _sgd_reference(steps):
 
 
 @pytest.mark.parametrize("how", ["add_param_group", "first_grad_later"])
-def test_fused_sgd_momentum_first_step_of_a_late_parameter_is_skipped_cleanly(how):
+def test_fused_sgd_momentum_first_step_of_a_late_parameter_is_skipped_cleanly(how, garbage_empty_like):
     """A skipped step must not leave SGD's uninitialised momentum buffer behind for a parameter seen for the first time."""
     scale = 4.0
     good = [(torch.full((3,), 0.5 * (i + 1)), torch.full((3,), -0.25 * (i + 1))) for i in range(4)]
@@ -242,3 +242,102 @@ def test_overflow_report_must_be_a_bool():
     w = torch.nn.Parameter(torch.ones(2))
     with pytest.raises(TypeError, match="overflow_report must be True or False"):
         LossScaleOptimizer(torch.optim.SGD([w], lr=0.1), overflow_report="yes")
+
+
+# ------------------------------------------------------------ from the second review
+
+
+@pytest.fixture
+def garbage_empty_like(monkeypatch):
+    """Makes torch.empty_like's uninitialised memory visibly garbage (NaN), as it may be on any machine."""
+    real = torch.empty_like
+    monkeypatch.setattr(torch, "empty_like", lambda *a, **k: real(*a, **k).fill_(math.nan))
+
+
+def test_reading_inner_state_of_a_fresh_parameter_does_not_fake_its_state(garbage_empty_like):
+    """``opt.state`` is a defaultdict: a read leaves an empty entry, which is not state."""
+    w = torch.nn.Parameter(torch.ones(3))
+    opt = LossScaleOptimizer(torch.optim.SGD([w], lr=0.1, momentum=0.9, fused=True), dynamic=False, initial_scale=4.0)
+    assert opt.state[w].get("momentum_buffer") is None  # the read creates opt.state[w] == {}
+    w.grad = torch.tensor([math.inf, 1.0, 1.0])
+    opt.step()
+    assert bool(opt.last_step_skipped) and not opt.state[w]
+    w.grad = torch.full((3,), 4.0)
+    opt.step()
+    assert torch.allclose(w.detach(), torch.full((3,), 0.9))
+
+
+def test_giving_a_stateless_group_momentum_is_noticed(garbage_empty_like):
+    w = torch.nn.Parameter(torch.ones(3))
+    ref = torch.nn.Parameter(torch.ones(3))
+    opt = LossScaleOptimizer(torch.optim.SGD([w], lr=0.1, fused=True), dynamic=False, initial_scale=4.0)
+    plain = torch.optim.SGD([ref], lr=0.1, fused=True)
+    for i, g in enumerate([1.0, 2.0, math.inf, 3.0, 1.0]):
+        if i == 2:  # momentum switched on after two stateless steps, then an overflow
+            opt.param_groups[0]["momentum"] = plain.param_groups[0]["momentum"] = 0.9
+        w.grad = torch.full((3,), g * 4.0)
+        opt.step()
+        if math.isfinite(g):
+            ref.grad = torch.full((3,), g)
+            plain.step()
+    assert torch.allclose(w.detach(), ref.detach())
+
+
+def test_rolling_back_to_a_checkpoint_cuts_the_history_back():
+    w = torch.nn.Parameter(torch.ones(2))
+    opt = LossScaleOptimizer(torch.optim.SGD([w], lr=0.01), history=True)
+    checkpoint = None
+    for i in range(6):
+        if i == 3:
+            checkpoint = opt.state_dict()
+        _step(opt, w)
+    opt.load_state_dict(checkpoint)
+    assert list(opt.history.steps) == [0, 1, 2]
+    for _ in range(2):
+        _step(opt, w)
+    assert list(opt.history.steps) == [0, 1, 2, 3, 4]
+
+
+def test_a_bad_step_count_leaves_the_optimizer_as_it_was_and_integer_types_are_accepted():
+    import numpy as np
+
+    w = torch.nn.Parameter(torch.ones(2))
+    opt = LossScaleOptimizer(torch.optim.SGD([w], lr=0.1, momentum=0.9))
+    _step(opt, w)
+    before = opt.state_dict()
+    state = opt.state_dict()
+    state["state"] = {}
+    state["lossscale"]["optimizer"]["steps"] = -1
+    with pytest.raises(ValueError, match="step count is -1"):
+        opt.load_state_dict(state)
+    assert torch.equal(opt.state_dict()["state"][0]["momentum_buffer"], before["state"][0]["momentum_buffer"])
+    for steps in (np.int64(7), torch.tensor(7)):
+        state = opt.state_dict()
+        state["lossscale"]["optimizer"]["steps"] = steps
+        opt.load_state_dict(state)
+        assert opt._steps == 7
+
+
+def test_a_state_dict_loaded_into_two_optimizers_is_copied_not_shared():
+    w1, w2 = torch.nn.Parameter(torch.ones(2)), torch.nn.Parameter(torch.ones(2))
+    source = LossScaleOptimizer(torch.optim.SGD([torch.nn.Parameter(torch.ones(2))], lr=0.1))
+    saved = source.state_dict()
+    a = LossScaleOptimizer(torch.optim.SGD([w1], lr=0.1))
+    b = LossScaleOptimizer(torch.optim.SGD([w2], lr=0.1))
+    a.load_state_dict(saved)
+    b.load_state_dict(saved)
+    _step(a, w1, bad=True)
+    assert float(a.loss_scale) == 2.0**14
+    assert float(b.loss_scale) == 2.0**15 and float(saved["lossscale"]["state"]["loss_scale"]) == 2.0**15
+
+
+def test_swapping_a_state_tensor_storage_is_seen_by_the_next_step():
+    w = torch.nn.Parameter(torch.ones(2))
+    opt = LossScaleOptimizer(torch.optim.SGD([w], lr=1.0), initial_scale=1024.0)
+    _step(opt, w)  # the CPU fast path has made its views by now
+    opt.variables()[0].data = torch.tensor(8.0)  # a new storage for the scale
+    w_before = w.detach().clone()
+    w.grad = torch.full((2,), 8.0)  # scaled by the new scale: true gradient 1.0
+    opt.step()
+    assert torch.allclose(w.detach(), w_before - 1.0)
+    assert int(opt.dynamic_counter) == 2

@@ -38,6 +38,7 @@ import importlib
 import inspect
 import weakref
 from collections import OrderedDict
+from numbers import Integral
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import torch
@@ -204,8 +205,11 @@ class LossScaleOptimizer(torch.optim.Optimizer):
         history: Any,
     ) -> None:
         self._steps = 0  # step() calls; numbers the history and the overflow reports
-        # Parameters (by id) that a fused inner optimizer stepped and left without state (e.g. SGD, momentum=0).
-        self._stateless: set[int] = set()
+        # (id, momentum) of parameters that a fused inner optimizer stepped and left without state: SGD
+        # with momentum 0. Keyed by momentum too, since giving a group momentum makes SGD keep state.
+        self._stateless: set[tuple[int, Any]] = set()
+        # (inner state dict, parameter count) once every parameter was seen with state: the fast path.
+        self._all_stateful: tuple[Any, int] | None = None
         # This optimizer's own skip signal, kept only when its scale is shared (else the scale's state says it).
         self._last_found_inf: torch.Tensor | None = None
         self._own_skipped_steps: torch.Tensor | None = None
@@ -479,16 +483,31 @@ class LossScaleOptimizer(torch.optim.Optimizer):
         ``torch.empty_like`` and filled by the kernel), and a step skipped on
         the device would leave it behind, garbage in SGD's case. Parameters
         that a real step left stateless (SGD without momentum) are remembered.
-        Cost: a length comparison once every parameter has state, else one
-        dictionary lookup per parameter.
+        An empty entry counts as no state (``state`` is a defaultdict, which a
+        mere read of ``opt.state[p]`` fills). Cost: once every parameter has
+        state, a comparison of counts; until then one lookup per parameter.
         """
         if not self._fused:
             return True
         state = self._inner.state
-        if len(state) >= sum(len(group["params"]) for group in self.param_groups):
+        count = sum(len(group["params"]) for group in self.param_groups)
+        known = self._all_stateful
+        if known is not None and known[0] is state and known[1] == count:
             return False
         stateless = self._stateless
-        return any(p.grad is not None and p not in state and id(p) not in stateless for p in self._all_params())
+        needed = False
+        all_stateful = True
+        for group in self.param_groups:
+            momentum = group.get("momentum")
+            for p in group["params"]:
+                if state.get(p):
+                    continue
+                all_stateful = False
+                if p.grad is not None and (id(p), momentum) not in stateless:
+                    needed = True
+        if all_stateful:
+            self._all_stateful = (state, count)
+        return needed
 
     def _apply(self, found_inf: torch.Tensor, grad_scale: torch.Tensor | None) -> bool | None:
         """Runs the inner step unless ``found_inf``; on the device when the inner optimizer can skip itself.
@@ -512,7 +531,9 @@ class LossScaleOptimizer(torch.optim.Optimizer):
         if not on_host:
             return None
         state = self._inner.state
-        self._stateless.update(id(p) for p in self._all_params() if p.grad is not None and p not in state)
+        for group in self.param_groups:
+            momentum = group.get("momentum")
+            self._stateless.update((id(p), momentum) for p in group["params"] if p.grad is not None and not state.get(p))
         return False
 
     def _agree(self, found_inf: torch.Tensor) -> torch.Tensor:
@@ -763,14 +784,17 @@ class LossScaleOptimizer(torch.optim.Optimizer):
         return {"steps": self._steps, "skipped_steps": None if own is None else own.detach().clone()}
 
     def _load_own_state(self, own: Mapping[str, Any] | None) -> None:
-        own = own or {}
-        steps = own.get("steps", 0)
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
-            raise ValueError(f"Not a lossscale state dict: its step count is {steps!r}; pass what state_dict() returned.")
-        self._steps = steps
-        skipped = own.get("skipped_steps")
-        self._own_skipped_steps = None if skipped is None else torch.as_tensor(skipped).to(self._scale.device, torch.int32)
+        """Restores this optimizer's counters; a history recorded past the restored step is cut back to it."""
+        own = _validated_own_state(own)
+        self._steps = own["steps"]
+        skipped = own["skipped_steps"]
+        self._own_skipped_steps = (
+            None if skipped is None else torch.as_tensor(skipped).to(self._scale.device, torch.int32).clone()
+        )
         self._last_found_inf = None
+        if self._recorder is not None:
+            self._recorder.flush()
+            self._recorder.history.truncate(self._steps)
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:  # type: ignore[override]
         """Restores :meth:`state_dict`'s output; the saved policy replaces the current one.
@@ -780,10 +804,13 @@ class LossScaleOptimizer(torch.optim.Optimizer):
         """
         state = dict(state_dict)
         saved_scale = state.pop("lossscale", None)
+        own = None if saved_scale is None else _validated_own_state(saved_scale.get("optimizer"))
         self._inner.load_state_dict(state)
         if saved_scale is not None:
             self._scale.load_state_dict(saved_scale)
-            self._load_own_state(saved_scale.get("optimizer"))
+            self._load_own_state(own)
+        self._stateless.clear()
+        self._all_stateful = None
         self._pending = None
 
     def __getstate__(self) -> dict[str, Any]:  # type: ignore[override]
@@ -812,6 +839,17 @@ class LossScaleOptimizer(torch.optim.Optimizer):
 
     def __repr__(self) -> str:
         return f"LossScaleOptimizer({self._inner!r}, loss_scale={self._scale.policy!r})"
+
+
+def _validated_own_state(own: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The ``"optimizer"`` entry of a lossscale state dict, checked: ``{"steps": int, "skipped_steps": ...}``."""
+    own = dict(own or {})
+    steps = own.get("steps", 0)
+    if isinstance(steps, torch.Tensor) and steps.numel() == 1 and not steps.is_floating_point():
+        steps = int(steps)
+    if isinstance(steps, bool) or not isinstance(steps, Integral) or steps < 0:
+        raise ValueError(f"Not a lossscale state dict: its step count is {steps!r}; pass what state_dict() returned.")
+    return {"steps": int(steps), "skipped_steps": own.get("skipped_steps")}
 
 
 def _validated_norm_type(norm_type: Any) -> float:

@@ -115,8 +115,10 @@ class SharedLossScale:
 
     def inv_scale(self) -> torch.Tensor:
         """``1 / S`` as float32, computed in float64 (on the host for CPU state: one op instead of three)."""
-        if self._host_views is not None and not torch.compiler.is_compiling():
-            return torch.from_numpy(np.asarray(1.0 / float(self._host_views.loss_scale), dtype=np.float32))
+        views = self._current_host_views()
+        if views is not None:
+            with np.errstate(over="ignore"):  # 1/S beyond float32 is inf, as on the device
+                return torch.from_numpy(np.asarray(1.0 / float(views.loss_scale), dtype=np.float32))
         return reciprocal(self._state.loss_scale)
 
     # ----------------------------------------------------------------- updating
@@ -170,10 +172,9 @@ class SharedLossScale:
         tensors have no queue to wait for.
         """
         found_inf = move(found_inf, self.device)
-        if self.device.type == "cpu" and not torch.compiler.is_compiling():
-            if self._host_views is None:  # numpy views sharing the state tensors' memory, made once
-                self._host_views = LossScaleState(*(t.numpy() for t in self._state))
-            advance_in_place(self._params, self._host_views, float(found_inf.detach().numpy()) == 0.0)
+        views = self._current_host_views()
+        if views is not None:
+            advance_in_place(self._params, views, float(found_inf.detach().numpy()) == 0.0)
             return
         new = next_state(self._params, self._state, found_inf == 0, torch)
         with torch.no_grad():
@@ -193,7 +194,7 @@ class SharedLossScale:
         try:
             policy = get(state_dict["loss_scale"])
             saved = state_dict["state"]
-            tensors = [torch.as_tensor(saved[name]) for name in LossScaleState._fields]
+            tensors = [torch.as_tensor(saved[name]).clone() for name in LossScaleState._fields]  # never the caller's
         except (KeyError, TypeError) as error:
             raise ValueError(
                 f"Not a lossscale state dict (missing or malformed {error}); pass what state_dict() returned."
@@ -209,6 +210,21 @@ class SharedLossScale:
     def _set_state(self, state: LossScaleState) -> None:
         self._state = state
         self._host_views: LossScaleState | None = None
+        self._host_pointers: tuple[int, ...] = ()
+
+    def _current_host_views(self) -> LossScaleState | None:
+        """Numpy views sharing the CPU state tensors' memory, or None off the CPU and under ``torch.compile``.
+
+        Made once and remade if a tensor's storage was swapped (``.data =``);
+        checking costs five pointer reads.
+        """
+        if self._state.loss_scale.device.type != "cpu" or torch.compiler.is_compiling():
+            return None
+        pointers = tuple(t.data_ptr() for t in self._state)
+        if self._host_views is None or pointers != self._host_pointers:
+            self._host_views = LossScaleState(*(t.detach().numpy() for t in self._state))
+            self._host_pointers = pointers
+        return self._host_views
 
     def _set_policy(self, policy: LossScale) -> None:
         self._policy = policy
