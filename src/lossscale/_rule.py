@@ -20,6 +20,8 @@ import contextlib
 import math
 from typing import Any, NamedTuple
 
+import numpy as np
+
 from ._policy import LossScale, RuleParams
 
 __all__ = ["LossScaleState", "initial_state", "next_state", "advance_in_place", "COUNTER_MAX"]
@@ -172,8 +174,6 @@ def advance_in_place(params: RuleParams, views: LossScaleState, finite: bool) ->
     dtypes, so the result equals ``next_state(params, views, finite, numpy)``
     bit for bit. Cost: a few microseconds; no device involved.
     """
-    import numpy as np
-
     scalars = LossScaleState(*(view[()] for view in views))
     with np.errstate(over="ignore"):  # a refused growth computes an inf on purpose
         new = _next_state(params, scalars, np.bool_(finite), _HostScalars)

@@ -206,7 +206,6 @@ def _sharded_norm(grads: Sequence[torch.Tensor], norm_type: float, out_device: t
     import torch.distributed as dist
 
     dtensor = dtensor_type()
-    norm_type = float(norm_type)
     buckets: dict[tuple, tuple[Any, tuple[int, ...], list[torch.Tensor]]] = {}
     for grad in grads:
         if dtensor is None or not isinstance(grad, dtensor):

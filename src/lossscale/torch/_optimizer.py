@@ -494,20 +494,19 @@ class LossScaleOptimizer(torch.optim.Optimizer):
         known = self._all_stateful
         if known is not None and known[0] is state and known[1] == count:
             return False
-        stateless = self._stateless
-        needed = False
-        all_stateful = True
+        missing = list(self._params_without_state())
+        if not missing:
+            self._all_stateful = (state, count)
+        return any(key not in self._stateless for p, key in missing if p.grad is not None)
+
+    def _params_without_state(self) -> Iterable[tuple[torch.Tensor, tuple[int, Any]]]:
+        """``(p, (id(p), momentum))`` for each parameter with no (or an empty) inner state entry."""
+        state = self._inner.state
         for group in self.param_groups:
             momentum = group.get("momentum")
             for p in group["params"]:
-                if state.get(p):
-                    continue
-                all_stateful = False
-                if p.grad is not None and (id(p), momentum) not in stateless:
-                    needed = True
-        if all_stateful:
-            self._all_stateful = (state, count)
-        return needed
+                if not state.get(p):
+                    yield p, (id(p), momentum)
 
     def _apply(self, found_inf: torch.Tensor, grad_scale: torch.Tensor | None) -> bool | None:
         """Runs the inner step unless ``found_inf``; on the device when the inner optimizer can skip itself.
@@ -530,10 +529,7 @@ class LossScaleOptimizer(torch.optim.Optimizer):
             del inner.grad_scale, inner.found_inf
         if not on_host:
             return None
-        state = self._inner.state
-        for group in self.param_groups:
-            momentum = group.get("momentum")
-            self._stateless.update((id(p), momentum) for p in group["params"] if p.grad is not None and not state.get(p))
+        self._stateless.update(key for p, key in self._params_without_state() if p.grad is not None)
         return False
 
     def _agree(self, found_inf: torch.Tensor) -> torch.Tensor:
@@ -783,9 +779,11 @@ class LossScaleOptimizer(torch.optim.Optimizer):
         own = self._own_skipped_steps
         return {"steps": self._steps, "skipped_steps": None if own is None else own.detach().clone()}
 
-    def _load_own_state(self, own: Mapping[str, Any] | None) -> None:
-        """Restores this optimizer's counters; a history recorded past the restored step is cut back to it."""
-        own = _validated_own_state(own)
+    def _load_own_state(self, own: dict[str, Any]) -> None:
+        """Restores this optimizer's counters (as :func:`_validated_own_state` returns them).
+
+        A history recorded past the restored step is cut back to it.
+        """
         self._steps = own["steps"]
         skipped = own["skipped_steps"]
         self._own_skipped_steps = (
@@ -833,7 +831,7 @@ class LossScaleOptimizer(torch.optim.Optimizer):
         self._init_diagnostics(
             state.get("max_consecutive_skips"), state.get("overflow_report", False), None, state.get("history")
         )
-        self._load_own_state(state.get("optimizer"))
+        self._load_own_state(_validated_own_state(state.get("optimizer")))
         self._init_hooks()
         _WRAPPED[self._inner] = weakref.ref(self)
 
