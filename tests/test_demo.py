@@ -17,12 +17,12 @@ from lossscale import _cli, _demo  # noqa: E402
 from lossscale._demo import MODES, DemoConfig, run_demo  # noqa: E402
 
 # Per framework, a run long enough that the unscaled fp16 run has lost gradients and lags fp32, with skips.
-# torch: 300 steps, growth every 10, so the scale reaches float16's ceiling and skips within the run.
-# jax: the demo's own settings (1000 steps, growth every 20): with numpy's weights and batch order the
-# unscaled fp16 run is reliably behind fp32 only from about step 600 (seeds 0-6); ~10 s jitted.
-CONFIGS = {"torch": DemoConfig(steps=300, growth_steps=10), "jax": DemoConfig(framework="jax")}
+# With the demo's batch order the unscaled fp16 run is reliably behind fp32 only from about step 600.
+# torch: 700 steps (fp16 3.3x fp32's final loss, the scaled run 1.1x, 12 skips; ~14 s).
+# jax: the demo's own settings (1000 steps, growth every 20; ~10 s jitted).
+CONFIGS = {"torch": DemoConfig(steps=700), "jax": DemoConfig(framework="jax")}
 NEEDS = {"torch": ("torch",), "jax": ("jax", "optax")}
-FLUSHED_AT_THE_END = {"torch": 0.04, "jax": 0.8}  # share of zero gradient values over the last 10 fp16 steps
+FLUSHED_AT_THE_END = {"torch": 0.5, "jax": 0.8}  # share of zero gradient values over the last 10 fp16 steps
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
@@ -54,8 +54,7 @@ def test_unscaled_fp16_loses_gradients_and_scaling_keeps_them(demo):
     assert fp16.zero_grad_percent > 5 * scaled.zero_grad_percent
     assert fp16.zero_grad_percent > fp32.zero_grad_percent + 5
     assert abs(scaled.zero_grad_percent - fp32.zero_grad_percent) < 0.5
-    # By the end the unscaled run has flushed far more than fp32's structural ~1%: most of them after
-    # jax's 1000 steps, about 8% after torch's 300.
+    # By the end the unscaled run has flushed most of its gradient values (fp32: a structural ~1%).
     assert fp16.zero_grad_fractions[-10:].mean() > FLUSHED_AT_THE_END[config.framework]
     # ...and it shows in training: fp16 lags, the scaled run tracks fp32.
     assert fp16.final_loss > 1.3 * fp32.final_loss
@@ -109,6 +108,18 @@ def test_png_is_a_valid_image(demo):
     pixels = imread(result.png_path)
     assert pixels.ndim == 3 and pixels.shape[0] > 500 and pixels.shape[1] > 800
     assert pixels.std() > 0.05  # not a blank canvas
+
+
+def test_every_backend_takes_the_same_batch_order():
+    config = DemoConfig(steps=25, seed=3)
+    n = 1437  # 11 full batches of 128 per permutation, then a fresh one
+    batches = _demo.batch_order(n, config)
+    assert batches.shape == (25, 128)
+    for epoch in (batches[:11], batches[11:22]):
+        assert len(np.unique(epoch)) == epoch.size  # no index twice within one permutation
+    assert not np.array_equal(batches[:11], batches[11:22])
+    np.testing.assert_array_equal(batches, _demo.batch_order(n, config))  # seeded
+    assert _demo.measured_steps(DemoConfig(steps=25)).tolist() == [0, 10, 20, 24]
 
 
 def test_run_demo_validates_before_training(tmp_path):

@@ -21,17 +21,6 @@ from lossscale._demo import DemoConfig, load_data  # noqa: E402
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
-def test_batch_order_follows_the_torch_backends_rule():
-    config = DemoConfig(steps=25, seed=3)
-    n = 1437  # 11 full batches of 128 per permutation, then a fresh one
-    batches = _demo_jax._batch_order(n, config)
-    assert batches.shape == (25, 128)
-    for epoch in (batches[:11], batches[11:22]):
-        assert len(np.unique(epoch)) == epoch.size  # no index twice within one permutation
-    assert not np.array_equal(batches[:11], batches[11:22])
-    np.testing.assert_array_equal(batches, _demo_jax._batch_order(n, config))  # seeded
-
-
 def test_train_rejects_an_unknown_mode():
     with pytest.raises(ValueError, match="mode must be one of fp32, fp16, fp16\\+lossscale"):
         _demo_jax.train("bf16", load_data(0), DemoConfig(framework="jax"))

@@ -224,6 +224,29 @@ def load_data(seed: int = 0) -> DemoData:
     )
 
 
+def batch_order(n: int, config: DemoConfig) -> np.ndarray:
+    """The ``(steps, batch_size)`` training indices every backend uses.
+
+    A fresh permutation of the ``n`` training examples (``numpy``'s
+    generator, seeded with ``config.seed``) whenever the next batch would not
+    fit, so no example repeats within a permutation.
+    """
+    rng = np.random.default_rng(config.seed)
+    order, pos = rng.permutation(n), 0
+    batches = np.empty((config.steps, config.batch_size), np.int64)
+    for step in range(config.steps):
+        if pos + config.batch_size > n:
+            order, pos = rng.permutation(n), 0
+        batches[step] = order[pos : pos + config.batch_size]
+        pos += config.batch_size
+    return batches
+
+
+def measured_steps(config: DemoConfig) -> np.ndarray:
+    """The steps whose zero-gradient share is measured: every ``measure_every``-th, and the last."""
+    return np.array(sorted({*range(0, config.steps, config.measure_every), config.steps - 1}))
+
+
 def _check_output(output: str | os.PathLike[str]) -> str:
     path = os.fspath(output)
     if not path.lower().endswith(".png"):

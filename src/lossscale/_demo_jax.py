@@ -7,14 +7,13 @@ on_step) -> RunResult``), the same model (6 hidden exact-erf GELU layers of
 batch size, step count and batch-order rule (a fresh permutation of the
 training split whenever the next batch would not fit).
 
-The random numbers are numpy's, not torch's: the initial weights are drawn
-from ``numpy.random.default_rng(seed)`` with torch's distribution (every
-weight and bias uniform in +-1/sqrt(fan_in)), and the batch order from a
-second ``default_rng(seed)``. torch's generator cannot be reproduced without
-importing torch, and a JAX user need not have it, so a JAX run starts from
-different (equally distributed) weights and sees the batches in a different
-order than a torch run with the same seed; within the JAX backend all three
-modes share both, which is what the comparison needs.
+Both backends take their batches from :func:`lossscale._demo.batch_order`.
+The initial weights are drawn from ``numpy.random.default_rng(seed)`` with
+torch's distribution (every weight and bias uniform in +-1/sqrt(fan_in)):
+torch's generator cannot be reproduced without importing torch, and a JAX
+user need not have it, so a JAX run starts from different (equally
+distributed) weights than a torch run with the same seed; within the JAX
+backend all three modes share them, which is what the comparison needs.
 
 fp16 here is honest float16 compute, which JAX has no autocast for: the
 master parameters stay float32 (Adam updates them in float32), and the loss
@@ -41,7 +40,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ._demo import MODES, DemoConfig, DemoData, RunResult
+from ._demo import MODES, DemoConfig, DemoData, RunResult, batch_order, measured_steps
 from ._history import History
 
 try:
@@ -83,19 +82,6 @@ def _cross_entropy(logits: Any, labels: Any) -> Any:
     """Mean cross-entropy, computed in float32 whatever the logits' dtype (as under ``torch.autocast``)."""
     logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
     return -jnp.mean(jnp.take_along_axis(logp, labels[:, None], axis=-1))
-
-
-def _batch_order(n: int, config: DemoConfig) -> np.ndarray:
-    """A ``(steps, batch_size)`` array of training indices: the torch backend's rule, numpy's generator."""
-    rng = np.random.default_rng(config.seed)
-    order, pos = rng.permutation(n), 0
-    batches = np.empty((config.steps, config.batch_size), np.int32)
-    for step in range(config.steps):
-        if pos + config.batch_size > n:
-            order, pos = rng.permutation(n), 0
-        batches[step] = order[pos : pos + config.batch_size]
-        pos += config.batch_size
-    return batches
 
 
 def _zero_fraction(grads: Any) -> Any:
@@ -155,7 +141,7 @@ def train(mode: str, data: DemoData, config: DemoConfig, on_step: Callable[[], N
 
     step = jax.jit(step, donate_argnums=(0, 1))
     records = []
-    for idx in _batch_order(len(data.x_train), config):
+    for idx in batch_order(len(data.x_train), config):
         params, opt_state, record = step(params, opt_state, idx)
         records.append(record)
         if on_step is not None:
@@ -163,7 +149,7 @@ def train(mode: str, data: DemoData, config: DemoConfig, on_step: Callable[[], N
 
     # One transfer for the whole run's records instead of a host sync per step.
     losses, zeros, scales, skips = (np.asarray(jnp.stack(column)) for column in zip(*records))
-    measured = np.array(sorted({*range(0, config.steps, config.measure_every), config.steps - 1}))
+    measured = measured_steps(config)
     history = None
     if scaled:
         history = History()  # losses: the weighted ones given to get_scaled_loss, as the torch optimizer records

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ._demo import MODES, DemoConfig, DemoData, RunResult
+from ._demo import MODES, DemoConfig, DemoData, RunResult, batch_order, measured_steps
 from .torch import LossScaleOptimizer
 
 __all__ = ["train"]
@@ -62,19 +62,13 @@ def _train(mode: str, data: DemoData, config: DemoConfig, on_step: Callable[[], 
     half = mode != "fp32"
 
     x_train, y_train = torch.from_numpy(data.x_train), torch.from_numpy(data.y_train)
-    generator = torch.Generator().manual_seed(config.seed)
-    n = len(x_train)
-    order, pos = torch.randperm(n, generator=generator), 0
+    batches = torch.from_numpy(batch_order(len(x_train), config))
+    measured = set(measured_steps(config).tolist())
 
     losses: list[torch.Tensor] = []
     zero_steps: list[int] = []
     zero_fractions: list[float] = []
-    for step in range(config.steps):
-        if pos + config.batch_size > n:
-            order, pos = torch.randperm(n, generator=generator), 0
-        idx = order[pos : pos + config.batch_size]
-        pos += config.batch_size
-
+    for step, idx in enumerate(batches):
         opt.zero_grad()
         with torch.autocast("cpu", dtype=torch.float16, enabled=half):
             loss = F.cross_entropy(model(x_train[idx]), y_train[idx]) * w
@@ -82,7 +76,7 @@ def _train(mode: str, data: DemoData, config: DemoConfig, on_step: Callable[[], 
             opt.get_scaled_loss(loss).backward()
         else:
             loss.backward()
-        if step % config.measure_every == 0 or step == config.steps - 1:
+        if step in measured:
             grads = torch.cat([p.grad.reshape(-1) for p in params])
             zero_steps.append(step)
             zero_fractions.append(float((grads == 0).float().mean()))
