@@ -205,9 +205,9 @@ class LossScaleOptimizer(torch.optim.Optimizer):
         history: Any,
     ) -> None:
         self._steps = 0  # step() calls; numbers the history and the overflow reports
-        # (id, momentum) of parameters that a fused inner optimizer stepped and left without state: SGD
-        # with momentum 0. Keyed by momentum too, since giving a group momentum makes SGD keep state.
-        self._stateless: set[tuple[int, Any]] = set()
+        # (id, group settings) of parameters that a fused inner optimizer stepped and left without state
+        # (SGD with momentum 0). Keyed by the settings too: a changed one (momentum) may make it keep state.
+        self._stateless: set[tuple[int, tuple]] = set()
         # (inner state dict, parameter count) once every parameter was seen with state: the fast path.
         self._all_stateful: tuple[Any, int] | None = None
         # This optimizer's own skip signal, kept only when its scale is shared (else the scale's state says it).
@@ -499,14 +499,20 @@ class LossScaleOptimizer(torch.optim.Optimizer):
             self._all_stateful = (state, count)
         return any(key not in self._stateless for p, key in missing if p.grad is not None)
 
-    def _params_without_state(self) -> Iterable[tuple[torch.Tensor, tuple[int, Any]]]:
-        """``(p, (id(p), momentum))`` for each parameter with no (or an empty) inner state entry."""
+    def _params_without_state(self) -> Iterable[tuple[torch.Tensor, tuple[int, tuple]]]:
+        """``(p, (id(p), settings))`` for each parameter with no (or an empty) inner state entry.
+
+        ``settings`` are its group's hyperparameters but ``lr`` (which
+        schedulers change every step), as a hashable tuple.
+        """
         state = self._inner.state
         for group in self.param_groups:
-            momentum = group.get("momentum")
+            settings = tuple(
+                sorted((k, v) for k, v in group.items() if k not in ("params", "lr") and isinstance(v, _SETTING_TYPES))
+            )
             for p in group["params"]:
                 if not state.get(p):
-                    yield p, (id(p), momentum)
+                    yield p, (id(p), settings)
 
     def _apply(self, found_inf: torch.Tensor, grad_scale: torch.Tensor | None) -> bool | None:
         """Runs the inner step unless ``found_inf``; on the device when the inner optimizer can skip itself.
@@ -837,6 +843,9 @@ class LossScaleOptimizer(torch.optim.Optimizer):
 
     def __repr__(self) -> str:
         return f"LossScaleOptimizer({self._inner!r}, loss_scale={self._scale.policy!r})"
+
+
+_SETTING_TYPES = (bool, int, float, str, tuple, type(None))
 
 
 def _validated_own_state(own: Mapping[str, Any] | None) -> dict[str, Any]:
