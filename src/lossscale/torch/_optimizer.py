@@ -675,7 +675,7 @@ class LossScaleOptimizer(torch.optim.Optimizer):
             )
         params = self._all_params()
         known = {id(p) for p in params}
-        for grad, var in pairs:
+        for _, var in pairs:
             if id(var) not in known:
                 raise ValueError(
                     f"A variable of shape {tuple(var.shape)} is not a parameter of the inner optimizer; "
