@@ -11,6 +11,7 @@ from __future__ import annotations
 from ._errors import LossScaleError
 from ._history import History
 from ._policy import (
+    AutoLossScale,
     DynamicLossScale,
     ExponentialUpdateLossScaleManager,
     FixedLossScale,
@@ -26,6 +27,7 @@ from ._rule import LossScaleState, initial_state, next_state
 __version__ = "0.1.0"
 
 __all__ = [
+    "AutoLossScale",
     "DynamicLossScale",
     "ExponentialUpdateLossScaleManager",
     "FixedLossScale",
