@@ -15,6 +15,7 @@ FRAMEWORKS = ("torch", "jax", "jaxlib", "tensorflow", "optax", "flax", "keras")
 
 def test_all_is_pinned():
     assert sorted(lossscale.__all__) == [
+        "AutoLossScale",
         "DynamicLossScale",
         "ExponentialUpdateLossScaleManager",
         "FixedLossScale",

@@ -74,8 +74,8 @@ class AutoLossScale(LossScale):
         search_bits: the jump when every sampled gradient is zero (12).
         max_jump_bits: the largest rise in one sample (16). Lowering is not capped.
 
-    >>> AutoLossScale().get_config()["margin_bits"]
-    4
+    >>> AutoLossScale(margin_bits=6).get_config()
+    {'initial_loss_scale': 32768.0, 'margin_bits': 6}
     """
 
     initial_loss_scale: float = 2.0**15

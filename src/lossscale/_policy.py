@@ -450,6 +450,6 @@ def get(identifier: Any, custom_objects: Mapping[str, Any] | None = None) -> Los
 
 
 # AutoLossScale subclasses LossScale, so it is defined after it, in its own module, and registered here.
-from ._auto import AutoLossScale  # noqa: E402
+from ._auto import AutoLossScale
 
 _BUILTINS[AutoLossScale.__name__] = AutoLossScale

@@ -173,7 +173,7 @@ def as_mapping(stats: GradientStats, names: Sequence[str] | None = None) -> dict
     and ``amax``, ``headroom_bits``, ``zero_fraction``,
     ``subnormal_fraction``, ``rms`` as ``(T,)`` arrays in that order.
     """
-    count = int(tuple(stats.tensor_amax.shape)[0])
+    count = int(next(iter(stats.tensor_amax.shape)))
     names = tuple(str(i) for i in range(count)) if names is None else tuple(names)
     if len(names) != count:
         raise ValueError(f"names must name each of the {count} tensors, got {len(names)} names.")
