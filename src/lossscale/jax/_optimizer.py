@@ -17,6 +17,7 @@ from ._compat import jaxpr_as_fun, like
 from ._grads import all_finite, check_gradients, squared_norm, unscale
 from ._guard import check_limit, guard_skip
 from ._state import LossScaleOptimizerState, _is_scale_node
+from ._stats import check_stats_every, init_stats, step_scale
 
 __all__ = ["loss_scale_optimizer", "stepper_of"]
 
@@ -92,6 +93,7 @@ def loss_scale_optimizer(
     axis_name: str | tuple[str, ...] | None = None,
     clip_by_global_norm: float | None = None,
     max_consecutive_skips: int | None = None,
+    stats_every: int | None = None,
 ) -> optax.GradientTransformationExtraArgs:
     """Wraps ``inner`` in loss scaling; TF's ``LossScaleOptimizer`` for optax.
 
@@ -150,6 +152,17 @@ def loss_scale_optimizer(
             ``lax.cond``: a finite step runs no host code and adds no sync.
             JAX re-raises it wrapped in its runtime error (the message is
             kept) when the step's results are next read, on CPU at once.
+        stats_every: measure the scaled gradients every ``N``-th update
+            (default None: never; 1 with ``loss_scale="auto"``): per tensor
+            and overall ``amax``, ``headroom_bits = log2(65504 / amax)``,
+            the share of exact zeros and of float16 subnormals
+            (:mod:`lossscale._stats`). The latest sample is
+            ``state.gradient_stats`` (arrays, on the device), and
+            ``lossscale.AutoLossScale`` sets the scale from it.
+            Cost, measured by ``benchmarks/bench_stats.py`` (docs/gradient_stats.md): on a
+            sampled step one more read pass (four fused reductions);
+            averaged over N it is that pass / N plus a ``lax.cond``. The step
+            compiles once; no host sync.
 
     Returns:
         An ``optax.GradientTransformationExtraArgs``; extra keyword arguments
@@ -207,6 +220,7 @@ def loss_scale_optimizer(
     axes = _axis_names(axis_name)
     max_norm = _check_max_norm(clip_by_global_norm)
     limit = check_limit(max_consecutive_skips)
+    every = check_stats_every(stats_every, policy)
     inner = optax.with_extra_args_support(inner)
 
     def init_fn(params: Any) -> LossScaleOptimizerState:
@@ -216,7 +230,8 @@ def loss_scale_optimizer(
                 "inner already holds a loss_scale_optimizer; nesting them would scale and unscale twice. "
                 "Wrap the plain optimizer once: loss_scale_optimizer(optax.adamw(...))."
             )
-        return LossScaleOptimizerState(inner_state, initial_state(rule, jnp))
+        stats = None if every is None else init_stats(policy, params)
+        return LossScaleOptimizerState(inner_state, initial_state(rule, jnp), stats)
 
     def stepper(grads: Any, state: Any, params: Any, extra_args: dict, apply: bool) -> tuple[Any, Any]:
         if not isinstance(state, LossScaleOptimizerState):
@@ -224,7 +239,7 @@ def loss_scale_optimizer(
                 f"update() needs the LossScaleOptimizerState that init()/update() returned, got "
                 f"{type(state).__name__}. Pass this transformation's own state, not the inner optimizer's."
             )
-        check_gradients(grads)
+        leaves = check_gradients(grads)
         scale_state = state.loss_scale_state
         scale = jnp.asarray(scale_state.loss_scale)
         if max_norm is None:
@@ -236,7 +251,10 @@ def loss_scale_optimizer(
             factor = jnp.where(norm < max_norm, jnp.float32(1), jnp.float32(max_norm) / norm)
         if axes is not None:
             finite = lax.pmin(finite.astype(jnp.int32), axes) > 0
-        new_scale_state = next_state(rule, scale_state, finite, jnp)
+        if every is None:
+            new_scale_state, new_stats = next_state(rule, scale_state, finite, jnp), state.stats
+        else:
+            new_scale_state, new_stats = step_scale(policy, every, leaves, scale_state, state.stats, finite, axes)
 
         def taken(grads: Any, inner_state: Any, params: Any) -> Any:
             updates, inner_state = inner.update(unscale(grads, scale, factor), inner_state, params, **extra_args)
@@ -248,7 +266,7 @@ def loss_scale_optimizer(
             return (params if apply else None), inner_state
 
         first, new_inner = _cond_traced_once(finite, taken, skipped, (grads, state.inner_state, params))
-        return first, LossScaleOptimizerState(new_inner, new_scale_state)
+        return first, LossScaleOptimizerState(new_inner, new_scale_state, new_stats)
 
     def update_fn(
         updates: Any, state: LossScaleOptimizerState, params: Any = None, **extra_args: Any
