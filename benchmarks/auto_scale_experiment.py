@@ -65,6 +65,7 @@ POLICIES: dict[str, tuple[Any, int | None]] = {
     "torch": (DynamicLossScale(2.0**16, 2000), None),
     "auto": (AutoLossScale(), 1),
     "auto16": (AutoLossScale(), 16),
+    "auto_b2": (AutoLossScale(underflow_bits=2), 1),  # a variant: "enough" 6 bits lower
 }
 
 
@@ -78,7 +79,8 @@ class Scaler:
         policy, self.every = POLICIES[name]
         if initial is not None:
             cls = type(policy)
-            policy = cls(initial, 2000) if cls is DynamicLossScale else AutoLossScale(initial)
+            policy = cls(initial, 2000) if cls is DynamicLossScale else AutoLossScale.from_config(
+                {**policy.get_config(), "initial_loss_scale": initial})
         self.policy, self.xp = policy, xp
         self.state = initial_state(policy, xp)
         self.auto = initial_auto_state(policy, xp) if isinstance(policy, AutoLossScale) else None

@@ -87,8 +87,9 @@ def tensor_sums(g: Any, xp: Any) -> tuple[Any, Any, Any, Any]:
     """
     a = xp.abs(_f32(g, xp))
     amax = xp.max(a)
-    zeros = _f32(xp.sum(a == 0), xp)
-    below = _f32(xp.sum(a < FLOAT16_TINY), xp)
+    # Counted as sums of where(c, 1, 0): XLA's CPU backend vectorizes that, not a sum of a converted bool (10x slower).
+    zeros = _f32(xp.sum(xp.where(a == 0, 1.0, 0.0)), xp)
+    below = _f32(xp.sum(xp.where(a < FLOAT16_TINY, 1.0, 0.0)), xp)
     return amax, zeros, below - zeros, xp.sum(a * a)
 
 
