@@ -30,6 +30,7 @@ def test_all_is_pinned():
         "next_state",
         "resolve_loss_scale",
         "serialize",
+        "underflow_report",
     ]
     for name in lossscale.__all__:
         assert getattr(lossscale, name) is not None

@@ -21,6 +21,7 @@ from ._policy import (
     get,
     serialize,
 )
+from ._report import underflow_report
 from ._resolve import resolve_loss_scale
 from ._rule import LossScaleState, initial_state, next_state
 
@@ -42,4 +43,5 @@ __all__ = [
     "next_state",
     "resolve_loss_scale",
     "serialize",
+    "underflow_report",
 ]
