@@ -103,10 +103,10 @@ def torch_bench(sizes: list[float], rounds: int) -> None:
         found = torch.zeros(1)
         inv = torch.ones(1)
 
-        def check():
+        def check(grads=grads, found=found, inv=inv):
             torch._amp_foreach_non_finite_check_and_unscale_(grads, found, inv)
 
-        def stats():
+        def stats(grads=grads):
             gradient_stats(grads)
 
         times = {"check": [], "stats": []}
