@@ -59,13 +59,13 @@ def test_built_once_equals_built_inside_the_step():
 
     @jax.jit
     def outside(w, s, x):
-        loss, grads = grad_fn(w, x, opt_state=s)
+        _loss, grads = grad_fn(w, x, opt_state=s)
         updates, s = opt.update(grads, s, w)
         return optax.apply_updates(w, updates), s
 
     @jax.jit
     def inside(w, s, x):
-        loss, grads = lsj.value_and_grad(loss_fn, s)(w, x)
+        _loss, grads = lsj.value_and_grad(loss_fn, s)(w, x)
         updates, s = opt.update(grads, s, w)
         return optax.apply_updates(w, updates), s
 
@@ -136,12 +136,12 @@ def test_call_time_form_under_scan_with_argnums_and_aux():
 
     def body(carry, x):
         w, s = carry
-        (loss, aux), grads = grad_fn(x, w, opt_state=s)
+        (loss, _aux), grads = grad_fn(x, w, opt_state=s)
         updates, s = opt.update(grads, s, w)
         return (optax.apply_updates(w, updates), s), loss
 
     xs = jnp.stack([X, X.at[1, 1].set(jnp.inf), X])
-    (w, s), losses = jax.jit(lambda w, s: jax.lax.scan(body, (w, s), xs))(W, opt.init(W))
+    (w, s), _losses = jax.jit(lambda w, s: jax.lax.scan(body, (w, s), xs))(W, opt.init(W))
     assert float(s.loss_scale) == 4.0 and int(s.skipped_steps) == 1
     ref = W
     for _ in range(2):
