@@ -36,8 +36,9 @@ def test_all_is_pinned():
 
 def test_version():
     # One version: the package's equals pyproject.toml's (what the wheel's metadata says).
-    import tomllib
     from pathlib import Path
+
+    import tomllib
 
     project = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]
     assert lossscale.__version__ == project["version"] and lossscale.__version__.count(".") == 2

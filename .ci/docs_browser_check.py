@@ -1,6 +1,6 @@
 """The built site in a real browser: serve site/ on 127.0.0.1 and open three pages in headless Chromium.
 
-``make docs-check`` runs it after ``make docs``: ``python tests/docs/browser_check.py [site] [--screenshots DIR]``.
+``make docs-check`` runs it after ``make docs``: ``python .ci/docs_browser_check.py [site] [--screenshots DIR]``.
 Chromium is Debian's (``/usr/bin/chromium``, or $CHROMIUM), driven by Playwright for Python; nothing is downloaded.
 For the home page, a how-to page and the API page of ``lossscale.torch.LossScaleOptimizer`` it asserts:
 
@@ -27,7 +27,7 @@ from pathlib import Path
 
 from playwright.sync_api import expect, sync_playwright
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 SITE_NAME = "lossscale"
 NAV_SECTIONS = ("Getting started", "Concepts", "How-to", "Migration", "Benchmarks", "API reference", "Changelog")
 # path, expected <title> prefix, the <h1> text, the anchor whose code block must render (None: any on the page)
@@ -46,7 +46,7 @@ def free_port() -> int:
 
 
 class QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the base class's name
+    def log_message(self, format: str, *args: object) -> None:
         pass
 
 

@@ -1,6 +1,6 @@
 """How many public names the built API reference documents: every name in ``__all__`` of each public module.
 
-Run after ``make docs``: ``python tests/docs/api_coverage.py [site]``. It reads ``__all__`` statically (no framework
+Run after ``make docs``: ``python .ci/api_coverage.py [site]``. It reads ``__all__`` statically (no framework
 is imported) and the site's ``objects.inv`` (the inventory mkdocstrings writes: one entry per rendered object),
 prints one line per module and the total, and exits 1 if any public name is missing.
 """
@@ -12,7 +12,7 @@ import sys
 import zlib
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 # The public modules and their files; a module without __all__ (integrations' package) is covered by its submodules.
 MODULES = {
     "lossscale": "src/lossscale/__init__.py",
