@@ -25,7 +25,7 @@ from ._report import underflow_report
 from ._resolve import resolve_loss_scale
 from ._rule import LossScaleState, initial_state, next_state
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "AutoLossScale",

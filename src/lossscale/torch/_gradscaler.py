@@ -75,9 +75,8 @@ class GradScaler(GradScalerAccessors):
     alone (torch asserts).
 
     Args:
-        device, init_scale, growth_factor, backoff_factor, growth_interval,
-            enabled: as ``torch.amp.GradScaler`` (``device="cuda"`` without
-            CUDA warns and disables, as torch does).
+        device, init_scale, growth_factor, backoff_factor, growth_interval, enabled: as
+            ``torch.amp.GradScaler`` (``device="cuda"`` without CUDA warns and disables, as torch does).
         min_loss_scale, max_loss_scale, hysteresis: the rest of the policy
             (see :class:`lossscale.DynamicLossScale`).
         max_consecutive_skips, overflow_report, named_parameters: as
