@@ -112,3 +112,15 @@ def test_auto_from_2_30_settles_in_one_sample_on_float32_gradients():
     after = gradient_stats([np.asarray(g) for g in jax.tree_util.tree_leaves(scaled)], np)
     assert float(after.zero_fraction) == 0.0 and float(after.headroom_bits) >= 4
     assert int(state.skipped_steps) == 0
+
+
+@pytest.mark.parametrize("bad", [jnp.nan, jnp.inf, -jnp.inf])
+def test_the_one_pass_check_skips_nan_and_inf(bad):
+    """With stats_every=1 the finite flag is read from the statistics' max |g|."""
+    opt = lsj.loss_scale_optimizer(optax.sgd(0.1), stats_every=1)
+    p = {"w": jnp.ones(3, jnp.float32), "h": jnp.ones(2, jnp.float16)}
+    state = opt.init(p)
+    grads = {"w": jnp.array([1.0, bad, 1.0]), "h": jnp.ones(2, jnp.float16)}
+    updates, state = jax.jit(opt.update)(grads, state, p)
+    assert int(state.skipped_steps) == 1 and float(state.loss_scale) == 2.0**14
+    assert not bool(jnp.any(updates["w"]))

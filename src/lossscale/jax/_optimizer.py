@@ -18,7 +18,7 @@ from ._grads import all_finite, check_gradients, squared_norm, unscale
 from ._guard import check_limit, guard_skip
 from ._record import recorder_for
 from ._state import LossScaleOptimizerState, _is_scale_node, mark_superseded
-from ._stats import check_stats_every, init_stats, step_scale
+from ._stats import _reduce_across, check_stats_every, init_stats, measure, step_scale
 
 __all__ = ["loss_scale_optimizer", "stepper_of"]
 
@@ -269,7 +269,14 @@ def loss_scale_optimizer(
         leaves = check_gradients(grads)
         scale_state = state.loss_scale_state
         scale = jnp.asarray(scale_state.loss_scale)
-        if max_norm is None:
+        sample = None
+        if max_norm is None and every == 1 and state.stats is not None and rule.min_scale >= 1:
+            # One pass: the statistics' max |g| is NaN or Inf iff a scaled gradient is, and with S >= 1
+            # the unscaled ones are finite iff the scaled ones are.
+            factor = None
+            sample = measure(leaves, jnp.asarray(state.stats.count), None)
+            finite = jnp.isfinite(sample.amax)
+        elif max_norm is None:
             factor = None
             finite = all_finite(unscale(grads, scale))
         else:  # one pass gives both the global norm and the finite flag
@@ -281,7 +288,11 @@ def loss_scale_optimizer(
         if every is None:
             new_scale_state, new_stats = next_state(rule, scale_state, finite, jnp), state.stats
         else:
-            new_scale_state, new_stats = step_scale(policy, every, leaves, scale_state, state.stats, finite, axes)
+            if sample is not None and axes is not None:
+                sample = _reduce_across(sample, leaves, axes)
+            new_scale_state, new_stats = step_scale(
+                policy, every, leaves, scale_state, state.stats, finite, axes, sample
+            )
         if recorder is not None:
             recorder.record(scale, finite, axes)
 

@@ -22,7 +22,7 @@ from .._policy import LossScale
 from .._rule import LossScaleState, next_state
 from .._stats import GradientStats, as_mapping, empty_stats, gradient_stats, summarize
 
-__all__ = ["StatsState", "check_stats_every", "init_stats", "stats_mapping", "step_scale", "tensor_names"]
+__all__ = ["StatsState", "check_stats_every", "init_stats", "measure", "stats_mapping", "step_scale", "tensor_names"]
 
 
 class StatsState(NamedTuple):
@@ -69,6 +69,12 @@ def _reduce_across(sample: GradientStats, leaves: list, axes: tuple[Hashable, ..
     return summarize(sums, [leaf.size for leaf in leaves], sample.step, jnp)
 
 
+def measure(grads: list, count: Any, axes: tuple[Hashable, ...] | None) -> GradientStats:
+    """The statistics of the scaled gradient leaves ``grads`` (across ``axes`` when given), tagged ``count``."""
+    sample = gradient_stats(grads, jnp, step=count)
+    return sample if axes is None else _reduce_across(sample, grads, axes)
+
+
 def step_scale(
     policy: LossScale,
     every: int | None,
@@ -77,27 +83,28 @@ def step_scale(
     stats: StatsState | None,
     finite: jax.Array,
     axes: tuple[Hashable, ...] | None,
+    sample: GradientStats | None = None,
 ) -> tuple[LossScaleState, StatsState | None]:
     """The new scale state and statistics after one update (``grads``: the scaled gradient leaves).
 
-    Cost on a sampled step: one read pass over the gradients (four reductions, fused by XLA with each
-    other and, with ``stats_every=1``, with the finite check), plus about 60 scalar ops. On an unsampled
-    step: the ``lax.cond`` on ``count % stats_every`` and the scalar update. No host sync.
+    ``sample``: this step's statistics when the caller measured them already (``stats_every=1``, where
+    the finite flag is read from them: ``isfinite(amax)``, so the check and the statistics are one pass).
+    Cost on a sampled step: one read pass over the gradients (four reductions), plus about 60 scalar
+    ops. On an unsampled step: the ``lax.cond`` on ``count % stats_every`` and the scalar update.
+    No host sync.
     """
     if every is None or stats is None:
         return next_state(policy.rule_params(), scale_state, finite, jnp), stats
     count = jnp.asarray(stats.count)
 
-    def measure(leaves: list) -> GradientStats:
-        sample = gradient_stats(leaves, jnp, step=count)
-        return sample if axes is None else _reduce_across(sample, leaves, axes)
-
     if every == 1:
         sampled = jnp.ones((), bool)
-        sample = measure(grads)
+        sample = measure(grads, count, axes) if sample is None else sample
     else:
         sampled = count % every == 0
-        sample = lax.cond(sampled, measure, lambda _: jax.tree_util.tree_map(jnp.asarray, stats.sample), grads)
+        sample = lax.cond(
+            sampled, lambda g: measure(g, count, axes), lambda _: jax.tree_util.tree_map(jnp.asarray, stats.sample), grads
+        )
     auto = stats.auto
     if isinstance(policy, AutoLossScale) and auto is not None:
         scale_state, auto = next_auto_state(policy, scale_state, auto, finite, sample, sampled, jnp)
