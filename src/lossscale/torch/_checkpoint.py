@@ -96,7 +96,8 @@ def read_policy(saved: Any, custom_objects: Mapping[str, type] | None, current: 
         name = saved.get("class_name") if isinstance(saved, Mapping) else None
         if isinstance(name, str) and name not in custom:
             raise ValueError(
-                f"This checkpoint's loss scale policy is a {name!r}, which is not a built-in policy. Pass its class: "
+                f"This checkpoint's loss scale policy is unreadable: its class {name!r} is not a built-in policy. "
+                f"Pass the class: "
                 f"load_state_dict(state_dict, custom_objects={{{name!r}: {name}}}). No class is imported by name."
             ) from error
         raise ValueError(f"This checkpoint's loss scale policy is unreadable: {error}") from error
@@ -125,6 +126,8 @@ class ScaleRecord:
     ) -> ScaleRecord:
         if not isinstance(saved, Mapping):
             raise _not_a_state_dict(f"the loss scale entry is a {type(saved).__name__}")
+        if "policy" in saved and "loss_scale" in saved:
+            raise _not_a_state_dict("it holds both 'policy' and the older 'loss_scale' key; keep 'policy'")
         key = "policy" if "policy" in saved else "loss_scale"  # "loss_scale": checkpoints before one key
         if key not in saved or not isinstance(saved.get("state"), Mapping):
             raise _not_a_state_dict(f"missing 'policy' or 'state' among {sorted(map(str, saved))}")
