@@ -166,6 +166,11 @@ class GradScaler:
         return self._scale_nested(outputs)
 
     def _scaled(self, tensor: torch.Tensor) -> torch.Tensor:
+        if not tensor.is_floating_point():
+            raise TypeError(
+                f"GradScaler.scale() needs floating-point outputs, got a tensor of dtype {tensor.dtype}. "
+                "Pass the loss as computed by the model (e.g. scaler.scale(loss.float()))."
+            )
         if not self._placed:
             self._lazy_init_scale_growth_tracker(tensor.device)
         return self._owner.get_scaled_loss(tensor)
