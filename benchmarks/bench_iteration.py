@@ -148,7 +148,6 @@ class Contender:
     def __init__(self, name: str, model: nn.Module, loss_fn: Callable, clip: bool, dtype: torch.dtype | None,
                  accumulate: int = 1) -> None:
         self.name, self.clip, self.dtype, self.accumulate = name, clip, dtype, accumulate
-        self.per_step = name.endswith("+perstep")
         self.model = copy.deepcopy(model)
         self.params = list(self.model.parameters())
         self.loss_fn = loss_fn
@@ -249,7 +248,6 @@ def bench_case(spec: str, clip: bool, names: list[str], rounds: int, dtype: torc
             samples[c.name].append(c.timed() * 1e3)
     syncs = {c.name: c.syncs() for c in contenders}
     peaks = {c.name: c.peak_bytes() if memory else float("nan") for c in contenders}
-    by_name = {c.name: c for c in contenders}
     base = samples["plain"]
     rows = []
     for c in contenders:

@@ -34,7 +34,6 @@ def walk(fn) -> list[str]:
                 name = os.path.relpath(path, ROOT)
                 if not files or files[-1] != name:
                     files.append(name)
-        return None
 
     sys.settrace(tracer)
     try:
