@@ -234,6 +234,28 @@ class Diagnostics:
         self.reporter = OverflowReporter(named_parameters) if overflow_report else None
         self.recorder = None if history is None or history is False else StepRecorder(history)
 
+    def settings(self) -> dict[str, Any]:
+        """The constructor's settings (the history flushed first): what pickling keeps.
+
+        Live objects (the guard's in-flight CUDA copy and event, parameter
+        names keyed by tensor identity, queued device rows) are left out by
+        construction.
+        """
+        recorder = self.recorder
+        if recorder is not None:
+            recorder.flush()
+        return {
+            "max_consecutive_skips": None if self.guard is None else self.guard.limit,
+            "overflow_report": self.reporter is not None,
+            "history": None if recorder is None else recorder.history,
+        }
+
+    def __getstate__(self) -> dict[str, Any]:
+        return self.settings()
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["max_consecutive_skips"], bool(state["overflow_report"]), None, state["history"])  # type: ignore[misc]
+
     def named_grads(self, param_groups: Any) -> list[tuple[str, torch.Tensor]]:
         """``(name, grad)`` of every parameter with a gradient, for the report (empty when it is off)."""
         reporter = self.reporter

@@ -24,6 +24,16 @@ anything else                   1 unscale+check (R+W) 1 (``found_inf``)
 [*] 1 on a step in which a parameter gets its first gradient (its
 optimizer state is created then; see ``_fused.py``). ``scale()`` and
 ``update()`` add no sync; ``get_scale()`` and ``state_dict()`` are one each.
+
+Drop it in where ``torch.amp.GradScaler`` was (the idiom, Lightning,
+Fabric, accelerate via :func:`lossscale.torch.integrations.accelerate.attach`,
+timm's ``NativeScaler``). Two deliberate differences from torch, both on
+by default: TF's floor (the scale never backs off below
+``min_loss_scale=1``; torch's can reach 0, pytorch #101569) and growth
+only while ``S * growth_factor`` stays finite (and under
+``max_loss_scale``). A ``step()`` that finds no gradient at all is a
+no-op (torch asserts), and ``update()`` with no step leaves the scale
+alone (torch asserts).
 """
 
 from __future__ import annotations
@@ -81,20 +91,11 @@ def torch_policy(
 class GradScaler:
     """``torch.amp.GradScaler``'s interface over lossscale's dynamic loss scale.
 
-    Drop it in where ``torch.amp.GradScaler`` was (the idiom, Lightning,
-    Fabric, accelerate via :func:`lossscale.torch.integrations.accelerate.attach`,
-    timm's ``NativeScaler``). Two deliberate differences from torch, both on
-    by default: TF's floor (the scale never backs off below
-    ``min_loss_scale=1``; torch's can reach 0, pytorch #101569) and growth
-    only while ``S * growth_factor`` stays finite (and under
-    ``max_loss_scale``). A ``step()`` that finds no gradient at all is a
-    no-op (torch asserts), and ``update()`` with no step leaves the scale
-    alone (torch asserts).
-
     Args:
         device, init_scale, growth_factor, backoff_factor, growth_interval,
             enabled: as ``torch.amp.GradScaler`` (``device="cuda"`` without
-            CUDA warns and disables, as torch does).
+            CUDA warns and disables, as torch does); a ``growth_interval``
+            above 2**31 - 1 saturates there (the growth counter is int32).
         min_loss_scale, max_loss_scale, hysteresis: the rest of the policy
             (see :class:`lossscale.DynamicLossScale`).
         max_consecutive_skips, overflow_report, named_parameters: as
@@ -280,21 +281,10 @@ class GradScaler:
 
     # torch's lazy-init attributes, which its own tests set and read around load_state_dict(): here they are
     # views of the live state (the scale and the growth tracker), read on the host (one sync each).
-    @property
-    def _init_scale(self) -> float:
-        return self.get_scale()
-
-    @_init_scale.setter
-    def _init_scale(self, value: float) -> None:
-        self._owner.overwrite(scale=value)
-
-    @property
-    def _init_growth_tracker(self) -> int:
-        return self._get_growth_tracker()
-
-    @_init_growth_tracker.setter
-    def _init_growth_tracker(self, value: int) -> None:
-        self._owner.overwrite(growth_tracker=value)
+    _init_scale = property(lambda self: self.get_scale(), lambda self, v: self._owner.overwrite(scale=v))
+    _init_growth_tracker = property(
+        lambda self: self._get_growth_tracker(), lambda self, v: self._owner.overwrite(growth_tracker=v)
+    )
 
     def _get_growth_tracker(self) -> int:
         """Finite steps since the scale last changed, a Python int (0 when disabled). One host sync."""
@@ -379,45 +369,33 @@ class GradScaler:
         return None if reporter is None else reporter.last
 
 
-    # ------------------------------------------------------------ pickling: the state_dict record, plus settings
+    # ------------------------------------------------------------ pickling: the scale's record, plus settings
 
     def __getstate__(self) -> dict[str, Any]:
-        """The checkpoint record (policy object included) and the constructor's settings; nothing else.
+        """The scale (pickled through its checkpoint record, policy object included) and the settings; nothing else.
 
-        Built field by field, so live objects (CUDA events of the stall
-        guard, per-optimizer records, parameter names) are never pickled.
+        Built field by field, so live objects (the stall guard's CUDA event,
+        per-optimizer records, parameter names) are never pickled.
         """
         if any(slot.record.stage is not Stage.READY for slot in self._per_optimizer.values()):
             raise RuntimeError(
                 "A GradScaler may be pickled only between iterations (before scale() or after update())."
             )
+        history = None if self._recorder is None else self._recorder.history
         if self._recorder is not None:
             self._recorder.flush()
-        guard = self._diagnostics.guard
-        return {
-            "device": self._device,
-            "enabled": self._enabled,
-            "placed": self._placed,
-            "scale": self._owner,  # a SharedLossScale: pickled through its own record
-            "max_consecutive_skips": None if guard is None else guard.limit,
-            "overflow_report": self._diagnostics.reporter is not None,
-            "history": None if self._recorder is None else self._recorder.history,
-            "sync_skips": self.sync_skips,
-            "updates": self._updates,
-        }
+        return {"device": self._device, "enabled": self._enabled, "placed": self._placed, "scale": self._owner,
+                "diagnostics": self._diagnostics, "history": history, "sync_skips": self.sync_skips,
+                "updates": self._updates}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        owner = state["scale"]
-        if not isinstance(owner, IterationScale):
-            raise TypeError(f"Not a pickled GradScaler: its scale is a {type(owner).__name__}.")
+        if not isinstance(state["scale"], IterationScale):
+            raise TypeError(f"Not a pickled GradScaler: its scale is a {type(state['scale']).__name__}.")
         self._device, self._enabled, self._placed = state["device"], bool(state["enabled"]), bool(state["placed"])
-        self._owner = owner
-        self._diagnostics = Diagnostics(state["max_consecutive_skips"], state["overflow_report"], None, None)
-        history = state["history"]
-        self._recorder = None if history is None else StepRecorder(history)
-        self.sync_skips = bool(state["sync_skips"])
+        self._owner, self._diagnostics = state["scale"], state["diagnostics"]
+        self._recorder = None if state["history"] is None else StepRecorder(state["history"])
+        self.sync_skips, self._updates = bool(state["sync_skips"]), int(state["updates"])
         self._per_optimizer = weakref.WeakKeyDictionary()
-        self._updates = int(state["updates"])
 
     def __repr__(self) -> str:
         return f"GradScaler({self._device!r}, {self._owner.policy!r}, enabled={self._enabled})"

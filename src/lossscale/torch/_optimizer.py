@@ -47,6 +47,29 @@ backward) is a no-op: the inner optimizer is not stepped, and the scale,
 its counters, this optimizer's counters and the history stay as they
 were (GradScaler raises here instead; TF's ``apply_gradients`` raises, as
 this ``apply_gradients`` does).
+
+The torch idiom::
+
+    opt = LossScaleOptimizer(torch.optim.AdamW(model.parameters(), fused=True))
+    for x, y in data:
+        opt.zero_grad()
+        with torch.autocast("cuda", dtype=torch.float16):
+            loss = loss_fn(model(x), y)
+        opt.get_scaled_loss(loss).backward()
+        opt.step()          # unscale, check, step or skip, update the scale
+
+Closure-based optimizers (LBFGS): the closure scales its own loss and
+returns the unscaled one::
+
+    def closure():
+        opt.zero_grad()
+        loss = loss_fn(model(x), y)
+        opt.get_scaled_loss(loss).backward()
+        return loss
+    opt.step(closure)
+
+Every evaluation's gradients are unscaled and checked; if any overflowed,
+weights and inner state are restored from a copy taken before the step.
 """
 
 from __future__ import annotations
@@ -59,12 +82,12 @@ import torch
 
 from .._policy import LossScale
 from .._resolve import stable_form
-from ._checkpoint import Checkpoint, CounterRecord, ScaleRecord
+from ._checkpoint import Checkpoint
 from ._compat import init_step_hooks
 from ._diagnostics import Diagnostics, OverflowReport
 from ._distributed import FlagAgreement, agreement_groups, validate_process_group
 from ._distributed import check_replicas_agree as _check_replicas_agree
-from ._scale import PrivateLossScale, ScaleOwner, SharedLossScale, scale_owner_for
+from ._scale import ScaleOwner, scale_owner_for
 from ._step import OptimizerStep
 from ._tf_methods import TFv1Methods
 
@@ -156,28 +179,7 @@ class LossScaleOptimizer(TFv1Methods, torch.optim.Optimizer):
         check: ``"step"``, the only mode (gradients are checked in
             ``step()``); any other value raises ``ValueError``.
 
-    The torch idiom::
-
-        opt = LossScaleOptimizer(torch.optim.AdamW(model.parameters(), fused=True))
-        for x, y in data:
-            opt.zero_grad()
-            with torch.autocast("cuda", dtype=torch.float16):
-                loss = loss_fn(model(x), y)
-            opt.get_scaled_loss(loss).backward()
-            opt.step()          # unscale, check, step or skip, update the scale
-
-    Closure-based optimizers (LBFGS): the closure scales its own loss and
-    returns the unscaled one::
-
-        def closure():
-            opt.zero_grad()
-            loss = loss_fn(model(x), y)
-            opt.get_scaled_loss(loss).backward()
-            return loss
-        opt.step(closure)
-
-    Every evaluation's gradients are unscaled and checked; if any overflowed,
-    weights and inner state are restored from a copy taken before the step.
+    See the module docstring for the torch idiom and closures (LBFGS).
 
     >>> import torch
     >>> w = torch.nn.Parameter(torch.tensor([1.0]))
@@ -214,13 +216,10 @@ class LossScaleOptimizer(TFv1Methods, torch.optim.Optimizer):
             max_loss_scale=max_loss_scale, hysteresis=hysteresis,
         )
         diagnostics = Diagnostics(max_consecutive_skips, overflow_report, named_parameters, history)
-        self._wire(optimizer, owner, FlagAgreement(process_group, self._params), diagnostics)
-
-    def _wire(self, inner: torch.optim.Optimizer, owner: ScaleOwner, agree: FlagAgreement, diagnostics: Diagnostics) -> None:
-        self._inner = inner
-        self._steps = OptimizerStep(owner, agree, diagnostics)
+        self._inner = optimizer
+        self._steps = OptimizerStep(owner, FlagAgreement(process_group, self._params), diagnostics)
         init_step_hooks(self)
-        _WRAPPED[inner] = weakref.ref(self)
+        _WRAPPED[optimizer] = weakref.ref(self)
 
     # ------------------------------------------------------------ the inner optimizer's surface
 
@@ -412,57 +411,22 @@ class LossScaleOptimizer(TFv1Methods, torch.optim.Optimizer):
         saved class name is the current policy's, from that class; nothing is
         imported by a name read from the checkpoint.
         """
-        steps = self._steps
-        checkpoint = Checkpoint.from_state_dict(state_dict, custom_objects, current=steps.owner.policy)
+        checkpoint = Checkpoint.from_state_dict(state_dict, custom_objects, current=self._steps.owner.policy)
         self._inner.load_state_dict(checkpoint.inner)
-        if checkpoint.scale is not None:
-            steps.owner.load_record(checkpoint.scale)
-            self._load_counters(checkpoint.counters or CounterRecord())
-        steps.reset()
-
-    def _load_counters(self, record: CounterRecord) -> None:
-        self._steps.counters.load(record, self._steps.owner.state)
-        recorder = self._steps.diagnostics.recorder
-        if recorder is not None:
-            recorder.flush()
-            recorder.history.truncate(record.steps)
+        self._steps.load(checkpoint)
 
     def __getstate__(self) -> dict[str, Any]:
-        """The ``state_dict`` records (the policy as an object) and the constructor's settings; nothing else.
+        """The inner optimizer and the step object's record (see ``OptimizerStep.pickled``); nothing else.
 
-        A shared scale travels as itself (pickled through its own record),
-        so optimizers pickled together still share it. Parameter names and
-        process groups do not survive pickling: pass them again.
+        Parameter names and process groups do not survive pickling: pass them again.
         """
-        steps = self._steps
-        diagnostics, owner = steps.diagnostics, steps.owner
-        recorder = diagnostics.recorder
-        if recorder is not None:
-            recorder.flush()
-        shared = owner if isinstance(owner, SharedLossScale) else None
-        return {
-            "inner": self._inner,
-            "shared": shared,
-            "scale": None if shared is not None else owner.record().to_dict(policy_object=True),
-            "optimizer": steps.counters.record().to_dict(),
-            "max_consecutive_skips": None if diagnostics.guard is None else diagnostics.guard.limit,
-            "overflow_report": diagnostics.reporter is not None,
-            "history": None if recorder is None else recorder.history,
-        }
+        return {"inner": self._inner, **self._steps.pickled()}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        shared = state.get("shared")
-        if shared is not None:
-            owner: ScaleOwner = shared
-        else:
-            record = ScaleRecord.from_dict(state["scale"])  # validated as a state dict is
-            owner = PrivateLossScale(record.policy, record.state.loss_scale.device)
-            owner.load_record(record)
-        counters = CounterRecord.from_dict(state.get("optimizer"))
-        diagnostics = Diagnostics(state.get("max_consecutive_skips"), bool(state.get("overflow_report")), None,
-                                  state.get("history"))
-        self._wire(state["inner"], owner, FlagAgreement(None, self._params), diagnostics)
-        self._load_counters(counters)
+        self._inner = state["inner"]
+        self._steps = OptimizerStep.unpickled(state, FlagAgreement(None, self._params))
+        init_step_hooks(self)
+        _WRAPPED[self._inner] = weakref.ref(self)
 
     def __repr__(self) -> str:
         return f"LossScaleOptimizer({self._inner!r}, loss_scale={self._steps.owner.policy!r})"

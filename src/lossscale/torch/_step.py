@@ -53,7 +53,7 @@ import numpy as np
 import torch
 
 from .._rule import LossScaleState, _HostScalars, next_skip_counters
-from ._checkpoint import CounterRecord
+from ._checkpoint import Checkpoint, CounterRecord, ScaleRecord
 from ._compat import foreach_mul_, step_with_scale
 from ._diagnostics import Diagnostics
 from ._fused import FusedStateTracker, fused_sgd_warning, is_fused
@@ -66,6 +66,7 @@ from ._grads import (
     validate_max_norm,
     validated_norm_type,
 )
+from ._scale import PrivateLossScale, SharedLossScale
 
 __all__ = ["ANY_BEFORE_STEP", "OptimizerStep", "Stage", "StepCounters", "StepRecord"]
 
@@ -470,3 +471,46 @@ class OptimizerStep:
         """After the inner optimizer's state or the scale was replaced (a checkpoint load)."""
         self.tracker.reset()
         self.record.reset()
+
+    # ------------------------------------------------------------ checkpoints and pickling: one record
+
+    def load(self, checkpoint: Checkpoint) -> None:
+        """Takes over a validated checkpoint's scale and counters (the inner optimizer is the caller's)."""
+        if checkpoint.scale is not None:
+            self.owner.load_record(checkpoint.scale)
+            self._load_counters(checkpoint.counters or CounterRecord())
+        self.reset()
+
+    def _load_counters(self, record: CounterRecord) -> None:
+        """This optimizer's counters; a history recorded past the restored step is cut back to it."""
+        self.counters.load(record, self.owner.state)
+        recorder = self.diagnostics.recorder
+        if recorder is not None:
+            recorder.flush()
+            recorder.history.truncate(record.steps)
+
+    def pickled(self) -> dict[str, Any]:
+        """The ``state_dict`` records (the policy as an object) and the diagnostics' settings; nothing else.
+
+        A shared scale travels as itself (pickled through its own record), so
+        optimizers pickled together still share it.
+        """
+        shared = self.owner if isinstance(self.owner, SharedLossScale) else None
+        return {
+            "shared": shared,
+            "scale": None if shared is not None else self.owner.record().to_dict(policy_object=True),
+            "optimizer": self.counters.record().to_dict(),
+            "diagnostics": self.diagnostics,  # pickles its settings only (see Diagnostics.settings)
+        }
+
+    @classmethod
+    def unpickled(cls, state: dict[str, Any], agree: Callable[[torch.Tensor], torch.Tensor]) -> OptimizerStep:
+        """The step object :meth:`pickled` describes, validated as a state dict is."""
+        owner = state["shared"]
+        if owner is None:
+            record = ScaleRecord.from_dict(state["scale"])
+            owner = PrivateLossScale(record.policy, record.state.loss_scale.device)
+            owner.load_record(record)
+        step = cls(owner, agree, state["diagnostics"])
+        step._load_counters(CounterRecord.from_dict(state["optimizer"]))
+        return step
