@@ -2,9 +2,17 @@
 
 Traces one real step (after a warm-up step, so that first-step work such as
 creating optimizer state is not counted) of ``LossScaleOptimizer`` and of
-``GradScaler`` with ``sys.settrace``, and prints the sequence of binding
-files entered. A "re-entry" is entering a file the walk already left
-earlier in the same step. Run::
+``GradScaler`` with ``sys.settrace``, and prints, per binding file:
+
+* ``entries``: calls into the file from another file (a call within one
+  file is not an entry);
+* ``re-entries``: ``entries - 1``, the times the walk came back into a
+  file after entering it once;
+* ``back-calls``: entries made while a frame of that file is still on the
+  stack below a frame of another file (``A -> B -> A``): the walk climbing
+  back up into a floor it is standing on.
+
+Run::
 
     PYTHONPATH=src python benchmarks/step_walk.py [--fused]
 """
@@ -23,39 +31,52 @@ import lossscale.torch as lst
 ROOT = os.path.dirname(lst.__file__)
 
 
-def walk(fn) -> list[str]:
-    """The binding files entered while ``fn()`` runs, consecutive duplicates collapsed."""
-    files: list[str] = []
+def _file(frame) -> str | None:
+    path = frame.f_code.co_filename
+    if path.startswith(ROOT) and "integrations" not in path:
+        return os.path.relpath(path, ROOT)
+    return None
+
+
+def walk(fn) -> tuple[list[str], Counter]:
+    """The binding files entered (cross-file calls, in order) while ``fn()`` runs, and the back-calls per file."""
+    entries: list[str] = []
+    back: Counter = Counter()
 
     def tracer(frame, event, arg):
-        if event == "call":
-            path = frame.f_code.co_filename
-            if path.startswith(ROOT) and "integrations" not in path:
-                name = os.path.relpath(path, ROOT)
-                if not files or files[-1] != name:
-                    files.append(name)
+        if event != "call":
+            return
+        name = _file(frame)
+        if name is None:
+            return
+        caller = frame.f_back
+        caller_name = _file(caller) if caller is not None else None
+        if caller_name == name:
+            return  # a call within one file
+        entries.append(name)
+        below = caller
+        while below is not None:  # is this file already on the stack, under another file's frame?
+            if _file(below) == name:
+                back[name] += 1
+                break
+            below = below.f_back
 
     sys.settrace(tracer)
     try:
         fn()
     finally:
         sys.settrace(None)
-    return files
+    return entries, back
 
 
-def summary(files: list[str]) -> tuple[list[str], dict[str, int]]:
-    """The files in first-entry order, and how many times each was re-entered after being left."""
-    order = list(dict.fromkeys(files))
-    entries = Counter(files)
-    return order, {f: entries[f] - 1 for f in order}
-
-
-def report(title: str, files: list[str]) -> None:
-    order, again = summary(files)
-    print(f"{title}: {len(order)} files, {sum(again.values())} re-entries")
-    print("  walk: " + " -> ".join(files))
+def report(title: str, entries: list[str], back: Counter) -> None:
+    order = list(dict.fromkeys(entries))
+    counts = Counter(entries)
+    again = sum(counts[f] - 1 for f in order)
+    print(f"{title}: {len(order)} files, {again} re-entries, {sum(back.values())} back-calls")
+    print("  walk: " + " -> ".join(entries))
     for name in order:
-        print(f"  {name:28s} re-entered {again[name]}")
+        print(f"  {name:28s} entries {counts[name]:2d}  re-entered {counts[name] - 1:2d}  back-calls {back[name]}")
 
 
 def main() -> None:
@@ -79,20 +100,20 @@ def main() -> None:
         return walk(opt.step)
 
     lso_step()
-    report("LossScaleOptimizer.step()", lso_step())
+    report("LossScaleOptimizer.step()", *lso_step())
 
-    sgd = inner()
+    plain = inner()
     scaler = lst.GradScaler("cpu")
 
     def gs_step():
-        sgd.zero_grad()
+        plain.zero_grad()
         scaler.scale(model(x).square().mean()).backward()
-        files = walk(lambda: scaler.step(sgd))
+        result = walk(lambda: scaler.step(plain))
         scaler.update()
-        return files
+        return result
 
     gs_step()
-    report("GradScaler.step(optimizer)", gs_step())
+    report("GradScaler.step(optimizer)", *gs_step())
 
 
 if __name__ == "__main__":

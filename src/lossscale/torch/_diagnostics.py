@@ -233,6 +233,8 @@ class Diagnostics:
         self.guard = None if max_consecutive_skips is None else SkipGuard(max_consecutive_skips)
         self.reporter = OverflowReporter(named_parameters) if overflow_report else None
         self.recorder = None if history is None or history is False else StepRecorder(history)
+        #: whether the scale a step used must be kept (a 0-d copy) before the scale advances
+        self.wants_scale = self.reporter is not None or self.recorder is not None
 
     def settings(self) -> dict[str, Any]:
         """The constructor's settings (the history flushed first): what pickling keeps.
@@ -267,11 +269,6 @@ class Diagnostics:
             for i, p in enumerate(group["params"])
             if p.grad is not None
         ]
-
-    @property
-    def wants_scale(self) -> bool:
-        """Whether the scale a step used must be kept (a 0-d copy) before the scale advances."""
-        return self.reporter is not None or self.recorder is not None
 
     def report(self, step: int, found_inf: torch.Tensor, skipped: bool | None, scale_used: Any, named_grads: Any) -> None:
         """Builds the overflow report of a skipped step; ``skipped`` None (decided on the device) costs one sync."""

@@ -33,7 +33,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import replace
 from numbers import Real
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import torch
@@ -48,7 +48,9 @@ from ._grads import move, reciprocal
 if TYPE_CHECKING:
     from ._step import StepRecord
 
-__all__ = ["IterationScale", "PrivateLossScale", "ScaleOwner", "ScaleState", "SharedLossScale", "scale_owner_for"]
+__all__ = [
+    "IterationScale", "PrivateLossScale", "ScaleOwner", "ScaleState", "SharedLossScale", "StepScale", "scale_owner_for",
+]
 
 
 class ScaleState:
@@ -105,7 +107,8 @@ class ScaleState:
 
     def advance(self, found_inf: torch.Tensor) -> None:
         """``state <- next_state(policy, state, found_inf == 0)`` in place; see the module docstring for the cost."""
-        found_inf = move(found_inf, self.device)
+        if found_inf.device != self._tensors.loss_scale.device:
+            found_inf = move(found_inf, self.device)
         views = self._host_views_now()
         if views is not None:
             advance_in_place(self._params, views, float(found_inf.detach().numpy()) == 0.0)
@@ -178,8 +181,23 @@ class ScaleState:
         return self._host_views
 
 
+class StepScale(NamedTuple):
+    """What a step's check needs of the scale, read in one call (:meth:`ScaleOwner.for_step`)."""
+
+    loss_scale: torch.Tensor  # the live 0-d float32 scale
+    inv_scale: torch.Tensor  # 1/S, float32
+    device: torch.device
+    can_go_below_one: bool
+
+
 class ScaleOwner:
-    """The reading surface both owners share; subclasses define :meth:`add_step` and :meth:`update`."""
+    """The reading surface both owners share; subclasses define :meth:`add_step` and :meth:`update`.
+
+    ``advances_each_step``: whether :meth:`add_step` advances the scale at
+    once (a private scale) or keeps the flag for ``update()`` (shared).
+    """
+
+    advances_each_step = False
 
     def __init__(self, policy: LossScale, device: torch.device | str | None = None) -> None:
         self._scale = ScaleState(policy, device)
@@ -233,6 +251,13 @@ class ScaleOwner:
         """Moves the state to ``device`` (done for you when gradients move)."""
         self._scale.to_(device)
 
+    def for_step(self, device: torch.device | None) -> StepScale:
+        """Moves the state to ``device`` (the gradients'), then what a step's check needs of it. No sync."""
+        if device is not None:
+            self.to_(device)
+        scale = self._scale
+        return StepScale(scale.tensors.loss_scale, scale.inv_scale(), scale.device, scale.can_go_below_one)
+
     def advance(self, found_inf: torch.Tensor) -> None:
         """Applies the core rule once, in place (see :meth:`ScaleState.advance`); no host sync."""
         self._scale.advance(found_inf)
@@ -266,11 +291,12 @@ class ScaleOwner:
 
 
 class PrivateLossScale(ScaleOwner):
-    """The scale of one ``LossScaleOptimizer``: each step advances it at once."""
+    """The scale of one ``LossScaleOptimizer``: each step advances it at once (the step resets its record)."""
+
+    advances_each_step = True
 
     def add_step(self, found_inf: torch.Tensor, member: StepRecord) -> None:
         self._scale.advance(found_inf)
-        member.reset()
 
     def update(self) -> None:
         raise RuntimeError(
@@ -326,10 +352,10 @@ class SharedLossScale(ScaleOwner):
         self._members: list[StepRecord] = []
 
     def add_step(self, found_inf: torch.Tensor, member: StepRecord) -> None:
-        """Keeps one optimizer's flag for :meth:`update`; its record is ``STEPPED`` until then. No sync."""
-        member.stepped()
+        """Keeps one optimizer's flag for :meth:`update`, which makes its record (``STEPPED``) ready again. No sync."""
         self._members.append(member)
-        found_inf = move(found_inf, self.device)
+        if found_inf.device != self.device:
+            found_inf = move(found_inf, self.device)
         self._pending = found_inf if self._pending is None else torch.maximum(self._pending, found_inf)
 
     def update(self) -> None:

@@ -345,20 +345,30 @@ class OptimizerStep:
 
         From ``READY``: a fused ``inner`` with float16 gradients gets a check
         pass only (R+W, values unchanged) and ``grad_scale = S``, so its kernel
-        unscales in float32; anything else is unscaled and checked in place.
+        unscales in float32; anything else is unscaled and checked in place
+        (a second R+W check pass when the scale may be below 1).
         """
+        checked = self._check(inner, is_fused(inner))
+        return None if checked is None else checked[:2]  # type: ignore[return-value]
+
+    def _check(self, inner: torch.optim.Optimizer, fused: bool) -> tuple[torch.Tensor, torch.Tensor | None] | None:
         record = self.record
         record.require("step", ANY_BEFORE_STEP)
         if record.stage is not Stage.READY:
             return record.found_inf, record.grad_scale  # type: ignore[return-value]
-        grads = self._collect(inner)
+        grads = GradGroups.of(inner.param_groups)
         if not grads.tensors:
             return None
-        if is_fused(inner) and grads.has_float16:
+        scale = self.owner.for_step(grads.device)
+        if fused and grads.has_float16:
             # g / S overflows float32 in the kernel only if S < 65504 / 3.4e38, about 2**-112: not re-checked.
-            return check_finite(grads, out_device=self.owner.device), self.owner.state.loss_scale
-        require_unscalable(grads, "step()")
-        return self._unscale_and_check(grads), None
+            return check_finite(grads, out_device=scale.device), scale.loss_scale
+        if grads.has_float16:
+            require_unscalable(grads, "step()")
+        found_inf = unscale_and_check_(grads, scale.inv_scale, out_device=scale.device)
+        if scale.can_go_below_one:  # 1/S > 1 can overflow a finite gradient: check the results too
+            found_inf = torch.maximum(found_inf, check_finite(grads, out_device=scale.device))
+        return found_inf, None
 
     # ------------------------------------------------------------ the step
 
@@ -370,14 +380,15 @@ class OptimizerStep:
         fused kernel decided on the device. ``on_host`` and ``call``: see
         :meth:`apply`.
         """
-        checked = self.check(inner)
+        fused = is_fused(inner)
+        checked = self._check(inner, fused)
         if checked is None:  # no gradient at all: nothing to apply, nothing to count
             return None
-        return self.apply(inner, *checked, on_host=on_host, call=call, named_grads=named_grads)
+        return self.apply(inner, *checked, on_host=on_host, call=call, named_grads=named_grads, fused=fused)
 
     def apply(self, inner: torch.optim.Optimizer, found_inf: torch.Tensor, grad_scale: torch.Tensor | None, *,
               on_host: bool = False, call: Callable[[], Any] | None = None,
-              named_grads: Any = ()) -> tuple[torch.Tensor, bool | None]:
+              named_grads: Any = (), fused: bool | None = None) -> tuple[torch.Tensor, bool | None]:
         """Agrees on ``found_inf``, runs ``inner.step()`` unless it is set, and finishes the step.
 
         Unfused: one host sync (``found_inf.item()``), then ``inner.step()``
@@ -389,7 +400,7 @@ class OptimizerStep:
         """
         self.record.require("step", ANY_BEFORE_STEP)
         found_inf = self.agree(found_inf)
-        fused = is_fused(inner)
+        fused = is_fused(inner) if fused is None else fused
         on_host = on_host or not fused or self.tracker.needs_host_decision(inner)
         skipped: bool | None = None
         if on_host and bool(found_inf.item()):  # the one host sync of the unfused path
@@ -413,13 +424,19 @@ class OptimizerStep:
         a row (one step later on CUDA, where the read is deferred to avoid a
         sync), and other optimizers sharing the scale do not count.
         """
-        diagnostics, counters, owner = self.diagnostics, self.counters, self.owner
+        diagnostics, counters, owner, record = self.diagnostics, self.counters, self.owner, self.record
         step = counters.steps
         scale_used = owner.state.loss_scale.clone() if diagnostics.wants_scale else None
-        diagnostics.report(step, found_inf, skipped, scale_used, named_grads)
+        if diagnostics.reporter is not None:
+            diagnostics.report(step, found_inf, skipped, scale_used, named_grads)
         counters.count(found_inf)
-        owner.add_step(found_inf, self.record)
-        diagnostics.record(step, scale_used, found_inf)
+        if owner.advances_each_step:
+            record.reset()
+        else:
+            record.stepped()  # until the owner's update()
+        owner.add_step(found_inf, record)
+        if diagnostics.recorder is not None:
+            diagnostics.record(step, scale_used, found_inf)
         if diagnostics.guard is not None:
             diagnostics.check_stall(counters.consecutive_skips(found_inf.device), owner.state.loss_scale)
 
