@@ -210,3 +210,70 @@ def test_check_other_than_step_is_refused_naming_the_fix(check, match):
     with pytest.raises(ValueError, match=match) as info:
         LossScaleOptimizer(inner, check=check)
     assert "Drop the check argument" in str(info.value)
+
+
+# ------------------------------------------------------------ the vocabulary on the torch side
+
+
+def test_optimizer_takes_the_policy_refinements_and_shows_them():
+    w = torch.nn.Parameter(torch.ones(2))
+    opt = LossScaleOptimizer(torch.optim.SGD([w], lr=0.1), initial_scale=8.0, dynamic_growth_steps=5,
+                             min_loss_scale=0.5, max_loss_scale=2.0**10, hysteresis=2, max_consecutive_skips=4)
+    assert opt.loss_scale_policy == lossscale.DynamicLossScale(8.0, 5, min_loss_scale=0.5, max_loss_scale=2.0**10,
+                                                               hysteresis=2)
+    assert (opt.min_loss_scale, opt.max_loss_scale, opt.hysteresis, opt.max_consecutive_skips) == (0.5, 1024.0, 2, 4)
+    fixed = LossScaleOptimizer(torch.optim.SGD([torch.nn.Parameter(torch.ones(2))], lr=0.1), 16)
+    assert (fixed.min_loss_scale, fixed.max_loss_scale, fixed.hysteresis) == (None, None, None)
+
+
+def test_consecutive_skips_is_this_optimizers_streak():
+    w = torch.nn.Parameter(torch.ones(2))
+    opt = LossScaleOptimizer(torch.optim.SGD([w], lr=0.1), initial_scale=8.0)
+    for _ in range(2):
+        w.grad = torch.full((2,), float("nan"))
+        opt.step()
+    assert int(opt.consecutive_skips) == 2 and opt.consecutive_skips.dtype == torch.int32
+    _stepped(opt, w)
+    assert int(opt.consecutive_skips) == 0 and int(opt.skipped_steps) == 2
+
+
+def test_shared_scale_takes_the_refinements_and_a_wrapper_refuses_them_beside_it():
+    shared = SharedLossScale(min_loss_scale=2.0, hysteresis=3)
+    assert shared.policy == lossscale.DynamicLossScale(2**15, 2000, min_loss_scale=2.0, hysteresis=3)
+    inner = torch.optim.SGD([torch.nn.Parameter(torch.ones(2))], lr=0.1)
+    with pytest.raises(ValueError, match=r"drop hysteresis= or give them to SharedLossScale"):
+        LossScaleOptimizer(inner, shared, hysteresis=2)
+
+
+def test_every_torch_record_keys_its_policy_policy_and_older_loss_scale_records_load():
+    w = torch.nn.Parameter(torch.ones(2))
+    opt = LossScaleOptimizer(torch.optim.SGD([w], lr=0.1), initial_scale=8.0)
+    _stepped(opt, w)
+    sd = opt.state_dict()
+    assert "policy" in sd["lossscale"] and "loss_scale" not in sd["lossscale"]
+    assert "policy" in SharedLossScale().state_dict()
+    assert "policy" in GradScaler("cpu").state_dict()["lossscale"]
+    old = copy.deepcopy(sd)
+    old["lossscale"]["loss_scale"] = old["lossscale"].pop("policy")  # a checkpoint written before issue 23
+    fresh = LossScaleOptimizer(torch.optim.SGD([torch.nn.Parameter(torch.ones(2))], lr=0.1))
+    fresh.load_state_dict(old)
+    assert float(fresh.loss_scale) == 8.0 and int(fresh.dynamic_counter) == 1
+
+
+def test_pickling_keeps_a_shared_scale_shared():
+    shared = SharedLossScale(initial_scale=8.0)
+    a = LossScaleOptimizer(torch.optim.SGD([torch.nn.Parameter(torch.ones(2))], lr=0.1), shared)
+    b = LossScaleOptimizer(torch.optim.SGD([torch.nn.Parameter(torch.ones(2))], lr=0.1), shared)
+    a2, b2 = pickle.loads(pickle.dumps((a, b)))
+    assert a2.shared_loss_scale is b2.shared_loss_scale
+    assert isinstance(a2.shared_loss_scale, SharedLossScale) and float(a2.loss_scale) == 8.0
+
+
+def test_pickling_validates_the_record_as_load_state_dict_does():
+    w = torch.nn.Parameter(torch.ones(2))
+    opt = LossScaleOptimizer(torch.optim.SGD([w], lr=0.1))
+    state = opt.__getstate__()
+    state["scale"]["state"]["loss_scale"] = "big"
+    clone = LossScaleOptimizer.__new__(LossScaleOptimizer)
+    with pytest.raises(ValueError, match="Not a lossscale state dict"):
+        clone.__setstate__(state)
