@@ -161,8 +161,7 @@ def probed(binding: str) -> dict[str, Any]:
 # ------------------------------------------------------------ expected failures until the other branches merge
 
 _PENDING = pytest.mark.xfail(strict=True, reason="pending jaxmp/keras19 merge")
-# What the jax binding lacks today: min/max/hysteresis/history keywords.
-_JAX_PENDING_KEYWORDS = {"min_loss_scale", "max_loss_scale", "hysteresis", "history"}
+_JAX_PENDING_KEYWORDS: set[str] = set()
 _KERAS_PENDING_ATTRIBUTES = {"consecutive_skips"}
 
 
