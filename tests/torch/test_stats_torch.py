@@ -97,3 +97,123 @@ def test_sampler_checkpoint_round_trip():
         StatsSampler(1, lossscale.AutoLossScale(window=8)).load_state_dict(a.state_dict())
     with pytest.raises(ValueError, match="no AutoLossScale state"):
         StatsSampler(1, policy).load_state_dict({"iteration": 3})
+
+
+# ----------------------------------------------------------------------------- LossScaleOptimizer(stats_every=N)
+
+import lossscale.torch as lst  # noqa: E402
+from tests.torch.sync_counter import count_syncs  # noqa: E402
+
+
+def _model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.GELU(), torch.nn.Linear(8, 4))
+
+
+def _backward(opt, model, scale_of_loss=1e-6):
+    opt.zero_grad()
+    with torch.autocast("cpu", dtype=torch.float16):
+        out = model(torch.randn(32, 16, generator=torch.Generator().manual_seed(opt_calls(opt))))
+    opt.get_scaled_loss((out.float() ** 2).mean() * scale_of_loss).backward()
+
+
+def opt_calls(opt, _count={}):  # noqa: B006 - a per-optimizer batch counter
+    _count[id(opt)] = _count.get(id(opt), 0) + 1
+    return _count[id(opt)]
+
+
+def test_optimizer_samples_every_n_steps_on_the_scaled_gradients():
+    model = _model()
+    opt = lst.LossScaleOptimizer(torch.optim.SGD(model.parameters(), lr=0.01), stats_every=2)
+    assert opt.gradient_stats is None
+    for step in range(3):
+        _backward(opt, model)
+        scaled = [p.grad.clone() for p in model.parameters()]
+        opt.step()
+        if step % 2 == 0:
+            ref = numpy_stats([g.numpy() for g in scaled], np, step)
+            got = opt.gradient_stats
+            assert int(got["step"]) == step
+            np.testing.assert_allclose(float(got["amax"]), float(ref.amax), rtol=1e-6)
+            np.testing.assert_allclose(np.asarray(got["per_tensor"]["rms"]), ref.tensor_rms, rtol=1e-5)
+    assert int(opt.gradient_stats["step"]) == 2
+    assert opt.gradient_stats["per_tensor"]["names"][0] == "param_groups[0]['params'][0]"
+
+
+def test_unscale_before_step_still_measures_scaled_values():
+    model = _model()
+    opt = lst.LossScaleOptimizer(torch.optim.SGD(model.parameters(), lr=0.01), stats_every=1)
+    _backward(opt, model)
+    scaled = [p.grad.clone() for p in model.parameters()]
+    opt.unscale_()
+    opt.step()
+    ref = numpy_stats([g.numpy() for g in scaled], np)
+    np.testing.assert_allclose(float(opt.gradient_stats["amax"]), float(ref.amax), rtol=1e-6)
+
+
+def test_no_host_sync_added_on_unsampled_or_sampled_steps():
+    def run(**kwargs):
+        model = _model()
+        opt = lst.LossScaleOptimizer(torch.optim.SGD(model.parameters(), lr=0.01), **kwargs)
+        _backward(opt, model)
+        opt.step()  # the first step creates state
+        _backward(opt, model)
+        return count_syncs(opt.step)
+
+    plain = run()
+    assert run(stats_every=1000) == plain  # unsampled step
+    assert run(stats_every=1) == plain  # sampled step: the statistics stay tensors
+    assert run(loss_scale="auto") == plain  # and the auto rule too
+
+
+def test_auto_in_the_optimizer_follows_the_core_rule():
+    model = _model()
+    policy = lossscale.AutoLossScale(1.0)
+    opt = lst.LossScaleOptimizer(torch.optim.SGD(model.parameters(), lr=0.0), policy)
+    ref, ref_auto = lossscale.initial_state(policy, np), initial_auto_state(policy, np)
+    for step in range(4):
+        _backward(opt, model)
+        scaled = [p.grad.clone() for p in model.parameters()]
+        if step == 2:
+            next(iter(model.parameters())).grad[0, 0] = float("nan")
+            scaled[0][0, 0] = float("nan")
+        opt.step()
+        finite = np.bool_(all(torch.isfinite(g).all() for g in scaled))
+        with np.errstate(all="ignore"):
+            ref, ref_auto = next_auto_state(
+                policy, ref, ref_auto, finite, numpy_stats([g.numpy() for g in scaled], np, step), True, np
+            )
+        assert float(opt.loss_scale) == float(ref.loss_scale), step
+    assert int(opt.skipped_steps) == 1 and float(opt.loss_scale) > 1.0
+
+
+def test_auto_checkpoint_resumes_exactly():
+    def make():
+        model = _model()
+        return model, lst.LossScaleOptimizer(torch.optim.Adam(model.parameters(), lr=1e-3), "auto")
+
+    model_a, a = make()
+    for _ in range(3):
+        _backward(a, model_a)
+        a.step()
+    saved = a.state_dict()
+    model_b, b = make()
+    model_b.load_state_dict(model_a.state_dict())
+    b.load_state_dict(saved)
+    assert b._sampler.iteration == 3
+    assert all(torch.equal(x, y) for x, y in zip(a._sampler.auto, b._sampler.auto))
+    for _ in range(3):
+        batch = opt_calls(a)
+        for model, opt in ((model_a, a), (model_b, b)):
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=torch.float16):
+                out = model(torch.randn(32, 16, generator=torch.Generator().manual_seed(batch)))
+            opt.get_scaled_loss((out.float() ** 2).mean() * 1e-6).backward()
+            opt.step()
+        assert float(a.loss_scale) == float(b.loss_scale)
+
+
+def test_auto_refuses_a_shared_scale():
+    shared = lst.SharedLossScale("auto")
+    with pytest.raises(ValueError, match="SharedLossScale"):
+        lst.LossScaleOptimizer(torch.optim.SGD(_model().parameters(), lr=0.1), shared)

@@ -87,6 +87,7 @@ from ._compat import init_step_hooks
 from ._diagnostics import Diagnostics, OverflowReport
 from ._distributed import FlagAgreement, agreement_groups, validate_process_group
 from ._distributed import check_replicas_agree as _check_replicas_agree
+from ._sampler import measure_scaled, restored_sampler, sampler_for
 from ._scale import ScaleOwner, scale_owner_for
 from ._step import OptimizerStep
 from ._tf_methods import TFv1Methods
@@ -178,6 +179,14 @@ class LossScaleOptimizer(TFv1Methods, torch.optim.Optimizer):
             Read it with :attr:`history`.
         check: ``"step"``, the only mode (gradients are checked in
             ``step()``); any other value raises ``ValueError``.
+        stats_every: measure the *scaled* gradients every ``N``-th step
+            (default None: never; 1 with ``loss_scale="auto"``), before
+            ``step()``, ``unscale_()`` or ``clip_grad_norm_()`` unscales
+            them; the latest sample is :attr:`gradient_stats`
+            (``docs/gradient_stats.md``). ``lossscale.AutoLossScale`` sets
+            the scale from it. Cost: nothing on an unsampled step (a
+            Python counter); on a sampled one about 8 arithmetic kernels
+            per gradient, no host sync (``benchmarks/bench_stats.py``).
 
     See the module docstring for the torch idiom and closures (LBFGS).
 
@@ -207,6 +216,7 @@ class LossScaleOptimizer(TFv1Methods, torch.optim.Optimizer):
         overflow_report: bool = False,
         named_parameters: Iterable[tuple[str, torch.Tensor]] | None = None,
         check: str = "step",
+        stats_every: int | None = None,
     ) -> None:
         _check_wrappable(optimizer)
         _check_mode(check)
@@ -218,6 +228,7 @@ class LossScaleOptimizer(TFv1Methods, torch.optim.Optimizer):
         diagnostics = Diagnostics(max_consecutive_skips, overflow_report, named_parameters, history)
         self._inner = optimizer
         self._steps = OptimizerStep(owner, FlagAgreement(process_group, self._params), diagnostics)
+        self._sampler = sampler_for(stats_every, owner)
         init_step_hooks(self)
         _WRAPPED[optimizer] = weakref.ref(self)
 
@@ -240,6 +251,8 @@ class LossScaleOptimizer(TFv1Methods, torch.optim.Optimizer):
         """The inner optimizer's ``zero_grad``; also forgets an ``unscale_()`` or clip not yet stepped."""
         self._inner.zero_grad(set_to_none=set_to_none)
         self._steps.forget()
+        if self._sampler is not None:
+            self._sampler.forget()
 
     # ------------------------------------------------------------ scaling and stepping
 
@@ -251,6 +264,7 @@ class LossScaleOptimizer(TFv1Methods, torch.optim.Optimizer):
         optimizer (which leaves them scaled for its kernel) it applies that
         clip's ``coef / S``. Cost: one R+W pass; no sync.
         """
+        measure_scaled(self._sampler, self._steps, self._inner)
         self._steps.unscale_(self._inner)
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
@@ -263,6 +277,7 @@ class LossScaleOptimizer(TFv1Methods, torch.optim.Optimizer):
         more R+W pass applies ``coef/S``. ``norm_type``: any p > 0 or
         ``inf``. A second call before ``step()`` raises, fused or not.
         """
+        measure_scaled(self._sampler, self._steps, self._inner)
         return self._steps.clip_grad_norm_(self._inner, max_norm, norm_type)
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
@@ -276,7 +291,10 @@ class LossScaleOptimizer(TFv1Methods, torch.optim.Optimizer):
         """
         if closure is not None:
             return self._steps.step_with_closure(self._inner, closure, self._named_grads)
-        self._steps.step(self._inner, named_grads=self._named_grads)
+        measure_scaled(self._sampler, self._steps, self._inner)
+        stepped = self._steps.step(self._inner, named_grads=self._named_grads)
+        if self._sampler is not None:  # AutoLossScale: the scale from the statistics (no sync)
+            self._sampler.advance(self._steps.owner.state, None if stepped is None else stepped[0])
         return None
 
     def _params(self) -> list[torch.Tensor]:
@@ -380,6 +398,11 @@ class LossScaleOptimizer(TFv1Methods, torch.optim.Optimizer):
         return recorder.history
 
     @property
+    def gradient_stats(self) -> dict[str, Any] | None:
+        """The latest ``stats_every`` sample (tensors; see ``docs/gradient_stats.md``), None when off or before one."""
+        return None if self._sampler is None else self._sampler.gradient_stats
+
+    @property
     def last_overflow_report(self) -> OverflowReport | None:
         """The report of the last skipped step (needs ``overflow_report=True``), or None."""
         reporter = self._steps.diagnostics.reporter
@@ -396,7 +419,10 @@ class LossScaleOptimizer(TFv1Methods, torch.optim.Optimizer):
         """
         inner = dict(self._inner.state_dict())
         steps = self._steps
-        return Checkpoint(inner, steps.owner.record(), steps.counters.record()).to_state_dict()
+        state = Checkpoint(inner, steps.owner.record(), steps.counters.record()).to_state_dict()
+        if self._sampler is not None:  # stats_every's step count and AutoLossScale's state
+            state["lossscale_stats"] = self._sampler.state_dict()
+        return state
 
     def load_state_dict(self, state_dict: Any, custom_objects: Mapping[str, type] | None = None) -> None:
         """Restores :meth:`state_dict`'s output; the saved policy replaces the current one.
@@ -411,20 +437,27 @@ class LossScaleOptimizer(TFv1Methods, torch.optim.Optimizer):
         saved class name is the current policy's, from that class; nothing is
         imported by a name read from the checkpoint.
         """
+        sampler = self._sampler
+        if isinstance(state_dict, Mapping) and "lossscale_stats" in state_dict:
+            record = state_dict["lossscale_stats"]
+            state_dict = {k: v for k, v in state_dict.items() if k != "lossscale_stats"}
+            sampler = restored_sampler(self._sampler, state_dict, record, custom_objects)
         checkpoint = Checkpoint.from_state_dict(state_dict, custom_objects, current=self._steps.owner.policy)
         self._inner.load_state_dict(checkpoint.inner)
         self._steps.load(checkpoint)
+        self._sampler = sampler
 
     def __getstate__(self) -> dict[str, Any]:
         """The inner optimizer and the step object's record (see ``OptimizerStep.pickled``); nothing else.
 
         Parameter names and process groups do not survive pickling: pass them again.
         """
-        return {"inner": self._inner, **self._steps.pickled()}
+        return {"inner": self._inner, **self._steps.pickled(), "sampler": self._sampler}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self._inner = state["inner"]
         self._steps = OptimizerStep.unpickled(state, FlagAgreement(None, self._params))
+        self._sampler = state.get("sampler")
         init_step_hooks(self)
         _WRAPPED[self._inner] = weakref.ref(self)
 

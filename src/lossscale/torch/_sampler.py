@@ -29,7 +29,7 @@ from .._rule import LossScaleState
 from .._stats import GradientStats, as_mapping
 from ._stats import gradient_stats
 
-__all__ = ["StatsSampler", "check_stats_every"]
+__all__ = ["StatsSampler", "check_stats_every", "measure_scaled", "restored_sampler", "sampler_for"]
 
 
 def check_stats_every(stats_every: Any, policy: LossScale) -> int | None:
@@ -91,6 +91,7 @@ class StatsSampler:
         if self.auto is None or before is None:
             return
         device = state.loss_scale.device
+        before = LossScaleState(*(t.to(device) for t in before))
         finite = found_inf.to(device) == 0
         auto = AutoState(*(t.to(device) for t in self.auto))
         sample = None if self.sample is None else GradientStats(*(t.to(device) for t in self.sample))
@@ -99,6 +100,10 @@ class StatsSampler:
         with torch.no_grad():
             for live, value in zip(state, new):
                 live.copy_(value)
+
+    def forget(self) -> None:
+        """``zero_grad()`` before a step: the iteration's measurement is dropped (the sample stays)."""
+        self._measured, self._before = False, None
 
     @property
     def gradient_stats(self) -> dict[str, Any] | None:
@@ -137,3 +142,61 @@ class StatsSampler:
         self.iteration = record["iteration"]
         if auto is not None:
             self.auto = auto
+
+
+def sampler_for(stats_every: Any, owner: Any) -> StatsSampler | None:
+    """The :class:`StatsSampler` of an optimizer over the scale ``owner`` (None when ``stats_every`` is off).
+
+    ``AutoLossScale`` sets one optimizer's own scale; a scale shared by several optimizers is refused.
+    """
+    every = check_stats_every(stats_every, owner.policy)
+    if every is None:
+        return None
+    if isinstance(owner.policy, AutoLossScale) and not getattr(owner, "advances_each_step", False):
+        raise ValueError(
+            "AutoLossScale sets the scale of one optimizer from its own gradients; a scale shared by several "
+            "optimizers (SharedLossScale) is not supported yet. Use one LossScaleOptimizer per scale, or "
+            "loss_scale='dynamic' with stats_every=N for the statistics alone."
+        )
+    return StatsSampler(every, owner.policy)
+
+
+def measure_scaled(sampler: StatsSampler | None, steps: Any, inner: torch.optim.Optimizer) -> None:
+    """``sampler.measure`` of ``inner``'s gradients while they are still scaled (the step record is ``READY``).
+
+    Called by ``step()``, ``unscale_()`` and ``clip_grad_norm_()`` before they unscale; the first call of
+    an iteration measures, the others do nothing. No sync.
+    """
+    from ._step import Stage
+
+    if sampler is None or steps.record.stage is not Stage.READY:
+        return
+    reporter = steps.diagnostics.reporter
+    grads, names = [], []
+    for g, group in enumerate(inner.param_groups):
+        for i, p in enumerate(group["params"]):
+            if p.grad is not None:
+                grads.append(p.grad)
+                names.append(reporter.name_of(p, g, i) if reporter is not None else f"param_groups[{g}]['params'][{i}]")
+    sampler.measure(grads, names, steps.owner.state)
+
+
+def restored_sampler(
+    current: StatsSampler | None, state_dict: Mapping[str, Any], record: Any, custom_objects: Any
+) -> StatsSampler | None:
+    """A new sampler holding a checkpoint's ``"lossscale_stats"`` ``record`` (validated; ``current`` unchanged).
+
+    The policy is the checkpoint's (``state_dict["lossscale"]``), as the scale's is. None when statistics are off.
+    """
+    if current is None:
+        return None
+    from ._checkpoint import ScaleRecord
+
+    saved = state_dict.get("lossscale")
+    policy = current.policy
+    if isinstance(saved, Mapping):
+        policy = ScaleRecord.from_dict(saved, custom_objects, current=current.policy).policy
+    fresh = StatsSampler(current.every, policy)
+    fresh.load_state_dict(record)
+    fresh.sample, fresh.names = current.sample, current.names
+    return fresh
