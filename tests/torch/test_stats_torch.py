@@ -101,8 +101,8 @@ def test_sampler_checkpoint_round_trip():
 
 # ----------------------------------------------------------------------------- LossScaleOptimizer(stats_every=N)
 
-import lossscale.torch as lst  # noqa: E402
-from tests.torch.sync_counter import count_syncs  # noqa: E402
+import lossscale.torch as lst
+from tests.torch.sync_counter import count_syncs
 
 
 def _model():
