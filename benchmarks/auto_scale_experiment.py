@@ -441,7 +441,7 @@ def main() -> None:
     else:
         args.steps = args.steps or 200
         args.k = args.k or [12]
-        args.policies = args.policies or ["fp32", "fp16", "tf", "auto"]
+        args.policies = args.policies or ["fp32", "fp16", "tf", "auto", "auto_b2"]
         rows = run_lm(args)
     out = args.out or f"/tmp/auto_scale_{args.workload}{'_' + args.framework if args.workload == 'ae' else ''}.json"
     with open(out, "w") as f:

@@ -426,7 +426,10 @@ def get(identifier: Any, custom_objects: Mapping[str, Any] | None = None) -> Los
             return DynamicLossScale()
         if identifier == "auto":
             return _BUILTINS["AutoLossScale"]()
-        raise ValueError(f'Invalid loss scale string {identifier!r}: the strings accepted are "dynamic" and "auto".')
+        raise ValueError(
+            f'Invalid loss scale string {identifier!r}: the only string accepted is "dynamic" '
+            '(and "auto", the experimental AutoLossScale).'
+        )
     if isinstance(identifier, Mapping):
         cls = _class_for(identifier, custom_objects)
         class_name = identifier["class_name"]

@@ -211,7 +211,7 @@ class TestGet:
 
     @pytest.mark.parametrize("value", ["Dynamic", "fixed", "", "dynamic "])
     def test_bad_string(self, value):
-        with pytest.raises(ValueError, match=r'strings accepted are "dynamic" and "auto"'):
+        with pytest.raises(ValueError, match=r'only string accepted is "dynamic"'):
             get(value)
 
     @pytest.mark.parametrize("value", [object(), [128], (1,), True, False, b"dynamic", 1j], ids=repr)

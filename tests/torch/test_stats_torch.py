@@ -217,3 +217,29 @@ def test_auto_refuses_a_shared_scale():
     shared = lst.SharedLossScale("auto")
     with pytest.raises(ValueError, match="SharedLossScale"):
         lst.LossScaleOptimizer(torch.optim.SGD(_model().parameters(), lr=0.1), shared)
+
+
+def test_gradscaler_samples_the_scaled_gradients_without_syncs():
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    scaler = lst.GradScaler("cpu", stats_every=2)
+    plain = lst.GradScaler("cpu")
+
+    def iteration(s):
+        opt.zero_grad()
+        with torch.autocast("cpu", dtype=torch.float16):
+            out = model(torch.randn(8, 16, generator=torch.Generator().manual_seed(0)))
+        s.scale((out.float() ** 2).mean()).backward()
+        scaled = [p.grad.clone() for p in model.parameters()]
+        syncs = count_syncs(lambda: (s.step(opt), s.update()))
+        return scaled, syncs
+
+    _, base = iteration(plain)
+    _, base = iteration(plain)
+    for i in range(3):
+        scaled, syncs = iteration(scaler)
+        assert syncs == base
+        if i % 2 == 0:
+            ref = numpy_stats([g.numpy() for g in scaled], np)
+            np.testing.assert_allclose(float(scaler.gradient_stats["amax"]), float(ref.amax), rtol=1e-6)
+            assert int(scaler.gradient_stats["step"]) == i

@@ -49,6 +49,7 @@ from .._policy import DynamicLossScale
 from ._checkpoint import gradscaler_record, gradscaler_state_dict, growth_interval, replace_policy, with_torch_names
 from ._diagnostics import Diagnostics, OverflowReport, StepRecorder
 from ._distributed import FlagAgreement
+from ._sampler import measure_scaled, sampler_for
 from ._scale import IterationScale
 from ._step import OptimizerStep, Stage
 
@@ -108,6 +109,10 @@ class GradScaler:
             their LR scheduler holds only then) need it;
             ``integrations.accelerate.attach`` sets it. Default False: the
             fused kernel skips on the device, 0 syncs, as torch's.
+        stats_every: measure the scaled gradients every ``N``-th iteration
+            (default None: never); the latest sample is
+            :attr:`gradient_stats`. Cost as in :class:`LossScaleOptimizer`;
+            no host sync. (``AutoLossScale`` needs ``LossScaleOptimizer``.)
 
     >>> import torch
     >>> w = torch.nn.Parameter(torch.tensor([1.0]))
@@ -135,6 +140,7 @@ class GradScaler:
         named_parameters: Iterable[tuple[str, torch.Tensor]] | None = None,
         history: Any = None,
         sync_skips: bool = False,
+        stats_every: int | None = None,
     ) -> None:
         self._device = str(device)
         self._enabled = bool(enabled)
@@ -152,6 +158,7 @@ class GradScaler:
             weakref.WeakKeyDictionary()
         )
         self._updates = 0
+        self._sampler = sampler_for(stats_every, self._owner)
 
     # ------------------------------------------------------------ scaling
 
@@ -214,6 +221,7 @@ class GradScaler:
             )
         if record.stage is Stage.STEPPED:
             raise RuntimeError("unscale_() is being called after step(). Call it before step(), or after update().")
+        measure_scaled(self._sampler, self._of(optimizer), optimizer)
         self._of(optimizer).unscale_(optimizer)
 
     def step(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
@@ -243,6 +251,7 @@ class GradScaler:
             result[0] = optimizer.step(*args, **kwargs)
 
         named = lambda: self._diagnostics.named_grads(optimizer.param_groups)
+        measure_scaled(self._sampler, slot, optimizer)
         slot.step(optimizer, on_host=self.sync_skips, call=call, named_grads=named)
         return result[0]
 
@@ -261,11 +270,21 @@ class GradScaler:
         recorder, pending = self._recorder, self._owner.pending
         scale_used = self._owner.loss_scale if recorder is not None else None
         self._owner.update(new_scale)
+        if self._sampler is not None:
+            self._sampler.advance(self._owner.state, torch.zeros(()))  # counts the iteration
         for slot in self._per_optimizer.values():
             slot.record.reset()
         if recorder is not None and pending is not None:
             recorder.record(self._updates, scale_used, pending > 0)  # type: ignore[arg-type]
         self._updates += 1
+
+    @property
+    def gradient_stats(self) -> dict[str, Any] | None:
+        """The latest ``stats_every`` sample (tensors; ``docs/gradient_stats.md``), None when off or before one.
+
+        A sample measures the first optimizer stepped (or unscaled) in its iteration, on its scaled gradients.
+        """
+        return None if self._sampler is None else self._sampler.gradient_stats
 
     # ------------------------------------------------------------ torch's accessors
 
