@@ -330,7 +330,8 @@ def run_grid(label: str, train: Any, args: argparse.Namespace) -> list[dict[str,
                     run["underflow_steps"] = int((zeros > baseline[seed] + 0.01).sum())
                     run["zero_share_final"] = float(zeros[-100:].mean() - baseline[seed][-100:].mean())
                 runs.append(run)
-            row = {"case": f"{label} K=2^{exp}", "policy": name, **summary(runs, COLUMNS)}
+            row = {"case": f"{label} K=2^{exp}", "policy": name, **summary(runs, COLUMNS),
+                   "metric_per_seed": [round(r["metric"], 3) for r in runs]}
             rows.append(row)
             print(row, flush=True)
     print(table(rows, ["case", "policy", *COLUMNS]))
