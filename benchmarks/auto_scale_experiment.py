@@ -39,7 +39,7 @@ Usage::
     python benchmarks/auto_scale_experiment.py sim [--steps 100000] [--seeds 0 1 2]
     python benchmarks/auto_scale_experiment.py ae --framework torch --k 10 16 20 24 [--seeds 0 1 2]
     python benchmarks/auto_scale_experiment.py ae --framework jax --k 10 16 20 24
-    python benchmarks/auto_scale_experiment.py lm [--k 12] [--steps 200]
+    python benchmarks/auto_scale_experiment.py lm [--k 12] [--steps 150]
 
 Each prints a markdown table and writes ``--out`` (JSON, default under /tmp).
 """
@@ -440,7 +440,7 @@ def main() -> None:
         args.policies = args.policies or ["fp32", "fp16", "tf", "torch", "auto"]
         rows = run_ae(args)
     else:
-        args.steps = args.steps or 200
+        args.steps = args.steps or 150
         args.k = args.k or [12]
         args.policies = args.policies or ["fp32", "fp16", "tf", "auto", "auto_b2"]
         rows = run_lm(args)
