@@ -74,8 +74,8 @@ def underflow_report(stats: Mapping[str, Any], top: int = 10, names: Sequence[st
     >>> from lossscale._stats import as_mapping, gradient_stats
     >>> g = [np.array([0.0, 0.0, 1.0], np.float16), np.array([1.0, 2.0**-20], np.float16)]
     >>> report = underflow_report(as_mapping(gradient_stats(g, np), ["w", "b"]))
-    >>> [row[0] for row in report.rows]
-    ['w', 'b']
+    >>> ", ".join(row[0] for row in report.rows)
+    'w, b'
     """
     if not isinstance(stats, Mapping) or "per_tensor" not in stats:
         raise TypeError(
