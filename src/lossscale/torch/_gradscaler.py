@@ -278,7 +278,9 @@ class GradScaler:
         self._owner.set_policy(replace_policy(self._owner.policy, growth_factor=new_factor))
 
     def get_backoff_factor(self) -> float:
-        return self._owner.policy.backoff_factor
+        """The factor a skip multiplies the scale by (``1 / growth_factor`` where the policy leaves it unset)."""
+        policy = self._owner.policy
+        return 1.0 / policy.multiplier if policy.backoff_factor is None else policy.backoff_factor
 
     def set_backoff_factor(self, new_factor: float) -> None:
         self._owner.set_policy(replace_policy(self._owner.policy, backoff_factor=new_factor))
