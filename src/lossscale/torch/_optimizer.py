@@ -280,9 +280,6 @@ class LossScaleOptimizer(TFv1Methods, PolicyAttributes, torch.optim.Optimizer):
         self._steps.step(self._inner, named_grads=self._named_grads)
         return None
 
-    def _params(self) -> list[torch.Tensor]:
-        return [p for g in self._inner.param_groups for p in g["params"]]
-
     def _named_grads(self) -> list[tuple[str, torch.Tensor]]:
         return self._steps.diagnostics.named_grads(self._inner.param_groups)
 
