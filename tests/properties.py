@@ -1,0 +1,118 @@
+"""Shared pieces of the property-based tests (hypothesis): profiles, example counts and drawn bad values.
+
+Profiles (registered in ``tests/conftest.py``; choose one with pytest's
+``--hypothesis-profile NAME`` or ``HYPOTHESIS_PROFILE=NAME``):
+
+* ``lossscale`` (the default): derandomized (the same examples on every run,
+  so CI cannot flake), no deadline (the machine is shared), no example
+  database. Each test states its own small example count; the whole set adds
+  about a minute to ``make test``.
+* ``lossscale-slow``: the tests marked ``slow`` (the same properties with ten
+  times the examples) run under it: random examples on every run; a failure
+  prints the seed and ``@reproduce_failure`` blob.
+* ``lossscale-deep``: for fuzzing locally: random, and every example count
+  multiplied by ``LOSSSCALE_FUZZ`` (default 20), e.g.
+  ``HYPOTHESIS_PROFILE=lossscale-deep LOSSSCALE_FUZZ=50 pytest -k property``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+hypothesis = pytest.importorskip("hypothesis")
+from hypothesis import HealthCheck, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_COMMON = dict(
+    deadline=None,
+    database=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
+)
+
+
+def register_profiles() -> None:
+    settings.register_profile("lossscale", derandomize=True, **_COMMON)
+    settings.register_profile("lossscale-slow", derandomize=False, **_COMMON)
+    settings.register_profile("lossscale-deep", derandomize=False, **_COMMON)
+    settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "lossscale"))
+
+
+def fast(examples: int) -> Callable[[Any], Any]:
+    """The default profile with ``examples`` examples (times LOSSSCALE_FUZZ under ``lossscale-deep``)."""
+    deep = os.environ.get("HYPOTHESIS_PROFILE") == "lossscale-deep"
+    factor = int(os.environ.get("LOSSSCALE_FUZZ", "20")) if deep else 1
+    return settings(max_examples=examples * factor)
+
+
+def slow(examples: int) -> Callable[[Any], Any]:
+    """``lossscale-slow`` with ten times ``examples``, and the ``slow`` mark."""
+
+    def wrap(test: Any) -> Any:
+        return pytest.mark.slow(settings(settings.get_profile("lossscale-slow"), max_examples=10 * examples)(test))
+
+    return wrap
+
+
+# ------------------------------------------------------------------ drawn values
+
+#: What a hand-edited or damaged checkpoint may hold in place of one number (the issue's list).
+BAD_SCALARS = [math.nan, math.inf, -math.inf, -1, -1.0, 0, 0.0, 1e-45, "2", None, True, [1.0], 2**40, 1e39]
+
+
+def bad_values(two_element: Callable[[], Any] | None = None) -> st.SearchStrategy:
+    """One bad value for a field; ``two_element`` builds the binding's 2-element tensor."""
+    values = st.sampled_from(BAD_SCALARS)
+    if two_element is not None:
+        values = values | st.just("two-element").map(lambda _: two_element())
+    return values
+
+
+def policies() -> st.SearchStrategy:
+    """A drawn dynamic or fixed policy, small growth interval so that growth happens in a short run."""
+    import lossscale as ls
+
+    dynamic = st.builds(
+        lambda initial, period, multiplier, hysteresis, bounded, backoff: ls.DynamicLossScale(
+            initial_loss_scale=2.0**initial,
+            increment_period=period,
+            multiplier=multiplier,
+            hysteresis=hysteresis,
+            min_loss_scale=1.0,
+            max_loss_scale=2.0 ** (initial + 3) if bounded else None,
+            backoff_factor=backoff,
+        ),
+        st.integers(0, 24),
+        st.integers(1, 4),
+        st.sampled_from([2.0, 4.0, 1.5]),
+        st.integers(1, 3),
+        st.booleans(),
+        st.none() | st.sampled_from([0.5, 0.25]),
+    )
+    fixed = st.sampled_from([1.0, 128.0, 2.0**15]).map(ls.FixedLossScale)
+    manager = st.builds(
+        lambda n, k: ls.ExponentialUpdateLossScaleManager(2.0**10, n, decr_every_n_nan_or_inf=k),
+        st.integers(1, 4),
+        st.integers(1, 3),
+    )
+    return st.one_of(dynamic, dynamic, fixed, manager)
+
+
+def step_plans(max_steps: int = 8) -> st.SearchStrategy:
+    """A list of steps; each is None (finite) or ``(kind, which)``: inject NaN/+inf/-inf into gradient ``which``."""
+    bad = st.tuples(st.sampled_from(["nan", "inf", "-inf"]), st.integers(0, 7))
+    return st.lists(st.none() | bad, min_size=1, max_size=max_steps)
+
+
+def in_bounds(scale: float, policy: Any) -> bool:
+    """Finite, positive, and within ``policy``'s bounds (compared in float32)."""
+    import numpy as np
+
+    params = policy.rule_params()
+    high = np.float32(params.max_scale) if params.max_scale is not None else np.float32(3.4028234663852886e38)
+    return math.isfinite(scale) and scale > 0 and np.float32(params.min_scale) <= np.float32(scale) <= high
