@@ -7,7 +7,7 @@ Profiles (registered in ``tests/conftest.py``; choose one with pytest's
   so CI cannot flake), no deadline (the machine is shared), no example
   database. Each test states its own small example count; the whole set adds
   about a minute to ``make test``.
-* ``lossscale-slow``: the tests marked ``slow`` (the same properties with ten
+* ``lossscale-slow``: the tests marked ``slow`` (the same properties with five
   times the examples) run under it: random examples on every run; a failure
   prints the seed and ``@reproduce_failure`` blob.
 * ``lossscale-deep``: for fuzzing locally: random, and every example count
@@ -51,10 +51,10 @@ def fast(examples: int) -> Callable[[Any], Any]:
 
 
 def slow(examples: int) -> Callable[[Any], Any]:
-    """``lossscale-slow`` with ten times ``examples``, and the ``slow`` mark."""
+    """``lossscale-slow`` with five times ``examples``, and the ``slow`` mark."""
 
     def wrap(test: Any) -> Any:
-        return pytest.mark.slow(settings(settings.get_profile("lossscale-slow"), max_examples=10 * examples)(test))
+        return pytest.mark.slow(settings(settings.get_profile("lossscale-slow"), max_examples=5 * examples)(test))
 
     return wrap
 
