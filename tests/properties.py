@@ -116,3 +116,93 @@ def in_bounds(scale: float, policy: Any) -> bool:
     params = policy.rule_params()
     high = np.float32(params.max_scale) if params.max_scale is not None else np.float32(3.4028234663852886e38)
     return math.isfinite(scale) and scale > 0 and np.float32(params.min_scale) <= np.float32(scale) <= high
+
+
+# ------------------------------------------------------------------ untrusted names (issue 22, B7's rule)
+
+#: Callables a hostile config might name. The process-spawning ones are replaced by recorders that run nothing;
+#: eval/exec (which dataclasses and namedtuple use legitimately) still run, and are recorded when their source
+#: names a drawn module or class.
+DANGEROUS = {"os": ["system", "popen", "execv", "execvp"], "subprocess": ["Popen", "run", "call", "check_output"]}
+EVALUATORS = ["eval", "exec"]
+
+
+def hostile_names() -> st.SearchStrategy:
+    """``(module, class_name)``: a module that does not exist (or a dangerous real one) and a class name."""
+    fresh = st.from_regex(r"lossscale_probe_[a-z]{1,6}(\.[a-z]{1,6})?", fullmatch=True)
+    keras_fresh = fresh.map(lambda m: "keras." + m)
+    dangerous = st.sampled_from([*sorted(DANGEROUS), "builtins"])
+    module = st.one_of(fresh, keras_fresh, dangerous)
+    names = [n for ns in DANGEROUS.values() for n in ns] + EVALUATORS
+    class_name = st.one_of(
+        st.sampled_from(names + ["DynamicLossScale", "SGD", "Adam", "LossScaleOptimizer"]),
+        fresh,
+        st.builds(lambda m, n: f"{m}.{n}", dangerous, st.sampled_from(names)),
+        st.builds(lambda n: f"pkg>{n}", st.sampled_from(names)),
+    )
+    return st.tuples(module, class_name)
+
+
+class Inert:
+    """Fails the test if, inside the block, a drawn module is imported or a dangerous callable is called.
+
+    ``importlib.import_module`` and ``builtins.__import__`` are wrapped: an import of a name in ``modules``
+    (or below it) is recorded. ``os.system``, ``subprocess.Popen``, ``builtins.eval``, ... are replaced by
+    functions that record the call. Probe modules (``lossscale_probe_*``) don't exist, so importing one would
+    fail anyway; the record catches it even when the code under test swallows the error.
+    """
+
+    def __init__(self, modules: list[str], names: list[str] = ()):
+        self.modules = [m for m in modules if "lossscale_probe_" in m]
+        self.names = [n for n in [*modules, *names] if n not in ("os", "subprocess", "builtins")]
+        self.calls: list[str] = []
+
+    def _watched(self, name: Any) -> bool:
+        name = str(name)
+        return any(name == m or name.startswith(m + ".") or m.startswith(name + ".lossscale_probe_")
+                   for m in self.modules)
+
+    def __enter__(self) -> Inert:
+        import builtins
+        import importlib
+        import sys
+
+        self._saved: list[tuple[Any, str, Any]] = []
+
+        def patch(owner: Any, attr: str, new: Any) -> None:
+            self._saved.append((owner, attr, getattr(owner, attr)))
+            setattr(owner, attr, new)
+
+        real_import_module, real_import = importlib.import_module, builtins.__import__
+
+        def import_module(name: str, package: Any = None) -> Any:
+            if self._watched(name):
+                self.calls.append(f"importlib.import_module({name!r})")
+            return real_import_module(name, package)
+
+        def dunder_import(name: str, *args: Any, **kwargs: Any) -> Any:
+            if self._watched(name):
+                self.calls.append(f"__import__({name!r})")
+            return real_import(name, *args, **kwargs)
+
+        patch(importlib, "import_module", import_module)
+        for module_name, attrs in DANGEROUS.items():
+            module = sys.modules.get(module_name) or real_import_module(module_name)
+            for attr in attrs:
+                patch(module, attr, lambda *a, _n=f"{module_name}.{attr}", **k: self.calls.append(_n))
+        for attr in EVALUATORS:
+            real = getattr(builtins, attr)
+
+            def evaluator(source: Any, *args: Any, _real: Any = real, _n: str = attr, **kwargs: Any) -> Any:
+                if isinstance(source, str) and any(name in source for name in self.names):
+                    self.calls.append(f"{_n}({source[:60]!r})")
+                return _real(source, *args, **kwargs)
+
+            patch(builtins, attr, evaluator)
+        patch(builtins, "__import__", dunder_import)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for owner, attr, value in reversed(self._saved):
+            setattr(owner, attr, value)
+        assert not self.calls, f"untrusted names were imported or called: {self.calls}"
