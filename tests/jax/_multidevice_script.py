@@ -10,6 +10,7 @@ import optax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+import lossscale
 import lossscale.jax as lsj
 
 
@@ -30,14 +31,19 @@ def main():
 
     # pmap: each device holds different gradients.
     for name, axis in (("pmap_local", None), ("pmap_global", "d")):
-        opt = lsj.loss_scale_optimizer(optax.adam(0.1), 1024.0, axis_name=axis)
+        history = lossscale.History() if axis else None
+        opt = lsj.loss_scale_optimizer(optax.adam(0.1), 1024.0, axis_name=axis, history=history)
         state = jax.pmap(opt.init)(jnp.zeros((2, 4)))
         updates, state = jax.pmap(opt.update, axis_name="d")(bad * 1024, state)
         out[name] = summary(updates, state)
+        if history is not None:  # one row per step, not one per device
+            jax.effects_barrier()
+            out[name]["history"] = [history.steps.tolist(), history.skipped.tolist()]
 
     # shard_map: the parameters are sharded over the mesh axis.
     mesh = jax.make_mesh((2,), ("d",))
-    opt = lsj.loss_scale_optimizer(optax.adam(0.1), 1024.0, axis_name="d")
+    history = lossscale.History()
+    opt = lsj.loss_scale_optimizer(optax.adam(0.1), 1024.0, axis_name="d", history=history)
     params = jnp.zeros(8)
     state = opt.init(params)
     state_spec = jax.tree.map(lambda x: P("d") if x.ndim else P(), state)
@@ -46,6 +52,8 @@ def main():
     grads = jax.device_put(bad.reshape(8) * 1024, NamedSharding(mesh, P("d")))
     updates, state = jax.jit(f)(grads, state)
     out["shard_map"] = summary(updates, state)
+    jax.effects_barrier()
+    out["shard_map"]["history"] = [history.steps.tolist(), history.skipped.tolist()]
 
     # jit over sharded arrays: no axis_name; the check is global by construction.
     opt = lsj.loss_scale_optimizer(optax.adam(0.1), 1024.0)

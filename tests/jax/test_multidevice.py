@@ -37,11 +37,13 @@ def test_pmap_with_axis_name_skips_everywhere(results):
     glob = results["pmap_global"]
     assert glob["skipped"] == [1, 1] and glob["count"] == [0, 0]
     assert glob["updates"] == [[0, 0, 0, 0], [0, 0, 0, 0]]
+    assert glob["history"] == [[0], [True]]  # recorded by the first device only
 
 
 def test_shard_map_with_axis_name_skips_everywhere(results):
     res = results["shard_map"]
     assert res["updates"] == [0] * 8 and res["skipped"] == 1 and res["count"] == 0 and res["scale"] == 1024
+    assert res["history"] == [[0], [True]]
 
 
 def test_sharded_jit_is_global_without_axis_name(results):

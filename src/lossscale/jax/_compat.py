@@ -11,10 +11,18 @@ from typing import Any
 import jax
 from jax import lax
 
-__all__ = ["jaxpr_as_fun", "like", "typeof", "varying_axes"]
+__all__ = ["is_tracer", "jaxpr_as_fun", "like", "typeof", "varying_axes"]
 
 # Public replacement: ``jax.typeof`` (JAX >= 0.6). ``jax.core.get_aval`` is its older, deprecated spelling.
 typeof = getattr(jax, "typeof", None) or jax.core.get_aval
+
+
+def is_tracer(x: Any) -> bool:
+    """Whether ``x`` is a value being traced (under ``jit``, ``grad``, ``vmap``, ...) rather than a concrete array.
+
+    ``jax.core.Tracer`` is public; ``jax.core`` is the module JAX keeps shrinking, hence the shim.
+    """
+    return isinstance(x, jax.core.Tracer)
 
 
 def varying_axes(aval: Any) -> frozenset:

@@ -11,12 +11,13 @@ import jax.numpy as jnp
 import optax
 from jax import lax
 
-from .._resolve import resolve_loss_scale
 from .._rule import initial_state, next_state
+from ._args import resolve_policy
 from ._compat import jaxpr_as_fun, like
 from ._grads import all_finite, check_gradients, squared_norm, unscale
 from ._guard import check_limit, guard_skip
-from ._state import LossScaleOptimizerState, _is_scale_node
+from ._record import recorder_for
+from ._state import LossScaleOptimizerState, _is_scale_node, mark_superseded
 
 __all__ = ["loss_scale_optimizer", "stepper_of"]
 
@@ -89,9 +90,13 @@ def loss_scale_optimizer(
     dynamic: bool | None = None,
     initial_scale: float | None = None,
     dynamic_growth_steps: int | None = None,
+    min_loss_scale: float | None = None,
+    max_loss_scale: float | None = None,
+    hysteresis: int | None = None,
+    max_consecutive_skips: int | None = None,
+    history: Any = None,
     axis_name: str | tuple[str, ...] | None = None,
     clip_by_global_norm: float | None = None,
-    max_consecutive_skips: int | None = None,
 ) -> optax.GradientTransformationExtraArgs:
     """Wraps ``inner`` in loss scaling; TF's ``LossScaleOptimizer`` for optax.
 
@@ -127,6 +132,11 @@ def loss_scale_optimizer(
         initial_scale: the initial (or, when ``dynamic=False``, fixed) scale;
             default 2**15.
         dynamic_growth_steps: finite steps before the scale doubles; default 2000.
+        min_loss_scale: the floor of a dynamic scale (default 1).
+        max_loss_scale: the ceiling of a dynamic scale (default None: none).
+        hysteresis: non-finite steps before a dynamic scale backs off
+            (default 1, TF's). These three refine the stable form's dynamic
+            scale or ``loss_scale="dynamic"``; a policy object carries its own.
         axis_name: under ``jax.pmap`` or ``jax.shard_map``, the axis name (or
             names) over which the finite flag is reduced (``lax.pmin``), so
             that every device skips or steps together when devices hold
@@ -150,6 +160,15 @@ def loss_scale_optimizer(
             ``lax.cond``: a finite step runs no host code and adds no sync.
             JAX re-raises it wrapped in its runtime error (the message is
             kept) when the step's results are next read, on CPU at once.
+        history: a :class:`lossscale.History` that gets one row per step
+            (step number, the scale the step used, whether it was skipped;
+            the loss, which ``update`` does not see, as NaN). Default None:
+            nothing recorded and nothing staged. Cost when given: one
+            ``jax.debug.callback`` per step (two scalars to the host and a
+            Python call there; see ``lossscale.jax._record.StepRecorder``).
+            Under ``pmap``/``shard_map`` pass ``axis_name`` (the first
+            device records); under ``jit`` over several processes the
+            process holding device 0 records.
 
     Returns:
         An ``optax.GradientTransformationExtraArgs``; extra keyword arguments
@@ -163,8 +182,9 @@ def loss_scale_optimizer(
         TypeError, ValueError: as ``lossscale.torch.LossScaleOptimizer`` for
             the scale arguments (both forms at once, a bad policy) and
             ``max_consecutive_skips``, and for an ``inner`` that is not an
-            optax transformation or a ``clip_by_global_norm`` that is not a
-            positive number.
+            optax transformation, a ``clip_by_global_norm`` that is not a
+            positive number, or a ``history`` that is not a
+            :class:`lossscale.History`.
 
     Cost per ``update`` under ``jit``: one read pass over the gradients for
     the check (the ``1/S`` multiply is fused into the reduction), and the
@@ -200,13 +220,20 @@ def loss_scale_optimizer(
             f"inner must be an optax.GradientTransformation, got {type(inner).__name__}. "
             "Build the optimizer first, e.g. loss_scale_optimizer(optax.adamw(1e-3))."
         )
-    policy = resolve_loss_scale(
-        loss_scale, dynamic=dynamic, initial_scale=initial_scale, dynamic_growth_steps=dynamic_growth_steps
+    policy = resolve_policy(
+        loss_scale,
+        dynamic=dynamic,
+        initial_scale=initial_scale,
+        dynamic_growth_steps=dynamic_growth_steps,
+        min_loss_scale=min_loss_scale,
+        max_loss_scale=max_loss_scale,
+        hysteresis=hysteresis,
     )
     rule = policy.rule_params()
     axes = _axis_names(axis_name)
     max_norm = _check_max_norm(clip_by_global_norm)
     limit = check_limit(max_consecutive_skips)
+    recorder = recorder_for(history)
     inner = optax.with_extra_args_support(inner)
 
     def init_fn(params: Any) -> LossScaleOptimizerState:
@@ -237,6 +264,8 @@ def loss_scale_optimizer(
         if axes is not None:
             finite = lax.pmin(finite.astype(jnp.int32), axes) > 0
         new_scale_state = next_state(rule, scale_state, finite, jnp)
+        if recorder is not None:
+            recorder.record(scale, finite, axes)
 
         def taken(grads: Any, inner_state: Any, params: Any) -> Any:
             updates, inner_state = inner.update(unscale(grads, scale, factor), inner_state, params, **extra_args)
@@ -248,6 +277,7 @@ def loss_scale_optimizer(
             return (params if apply else None), inner_state
 
         first, new_inner = _cond_traced_once(finite, taken, skipped, (grads, state.inner_state, params))
+        mark_superseded(scale_state.loss_scale)  # eager only: value_and_grad refuses a function built with it
         return first, LossScaleOptimizerState(new_inner, new_scale_state)
 
     def update_fn(

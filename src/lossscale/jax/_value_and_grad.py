@@ -9,15 +9,17 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from ._state import find_loss_scale_state
+from .._rule import LossScaleState
+from ._compat import is_tracer
+from ._state import find_loss_scale_state, is_superseded
 
 __all__ = ["value_and_grad"]
 
 
 def value_and_grad(
-    fun: Callable[..., Any], opt_state: Any, *, argnums: int | Sequence[int] = 0, has_aux: bool = False
+    fun: Callable[..., Any], opt_state: Any = None, *, argnums: int | Sequence[int] = 0, has_aux: bool = False
 ) -> Callable[..., Any]:
-    """``jax.value_and_grad`` of ``fun``, with the loss scaled by the current scale in ``opt_state``.
+    """``jax.value_and_grad`` of ``fun``, with the loss scaled by the scale of the optimizer state.
 
     The returned function takes ``fun``'s arguments and returns
     ``(loss, grads)``, or ``((loss, aux), grads)`` with ``has_aux=True``,
@@ -28,46 +30,73 @@ def value_and_grad(
         loss  = L(params)
         grads = d(S * L)/d(params) = S * dL/d(params)   # S as in get_scaled_loss
 
-    Call it inside your (jitted) step with the *current* optimizer state:
-    the scale is read from ``opt_state`` when this function is called.
+    Two forms; in both ``S`` is read from a state when the returned function
+    is *called*, never from a copy taken earlier:
+
+    * **Build once, pass the state at call time** (recommended; the
+      ``jax.value_and_grad`` habit)::
+
+          grad_fn = lsj.value_and_grad(loss_fn)             # once, anywhere
+          loss, grads = grad_fn(params, batch, opt_state=state)
+
+      The keyword ``opt_state`` is taken by this function and not passed to
+      ``fun``.
+    * **Build inside the step with the current state**:
+      ``lsj.value_and_grad(loss_fn, state)(params, batch)``. The state is the
+      one given here; ``opt_state=`` at call time overrides it.
+
+    A function built with a state must not outlive that state's step. Misuse
+    is an error, not a silent 2x update: built with a concrete state and
+    called inside a ``jit``/``pmap``/``scan`` trace (which would bake that
+    state's scale into the compiled step as a constant), or called after
+    ``update`` replaced that state in eager code, it raises ``RuntimeError``.
 
     Args:
         fun: the loss function; returns a 0-d floating-point array (or
             ``(loss, aux)`` with ``has_aux=True``).
-        opt_state: anything holding exactly one loss scale: the state of
-            :func:`loss_scale_optimizer`, an ``optax.chain`` state around it,
-            a flax ``TrainState`` or its ``opt_state``, a
+        opt_state: optional; anything holding exactly one loss scale: the
+            state of :func:`loss_scale_optimizer`, an ``optax.chain`` state
+            around it, a flax ``TrainState`` or its ``opt_state``, a
             ``flax.nnx.Optimizer``'s ``opt_state``.
-        argnums: as in ``jax.value_and_grad``.
+        argnums: as in ``jax.value_and_grad`` (indices into ``fun``'s
+            arguments).
         has_aux: as in ``jax.value_and_grad``.
 
     Returns:
-        A function with ``fun``'s signature. It composes with ``jax.jit``,
-        ``jax.pmap`` and ``jax.shard_map`` (average the gradients there, or
-        give ``loss_scale_optimizer`` an ``axis_name``).
+        A function with ``fun``'s signature plus the keyword ``opt_state``.
+        It composes with ``jax.jit``, ``jax.pmap`` and ``jax.shard_map``
+        (average the gradients there, or give ``loss_scale_optimizer`` an
+        ``axis_name``).
 
     Raises:
-        TypeError: no loss scale in ``opt_state``; ``fun`` returned something
-            other than a floating-point array (or a pair with ``has_aux``).
+        TypeError: no loss scale in ``opt_state``; no state at all (neither
+            here nor at call time); ``fun`` returned something other than a
+            floating-point array (or a pair with ``has_aux``).
         ValueError: more than one loss scale, or an ``optax.chain`` that
             clips before the loss scale.
+        RuntimeError: a state given here used after its step (see above).
 
     Cost: one scalar multiply on the loss more than ``jax.value_and_grad``
-    (the backward pass carries ``S`` from the loss's cotangent); no host sync.
+    (the backward pass carries ``S`` from the loss's cotangent); a walk of
+    the state's tree structure per call (at trace time under ``jit``); no
+    host sync.
 
     >>> import jax, jax.numpy as jnp, optax, lossscale.jax as lsj
     >>> opt = lsj.loss_scale_optimizer(optax.sgd(0.1), 1024)
     >>> params = jnp.array([1.0, 2.0])
     >>> state = opt.init(params)
-    >>> loss, grads = lsj.value_and_grad(lambda p: jnp.sum(p**2), state)(params)
+    >>> grad_fn = lsj.value_and_grad(lambda p: jnp.sum(p**2))
+    >>> loss, grads = grad_fn(params, opt_state=state)
     >>> float(loss), grads.tolist()                  # true loss, gradients of 1024 * loss
     (5.0, [2048.0, 4096.0])
+    >>> lsj.value_and_grad(lambda p: jnp.sum(p**2), state)(params)[1].tolist()   # built with the state
+    [2048.0, 4096.0]
     """
     if not callable(fun):
         raise TypeError(f"value_and_grad() needs a callable loss function, got {type(fun).__name__}.")
-    scale = jnp.asarray(find_loss_scale_state(opt_state, "value_and_grad()").loss_scale)
+    bound = None if opt_state is None else find_loss_scale_state(opt_state, "value_and_grad()")
 
-    def scaled(*args: Any, **kwargs: Any) -> tuple[jax.Array, Any]:
+    def scaled(scale: jax.Array, *args: Any, **kwargs: Any) -> tuple[jax.Array, Any]:
         out = fun(*args, **kwargs)
         if has_aux:
             if not (isinstance(out, (tuple, list)) and len(out) == 2):
@@ -87,11 +116,48 @@ def value_and_grad(
         wide = jnp.promote_types(dtype, jnp.float32)
         return (loss.astype(wide) * scale.astype(wide)).astype(dtype), (loss, aux)
 
-    grad_fn = jax.value_and_grad(scaled, argnums=argnums, has_aux=True)
+    # The scale is argument 0 of ``scaled``, so fun's argnums shift by one; it is never differentiated.
+    def shift(a: Any) -> Any:
+        return a + 1 if isinstance(a, int) and a >= 0 else a
+
+    shifted = shift(argnums) if isinstance(argnums, int) else tuple(shift(a) for a in argnums)
+    grad_fn = jax.value_and_grad(scaled, argnums=shifted, has_aux=True)
 
     @functools.wraps(fun)
-    def wrapped(*args: Any, **kwargs: Any) -> tuple[Any, Any]:
-        (_, (loss, aux)), grads = grad_fn(*args, **kwargs)
+    def wrapped(*args: Any, opt_state: Any = None, **kwargs: Any) -> tuple[Any, Any]:
+        if opt_state is not None:
+            scale_state = find_loss_scale_state(opt_state, "value_and_grad()")
+        elif bound is not None:
+            _check_current(bound, (args, kwargs))
+            scale_state = bound
+        else:
+            raise TypeError(
+                "value_and_grad(fun) reads the loss scale when it is called: pass the current optimizer state, "
+                "grad_fn(params, ..., opt_state=state), or build it inside the step as value_and_grad(fun, state)."
+            )
+        (_, (loss, aux)), grads = grad_fn(jnp.asarray(scale_state.loss_scale), *args, **kwargs)
         return ((loss, aux) if has_aux else loss), grads
 
     return wrapped
+
+
+def _check_current(bound: LossScaleState, call_args: Any) -> None:
+    """Raise if the state given at build time is a stale one for this call (see :func:`value_and_grad`)."""
+    scale = bound.loss_scale
+    if is_tracer(jnp.asarray(scale)):
+        return  # built inside the trace that calls it (a leaked tracer is JAX's own error)
+    fix = (
+        "Build it once without the state and pass the current one at call time: "
+        "grad_fn = lsj.value_and_grad(loss_fn); loss, grads = grad_fn(params, batch, opt_state=state)."
+    )
+    if any(is_tracer(leaf) for leaf in jax.tree_util.tree_leaves(call_args)):
+        raise RuntimeError(
+            "value_and_grad(fun, opt_state) was built with a concrete optimizer state outside the traced "
+            f"(jit/pmap/scan) step that calls it: the step would use that state's loss scale "
+            f"({float(jnp.asarray(scale)):g}) as a constant on every call, not the current one. " + fix
+        )
+    if is_superseded(scale):
+        raise RuntimeError(
+            "value_and_grad(fun, opt_state) was built with an optimizer state that update() has since replaced: "
+            f"it would scale the loss by that state's old loss scale ({float(jnp.asarray(scale)):g}). " + fix
+        )

@@ -1,0 +1,149 @@
+"""Issue 23, defect 1: value_and_grad built once and reused across steps must use each step's scale.
+
+On c0ad0d1 ``lsj.value_and_grad(fun, state)`` read the scale when it was built: built once outside a jitted step
+it gave a 2x update after one backoff, and in float16 every step was skipped. Now the state is passed at call time
+(``grad_fn(params, ..., opt_state=state)``), and the old misuse raises.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import lossscale.jax as lsj
+
+
+def loss_fn(w, x):
+    return jnp.mean((x @ w - 1.0) ** 2)
+
+
+X = jnp.asarray(np.random.default_rng(0).normal(size=(8, 3)), jnp.float32)
+W = jnp.array([0.5, -1.0, 2.0])
+
+
+def run(step, params, state, batches):
+    scales = []
+    for batch in batches:
+        params, state = step(params, state, batch)
+        scales.append(float(state.loss_scale))
+    return params, state, scales
+
+
+def test_built_once_jitted_loop_with_a_backoff_matches_plain_sgd():
+    opt = lsj.loss_scale_optimizer(optax.sgd(0.1), initial_scale=2.0**10)
+    grad_fn = lsj.value_and_grad(loss_fn)  # once, outside the step
+
+    @jax.jit
+    def step(w, s, x):
+        _, grads = grad_fn(w, x, opt_state=s)
+        updates, s = opt.update(grads, s, w)
+        return optax.apply_updates(w, updates), s
+
+    bad = X.at[0, 0].set(jnp.inf)
+    w, s, scales = run(step, W, opt.init(W), [X, bad, X, X])
+    assert scales == [1024.0, 512.0, 512.0, 512.0]
+    assert int(s.skipped_steps) == 1
+    # three applied steps of plain SGD: the backoff did not turn the next update into 2x
+    ref = W
+    for _ in range(3):
+        ref = ref - 0.1 * jax.grad(loss_fn)(ref, X)
+    np.testing.assert_allclose(np.asarray(w), np.asarray(ref), rtol=1e-6)
+
+
+def test_built_once_equals_built_inside_the_step():
+    opt = lsj.loss_scale_optimizer(optax.adam(0.05), initial_scale=2.0**12, dynamic_growth_steps=2)
+    grad_fn = lsj.value_and_grad(loss_fn)
+
+    @jax.jit
+    def outside(w, s, x):
+        _loss, grads = grad_fn(w, x, opt_state=s)
+        updates, s = opt.update(grads, s, w)
+        return optax.apply_updates(w, updates), s
+
+    @jax.jit
+    def inside(w, s, x):
+        _loss, grads = lsj.value_and_grad(loss_fn, s)(w, x)
+        updates, s = opt.update(grads, s, w)
+        return optax.apply_updates(w, updates), s
+
+    batches = [X, X.at[2, 1].set(jnp.nan), X, X, X, X.at[0, 0].set(jnp.inf), X]
+    a = run(outside, W, opt.init(W), batches)
+    b = run(inside, W, opt.init(W), batches)
+    assert a[2] == b[2] and a[2] == [4096.0, 2048.0, 2048.0, 4096.0, 4096.0, 2048.0, 2048.0]
+    np.testing.assert_array_equal(np.asarray(a[0]), np.asarray(b[0]))
+
+
+def test_float16_built_once_recovers_from_an_overflowing_initial_scale():
+    # float16 loss: with 2**15 the scaled loss overflows; the scale must back off until steps go through.
+    opt = lsj.loss_scale_optimizer(optax.sgd(0.01))  # default 2**15
+    grad_fn = lsj.value_and_grad(lambda w, x: jnp.mean((x @ w) ** 2))
+
+    @jax.jit
+    def step(w, s, x):
+        _, grads = grad_fn(w, x, opt_state=s)
+        updates, s = opt.update(grads, s, w)
+        return optax.apply_updates(w, updates), s
+
+    w16 = W.astype(jnp.float16)
+    x16 = X.astype(jnp.float16)
+    w, s, scales = run(step, w16, opt.init(w16), [x16] * 20)
+    skipped = int(s.skipped_steps)
+    assert 1 <= skipped < 10, scales
+    assert scales[-1] == scales[skipped - 1] == 2.0 ** (15 - skipped)  # backed off, then stayed
+    assert not np.array_equal(np.asarray(w), np.asarray(w16))  # it trained
+
+
+def test_the_old_misuse_is_loud_under_jit():
+    opt = lsj.loss_scale_optimizer(optax.sgd(0.1), initial_scale=2.0**10)
+    state = opt.init(W)
+    stale = lsj.value_and_grad(loss_fn, state)  # the issue's habit: built once with the first state
+
+    @jax.jit
+    def step(w, s, x):
+        _, grads = stale(w, x)
+        return opt.update(grads, s, w)
+
+    with pytest.raises(RuntimeError, match=r"outside the traced .*opt_state=state"):
+        step(W, state, X)
+
+
+def test_the_old_misuse_is_loud_in_eager_code():
+    opt = lsj.loss_scale_optimizer(optax.sgd(0.1), initial_scale=2.0**10)
+    state = opt.init(W)
+    stale = lsj.value_and_grad(loss_fn, state)
+    _, grads = stale(W, X)  # fine: the state is current
+    grads2 = stale(W, X)[1]  # twice with the same state is fine too
+    np.testing.assert_array_equal(np.asarray(grads), np.asarray(grads2))
+    _, state = opt.update(grads, state, W)
+    with pytest.raises(RuntimeError, match=r"update\(\) has since replaced.*\(1024\)"):
+        stale(W, X)
+    # ... and passing the new state at call time is the fix
+    _, fresh = stale(W, X, opt_state=state)
+    np.testing.assert_array_equal(np.asarray(fresh), np.asarray(grads))
+
+
+def test_no_state_at_all_names_the_fix():
+    with pytest.raises(TypeError, match=r"opt_state=state"):
+        lsj.value_and_grad(loss_fn)(W, X)
+
+
+def test_call_time_form_under_scan_with_argnums_and_aux():
+    opt = lsj.loss_scale_optimizer(optax.sgd(0.1), initial_scale=8.0)
+    grad_fn = lsj.value_and_grad(lambda x, w: (loss_fn(w, x), x.sum()), argnums=1, has_aux=True)
+
+    def body(carry, x):
+        w, s = carry
+        (loss, _aux), grads = grad_fn(x, w, opt_state=s)
+        updates, s = opt.update(grads, s, w)
+        return (optax.apply_updates(w, updates), s), loss
+
+    xs = jnp.stack([X, X.at[1, 1].set(jnp.inf), X])
+    (w, s), _losses = jax.jit(lambda w, s: jax.lax.scan(body, (w, s), xs))(W, opt.init(W))
+    assert float(s.loss_scale) == 4.0 and int(s.skipped_steps) == 1
+    ref = W
+    for _ in range(2):
+        ref = ref - 0.1 * jax.grad(loss_fn)(ref, X)
+    np.testing.assert_allclose(np.asarray(w), np.asarray(ref), rtol=1e-6)
