@@ -24,16 +24,16 @@ from typing import Any
 
 import pytest
 
-hypothesis = pytest.importorskip("hypothesis")
-from hypothesis import HealthCheck, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
+hypothesis = pytest.importorskip("hypothesis")  # without it (`make test-core`) the property tests skip
+st = pytest.importorskip("hypothesis.strategies")
+HealthCheck, settings = hypothesis.HealthCheck, hypothesis.settings
 
-_COMMON = dict(
-    deadline=None,
-    database=None,
-    print_blob=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
-)
+_COMMON = {
+    "deadline": None,
+    "database": None,
+    "print_blob": True,
+    "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
+}
 
 
 def register_profiles() -> None:
@@ -162,7 +162,7 @@ class Inert:
         return any(name == m or name.startswith(m + ".") or m.startswith(name + ".lossscale_probe_")
                    for m in self.modules)
 
-    def __enter__(self) -> Inert:
+    def __enter__(self) -> Inert:  # noqa: PYI034
         import builtins
         import importlib
         import sys
@@ -202,7 +202,7 @@ class Inert:
         patch(builtins, "__import__", dunder_import)
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         for owner, attr, value in reversed(self._saved):
             setattr(owner, attr, value)
         assert not self.calls, f"untrusted names were imported or called: {self.calls}"

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["FLOAT32_MAX", "FLOAT32_TINY", "INT32_MAX", "above_one", "float32", "count", "fraction", "number", "scale"]
+__all__ = ["FLOAT32_MAX", "FLOAT32_TINY", "INT32_MAX", "above_one", "count", "float32", "fraction", "number", "scale"]
 
 INT32_MAX = 2**31 - 1
 #: The largest float32; the state holds the scale as float32.

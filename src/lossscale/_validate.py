@@ -40,7 +40,8 @@ __all__ = ["COUNTERS", "check_counter", "check_policy", "check_scale", "check_st
 #: The integer fields of :class:`lossscale.LossScaleState`, in order.
 COUNTERS = ("good_steps", "bad_steps", "skipped_steps", "consecutive_skips")
 
-_FIX = "Load a checkpoint written by state_dict()/save, or set the field to a valid value."
+def _fix(field: str, what: str) -> str:
+    return f"set {field} to {what}, or load a checkpoint that state_dict()/save wrote."
 
 
 def plain(value: Any) -> Any:
@@ -75,12 +76,12 @@ def check_counter(field: str, value: Any) -> int:
     """``value`` as a Python int in ``[0, 2**31 - 1]``, else TypeError/ValueError naming ``field``."""
     value = plain(value)
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (Integral, np.integer)):
-        raise TypeError(f"{field} must be a non-negative int (int32), got {_describe(value)}. {_FIX}")
+        raise TypeError(f"{field} must be a non-negative int (int32), got {_describe(value)}; {_fix(field, 'an int')}")
     value = operator.index(value)
     if not 0 <= value <= _n.INT32_MAX:
         raise ValueError(
             f"{field} must be an int in [0, 2**31 - 1] (the counters are int32; a larger int64 would wrap), "
-            f"got {value}. {_FIX}"
+            f"got {value}; {_fix(field, 'an int in that range')}"
         )
     return value
 
@@ -106,14 +107,18 @@ def check_scale(field: str, value: Any, policy: Any = None, *, clamp: bool = Fal
     """
     value = plain(value)
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (Real, np.integer, np.floating)):
-        raise TypeError(f"{field} must be a positive finite number (the loss scale), got {_describe(value)}. {_FIX}")
+        raise TypeError(
+            f"{field} must be a positive finite number (the loss scale), got {_describe(value)}; "
+            f"{_fix(field, 'a finite number')}"
+        )
     try:
         number = float(value)
     except OverflowError:  # an int beyond float64
         number = math.inf
     if not math.isfinite(number) or not math.isfinite(_n.float32(number)):
         raise ValueError(
-            f"{field} must be finite in float32 (the loss scale's dtype, max about 3.4e38), got {value!r}. {_FIX}"
+            f"{field} must be finite in float32 (the loss scale's dtype, max about 3.4e38), got {value!r}; "
+            f"{_fix(field, 'a finite number')}"
         )
     params = _params(policy)
     low = _n.FLOAT32_TINY if params is None else max(params.min_scale, _n.FLOAT32_TINY)
@@ -122,17 +127,21 @@ def check_scale(field: str, value: Any, policy: Any = None, *, clamp: bool = Fal
     if clamp:
         return min(max(number, low), high)
     if number <= 0:
-        raise ValueError(f"{field} must be positive, got {value!r}: a scale of 0 or below breaks the rule. {_FIX}")
+        raise ValueError(
+            f"{field} must be positive, got {value!r}: a scale of 0 or below breaks the rule; "
+            f"{_fix(field, 'a finite number')}"
+        )
     if as_f32 < _n.FLOAT32_TINY:
         raise ValueError(
             f"{field}={value!r} is below float32's smallest normal number (about 1.2e-38): it would round to 0 or "
-            f"lose precision. {_FIX}"
+            f"lose precision; {_fix(field, 'a finite number')}"
         )
     # Compared in float32: the state is float32, and float32(0.3) > 0.3.
     if params is not None and (as_f32 < _n.float32(low) or as_f32 > _n.float32(high)):
         raise ValueError(
-            f"{field}={value!r} is outside the policy's bounds [{low!r}, {high!r}]. {_FIX} To change the bounds, "
-            "change the policy (min_loss_scale/max_loss_scale)."
+            f"{field}={value!r} is outside the policy's bounds [{low!r}, {high!r}]; "
+            f"{_fix(field, 'a finite number in those bounds')} To change the bounds, change the policy "
+            "(min_loss_scale/max_loss_scale)."
         )
     return number
 
@@ -149,14 +158,14 @@ def check_policy(policy: Any, field: str = "policy") -> LossScale:
     if not isinstance(policy, Mapping):
         raise TypeError(
             f"{field} must be a serialized loss scale policy ({{'class_name': ..., 'config': {{...}}}}, as "
-            f"lossscale.serialize() returns), got {_describe(policy)}. {_FIX}"
+            f"lossscale.serialize() returns), got {_describe(policy)}; {_fix(field, 'one')}"
         )
     try:
         result = get(policy)
     except (TypeError, ValueError) as error:
         raise type(error)(f"{field} is not a valid policy: {error}") from error
     if result is None:  # pragma: no cover - get() returns None only for None
-        raise TypeError(f"{field} holds no policy. {_FIX}")
+        raise TypeError(f"{field} holds no policy; {_fix(field, 'one')}")
     return result
 
 
@@ -185,10 +194,10 @@ def check_state(
         ``{"loss_scale": float, "good_steps": int, ...}`` for the fields present.
     """
     if not isinstance(state, Mapping):
-        raise TypeError(f"{where} must be a dict of the loss scale's fields, got {_describe(state)}. {_FIX}")
+        raise TypeError(f"{where} must be a dict of the loss scale's fields, got {_describe(state)}; {_fix(where, 'one')}")
     missing = [name for name in required if name not in state]
     if missing:
-        raise ValueError(f"{where} is missing {missing}. {_FIX}")
+        raise ValueError(f"{where} is missing {missing}; add them, or load a checkpoint that state_dict()/save wrote.")
     known = ("loss_scale", *COUNTERS)
     if extra == "refuse":
         unknown = sorted(map(str, set(state) - set(known)))

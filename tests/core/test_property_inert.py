@@ -5,8 +5,7 @@ from __future__ import annotations
 import lossscale as ls
 from tests import properties as props
 
-from hypothesis import given  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
+given, st = props.hypothesis.given, props.st
 
 
 def configs(data):

@@ -38,7 +38,7 @@ def test_bad_scales_name_field_value_and_fix(value, error, match):
     with pytest.raises(error, match=match) as info:
         check_scale("state['loss_scale']", value, POLICY)
     assert "state['loss_scale']" in str(info.value)
-    assert "Load a checkpoint written by state_dict()" in str(info.value)
+    assert "set state['loss_scale'] to a finite number" in str(info.value)
 
 
 def test_scale_without_policy_refuses_subnormal():

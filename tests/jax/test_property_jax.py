@@ -10,12 +10,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import lossscale.jax as lsj
 from tests import properties as props
-
-from hypothesis import given  # noqa: E402  (after properties, which skips without hypothesis)
-from hypothesis import strategies as st  # noqa: E402
 
 serialization = pytest.importorskip("flax.serialization")
 

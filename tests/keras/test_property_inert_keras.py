@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import keras
+from hypothesis import given
+from hypothesis import strategies as st
 
 import lossscale.keras as lsk
 from tests import properties as props
-
-from hypothesis import given  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
 
 
 def check(data) -> None:

@@ -9,15 +9,14 @@ from __future__ import annotations
 import keras
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from keras import ops
 from kutil import BACKEND
 
 import lossscale
 import lossscale.keras as lsk
 from tests import properties as props
-
-from hypothesis import given  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
 
 SHAPES = [(3,), (2, 2)]
 POISON = {"nan": np.nan, "inf": np.inf, "-inf": -np.inf}

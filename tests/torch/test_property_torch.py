@@ -17,13 +17,12 @@ import math
 import numpy as np
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 import lossscale
 import lossscale.torch as lst
 from tests import properties as props
-
-from hypothesis import given  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
 
 SHAPES = [(3,), (2, 2)]
 POISON = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}

@@ -8,7 +8,8 @@ from typing import Any
 import jax
 
 from .._policy import LossScale, get
-from .._validate import COUNTERS, check_counter, check_policy, check_state as check_fields, plain
+from .._validate import COUNTERS, check_counter, check_policy, plain
+from .._validate import check_state as check_fields
 
 __all__ = ["check_state"]
 

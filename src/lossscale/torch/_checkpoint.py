@@ -29,6 +29,8 @@ import torch
 
 from .._policy import LossScale, get, serialize
 from .._rule import LossScaleState
+from ._inner_load import load_inner
+from ._validated import counter_tensor, refuse_extra, state_tensors
 
 __all__ = ["Checkpoint", "CounterRecord", "ScaleRecord"]
 
@@ -77,12 +79,8 @@ class ScaleRecord:
             raise _not_a_state_dict(f"its policy is unreadable: {error}") from error
         if policy is None:
             raise _not_a_state_dict("it holds no loss scale policy")
-        state = saved["state"]
-        missing = [name for name in LossScaleState._fields if name not in state]
-        if missing:
-            raise _not_a_state_dict(f"missing state {missing}")
-        tensors = [_zero_d(state[name], dtype, name) for name, dtype in zip(LossScaleState._fields, _DTYPES)]
-        return cls(policy, LossScaleState(*tensors))
+        refuse_extra(saved, ("loss_scale", "state", "optimizer"), "the 'lossscale' entry")
+        return cls(policy, state_tensors(saved["state"], policy, "the 'lossscale' entry's state"))
 
 
 @dataclass(frozen=True)
@@ -116,8 +114,9 @@ class CounterRecord:
             steps = int(steps)
         if isinstance(steps, bool) or not isinstance(steps, Integral) or steps < 0:
             raise ValueError(f"Not a lossscale state dict: its step count is {steps!r}; pass what state_dict() returned.")
+        refuse_extra(saved, ("steps", "skipped_steps", "consecutive_skips"), "the 'lossscale' entry's optimizer")
         counts = [
-            None if saved.get(name) is None else _zero_d(saved[name], torch.int32, name)
+            None if saved.get(name) is None else counter_tensor(f"the 'lossscale' entry's optimizer[{name!r}]", saved[name])
             for name in ("skipped_steps", "consecutive_skips")
         ]
         return cls(int(steps), *counts)
@@ -191,7 +190,7 @@ class Checkpointing:
         back to it.
         """
         checkpoint = Checkpoint.from_state_dict(state_dict)
-        self._inner.load_state_dict(checkpoint.inner)
+        load_inner(self._inner, checkpoint.inner)
         if checkpoint.scale is not None:
             self._owner.load_record(checkpoint.scale)
             self._load_counters(checkpoint.counters or CounterRecord())

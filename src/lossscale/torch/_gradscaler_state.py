@@ -24,7 +24,6 @@ sync (the five state numbers read at once); of reading: none.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from numbers import Integral, Real
 from typing import Any
@@ -32,9 +31,11 @@ from typing import Any
 import torch
 
 from .._policy import DynamicLossScale, get, serialize
-from .._rule import COUNTER_MAX, LossScaleState
+from .._rule import LossScaleState
+from .._validate import check_counter, check_scale, plain
 from ._checkpoint import ScaleRecord
 from ._gradscaler_scale import replace_policy
+from ._validated import refuse_extra
 
 __all__ = ["TORCH_KEYS", "load_record", "state_dict_of"]
 
@@ -73,9 +74,15 @@ def _number(saved: Mapping, key: str, integral: bool = False) -> Any:
         value = value.item()  # a 0-d tensor from an old checkpoint: read once, at load time
     if isinstance(value, bool) or not isinstance(value, Integral if integral else Real):
         raise _fail(f"{key!r} is {value!r}, not {'an int' if integral else 'a number'}")
-    if integral and not 0 <= value <= COUNTER_MAX:
-        raise _fail(f"{key!r} is {value!r}, not a count")
-    return int(value) if integral else float(value)
+    if integral:
+        try:
+            return check_counter(f"state_dict[{key!r}]", value)
+        except ValueError as error:
+            raise _fail(str(error)) from error
+    try:
+        return float(value)
+    except OverflowError:  # an int beyond float64
+        raise _fail(f"{key!r} is an int of {len(str(value))} digits, not a finite number") from None
 
 
 def load_record(saved: Any, policy: DynamicLossScale, state: LossScaleState) -> ScaleRecord:
@@ -98,6 +105,7 @@ def load_record(saved: Any, policy: DynamicLossScale, state: LossScaleState) -> 
     if ours is not None and not isinstance(ours, Mapping):
         raise _fail(f"its 'lossscale' entry is a {type(ours).__name__}")
     if ours is not None:
+        refuse_extra(ours, ("policy", *_COUNTERS), "state_dict['lossscale']")
         try:
             base = get(ours.get("policy"))
         except (TypeError, ValueError) as error:
@@ -111,12 +119,11 @@ def load_record(saved: Any, policy: DynamicLossScale, state: LossScaleState) -> 
         backoff_factor=_number(saved, "backoff_factor"),
         growth_interval=_number(saved, "growth_interval", integral=True),
     )
-    scale = _number(saved, "scale")
-    if not math.isfinite(scale):
-        raise _fail(f"its scale is {scale!r}; set state_dict['scale'] to a finite number")
-    scale = max(scale, policy.min_loss_scale)
-    if policy.max_loss_scale is not None:
-        scale = min(scale, policy.max_loss_scale)
+    # torch's scale can fall to 0 or below 1: clamped into [min, max], as documented; a non-finite one is refused.
+    try:
+        scale = check_scale("state_dict['scale']", plain(saved["scale"]), policy, clamp=True)
+    except (TypeError, ValueError) as error:
+        raise _fail(str(error)) from error
     tensors = [torch.tensor(scale, dtype=torch.float32), _count(_number(saved, "_growth_tracker", integral=True))]
     for index, name in enumerate(_COUNTERS, start=2):
         if ours is not None and name in ours:

@@ -23,17 +23,22 @@ import torch
 __all__ = ["load_inner"]
 
 
-def _check(inner: torch.optim.Optimizer) -> None:
+def _check_groups(inner: torch.optim.Optimizer, groups: Any) -> None:
     name = type(inner).__name__
     needed = set(getattr(inner, "defaults", {}) or {})
-    for index, group in enumerate(inner.param_groups):
-        missing = sorted(needed - set(group))
+    for index, group in enumerate(groups if isinstance(groups, (list, tuple)) else []):
+        missing = sorted(needed - set(group)) if isinstance(group, Mapping) else []
         if missing:
             raise ValueError(
                 f"the saved param_groups[{index}] lacks {missing}, which {name} needs: the state dict was saved from "
                 f"another kind of optimizer. Load a state dict saved from {name} (or build the optimizer it was "
-                "saved from)."
+                "saved from); the optimizer is unchanged."
             )
+
+
+def _check(inner: torch.optim.Optimizer) -> None:
+    _check_groups(inner, inner.param_groups)
+    for group in inner.param_groups:
         for param in group["params"]:
             for key, value in inner.state.get(param, {}).items():
                 if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape != param.shape:
@@ -52,6 +57,7 @@ def load_inner(inner: torch.optim.Optimizer, saved: Mapping[str, Any]) -> None:
         _check(inner)
     except Exception as error:
         inner.load_state_dict(kept)
+        _check_groups(inner, saved.get("param_groups"))  # the likely cause, named (torch's own defaults filled in)
         if isinstance(error, ValueError):
             raise
         raise ValueError(
