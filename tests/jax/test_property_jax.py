@@ -190,3 +190,21 @@ def test_orbax_restore_recipe_of_docs(tmp_path):
         lsj.check_state(checkpointer.restore(tmp_path / "bad", tx.init(params)), policy)
     with pytest.raises(ValueError, match="outside the policy's bounds"):
         lsj.check_state(checkpointer.restore(tmp_path / "bad"), policy)  # no target: nested dicts
+
+
+def inert_property(data) -> None:
+    module, class_name = data.draw(props.hostile_names(), label="names")
+    policy = {"class_name": class_name, "config": {}, "module": module}
+    state = lsj.loss_scale_optimizer(optax.sgd(0.1)).init({"w": jnp.ones(2)})
+    with props.Inert([module], [class_name]):
+        for call in (lambda: lsj.loss_scale_optimizer(optax.sgd(0.1), policy), lambda: lsj.check_state(state, policy)):
+            try:
+                call()
+            except (TypeError, ValueError):
+                pass
+
+
+@props.fast(30)
+@given(st.data())
+def test_policy_configs_import_and_call_nothing_named(data):
+    inert_property(data)

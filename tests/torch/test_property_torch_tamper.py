@@ -46,7 +46,14 @@ def same(a, b) -> bool:
 
 
 def bad_value():
-    return props.bad_values(lambda: torch.ones(2)) | st.just("float64").map(lambda _: torch.tensor(0.0, dtype=torch.float64))
+    tensors = st.sampled_from(["float64 0", "int64 2**32", "float64 nan"]).map(
+        lambda name: {
+            "float64 0": lambda: torch.tensor(0.0, dtype=torch.float64),
+            "int64 2**32": lambda: torch.tensor(2**32, dtype=torch.int64),  # wraps to 0 in int32
+            "float64 nan": lambda: torch.tensor(math.nan, dtype=torch.float64),
+        }[name]()
+    )
+    return props.bad_values(lambda: torch.ones(2)) | tensors
 
 
 def tamper(data, record: dict) -> str:
@@ -231,3 +238,17 @@ def test_unpickling_a_corrupted_scale_is_refused(field):
     tensor.fill_(math.nan if tensor.is_floating_point() else -5)  # the live state damaged, then pickled
     with pytest.raises(ValueError, match=f"'{field}'"):
         pickle.loads(pickle.dumps(opt))
+
+
+@pytest.mark.parametrize("field", ["good_steps", "bad_steps", "skipped_steps", "consecutive_skips"])
+def test_int64_counters_that_would_wrap_are_refused(field):
+    opt = lst.LossScaleOptimizer(torch.optim.SGD([torch.nn.Parameter(torch.ones(2))], lr=0.1))
+    saved = opt.state_dict()
+    saved["lossscale"]["state"][field] = torch.tensor(2**32, dtype=torch.int64)
+    with pytest.raises(ValueError, match=rf"'{field}'\] must be an int in \[0, 2\*\*31 - 1\].*got 4294967296"):
+        opt.load_state_dict(saved)
+    scale = lst.SharedLossScale("dynamic")
+    saved = scale.state_dict()
+    saved["state"][field] = torch.tensor(-1, dtype=torch.int64)
+    with pytest.raises(ValueError, match=f"'{field}'"):
+        scale.load_state_dict(saved)
