@@ -2,11 +2,19 @@
 #   make demo   its own venv (.venv-demo) with lossscale[demo] only, then `python -m lossscale demo`
 #   make test   .venv with lossscale[dev], then the whole suite: one pytest run, then tests/keras once per backend
 # Both pin torch with constraints.txt (the extras state ranges). CI adds `make lint` and `make test-core` (numpy
-# and pytest only, in .venv-core).
+# and pytest only, in .venv-core), and the release checks:
+#   make docs        the site from docs/ into site/ (mkdocs build --strict, in .venv-docs with the docs extra only:
+#                    the API pages come from griffe's static analysis of src/, no framework imported); then the API
+#                    reference's coverage of every public name (.ci/api_coverage.py)
+#   make docs-check  the built site in headless Chromium (Debian's chromium; apt-get installs it when missing)
+#   make wheel-check sdist + wheel, twine check, the wheel in a numpy-only venv (.ci/wheel_check.sh)
+#   make typecheck   mypy over src/ with every framework (.venv), zero errors (config: pyproject.toml)
 PYTHON ?= python3
 VENV ?= .venv
 DEMO_VENV ?= .venv-demo
 CORE_VENV ?= .venv-core
+DOCS_VENV ?= .venv-docs
+CHROMIUM ?= /usr/bin/chromium
 PY := $(VENV)/bin/python
 PIP_FLAGS := -q -c constraints.txt
 KERAS_BACKENDS := tensorflow jax torch
@@ -14,7 +22,7 @@ KERAS_BACKENDS := tensorflow jax torch
 KERAS_PATHS := $(wildcard tests/keras src/lossscale/keras)
 MAIN_IGNORES := --ignore=tests/keras --ignore=src/lossscale/keras
 
-.PHONY: demo test test-main test-keras test-fast test-core lint ci bench clean
+.PHONY: demo test test-main test-keras test-fast test-core lint ci bench clean docs docs-check wheel-check typecheck
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +34,12 @@ $(DEMO_VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(DEMO_VENV)
 	$(DEMO_VENV)/bin/python -m pip install -q --upgrade pip
 	$(DEMO_VENV)/bin/python -m pip install $(PIP_FLAGS) -e '.[demo]'
+	touch $@
+
+$(DOCS_VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(DOCS_VENV)
+	$(DOCS_VENV)/bin/python -m pip install -q --upgrade pip
+	$(DOCS_VENV)/bin/python -m pip install -q -e '.[docs,check]'
 	touch $@
 
 $(CORE_VENV)/.installed: pyproject.toml
@@ -66,10 +80,24 @@ test-core: $(CORE_VENV)/.installed
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
 
-ci: lint test-core test
+docs: $(DOCS_VENV)/.installed
+	NO_MKDOCS_2_WARNING=1 $(DOCS_VENV)/bin/mkdocs build --strict
+	$(DOCS_VENV)/bin/python .ci/api_coverage.py site
+
+docs-check: docs
+	@[ -x $(CHROMIUM) ] || (apt-get update -q && apt-get install -y -q chromium)
+	CHROMIUM=$(CHROMIUM) $(DOCS_VENV)/bin/python .ci/docs_browser_check.py site
+
+wheel-check: $(DOCS_VENV)/.installed
+	TOOLS_PY=$(DOCS_VENV)/bin/python PYTHON=$(PYTHON) bash .ci/wheel_check.sh
+
+typecheck: $(VENV)/.installed
+	$(PY) -m mypy
+
+ci: lint test-core test docs docs-check wheel-check typecheck
 
 bench: $(VENV)/.installed
 	$(PY) benchmarks/bench_torch.py $(ARGS)
 
 clean:
-	rm -rf $(VENV) $(DEMO_VENV) $(CORE_VENV)
+	rm -rf $(VENV) $(DEMO_VENV) $(CORE_VENV) $(DOCS_VENV) .venv-wheel site site-screenshots dist

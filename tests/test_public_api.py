@@ -35,7 +35,13 @@ def test_all_is_pinned():
 
 
 def test_version():
-    assert isinstance(lossscale.__version__, str) and lossscale.__version__.count(".") == 2
+    # One version: the package's equals pyproject.toml's (what the wheel's metadata says).
+    from pathlib import Path
+
+    import tomllib
+
+    project = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]
+    assert lossscale.__version__ == project["version"] and lossscale.__version__.count(".") == 2
 
 
 def test_import_lossscale_imports_no_framework():

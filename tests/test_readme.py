@@ -53,6 +53,22 @@ def test_the_two_setup_commands_are_the_makefile_targets_ci_runs():
     assert "-e '.[demo]'" in makefile and "-e . pytest" in makefile
     ci = [line.strip() for line in (root / ".ci" / "run").read_text().splitlines()]
     assert {"make test", "make test-core", "make lint"} <= set(ci)
+    # ... and the release checks the README names: the site (strict), the site in a browser, the wheel, the types.
+    for target in ("docs", "docs-check", "wheel-check", "typecheck"):
+        assert f"`make {target}`" in README and f"\n{target}:" in makefile and f"make {target}" in ci, target
+    assert "mkdocs build --strict" in makefile
+
+
+def test_readme_is_a_landing_page():
+    # About 200 lines at most: the detail lives in docs/ (the site), which the README links into.
+    assert len(README.splitlines()) <= 200
+    for heading in ("Quickstart: PyTorch", "Quickstart: JAX / optax", "Quickstart: Keras 3", "Use it where you train"):
+        assert f"\n## {heading}\n" in README, heading
+    links = set(re.findall(r"\]\((docs/[^)#]+)", README))
+    for page in ("docs/concepts.md", "docs/benchmarks.md", "docs/how-to/trainers.md", "docs/migration/gradscaler.md",
+                 "docs/getting-started/torch.md", "docs/demo.md"):
+        assert page in links, page
+    assert "](docs/demo.png)" in README and "](CHANGELOG.md)" in README
 
 
 def test_linked_docs_exist():

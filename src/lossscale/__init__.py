@@ -23,7 +23,7 @@ from ._policy import (
 from ._resolve import resolve_loss_scale
 from ._rule import LossScaleState, initial_state, next_state
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "DynamicLossScale",

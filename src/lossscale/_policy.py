@@ -196,7 +196,7 @@ class DynamicLossScale(LossScale):
             (0, 1) on backoff instead of divided by ``multiplier``.
         hysteresis: how many non-finite steps, counted since the scale last
             changed, it takes to back off. 1 backs off at every overflow (TF).
-            This is contrib's ``decr_every_n_nan_or_inf``; see the README for
+            This is contrib's ``decr_every_n_nan_or_inf``; see docs/concepts.md for
             how it compares with DeepSpeed's and Megatron's ``hysteresis``.
 
     Every number may also be a 0-d array (numpy, JAX, torch).

@@ -153,19 +153,18 @@ def test_history_under_pmap_records_each_step_once():
     assert history.steps.tolist() == [0, 1] and history.skipped.tolist() == [False, True]
 
 
-def test_the_refinements_go_to_the_core_function_once_it_takes_them(monkeypatch):
-    # Until torch23 extends lossscale.resolve_loss_scale, the binding builds the policy itself; afterwards it
-    # passes the three keywords through. Simulate the extended core function.
-    import lossscale.jax._args as args
+def test_the_refinements_go_to_the_core_function(monkeypatch):
+    # One resolver for every binding: the JAX constructor passes the three keywords to lossscale.resolve_loss_scale.
+    import lossscale.jax._optimizer as optimizer_module
 
     calls = []
 
-    def extended(loss_scale=None, *, dynamic=None, initial_scale=None, dynamic_growth_steps=None,
-                 min_loss_scale=None, max_loss_scale=None, hysteresis=None):
+    def spy(loss_scale=None, *, dynamic=None, initial_scale=None, dynamic_growth_steps=None,
+            min_loss_scale=None, max_loss_scale=None, hysteresis=None):
         calls.append((min_loss_scale, max_loss_scale, hysteresis))
         return lossscale.DynamicLossScale(8.0, 2, hysteresis=hysteresis)
 
-    monkeypatch.setattr(args, "resolve_loss_scale", extended)
+    monkeypatch.setattr(optimizer_module, "resolve_loss_scale", spy)
     opt = lsj.loss_scale_optimizer(optax.sgd(0.1), hysteresis=3)
     assert calls == [(None, None, 3)]
     assert float(opt.init(jnp.zeros(1)).loss_scale) == 8.0

@@ -155,12 +155,6 @@ def scenario_ddp(rank: int, world: int, tmp: str) -> dict:
     train(model, opt, range(STEPS), plain)
     opt.check_replicas_agree()
 
-    # check="backward": DDP's all-reduce replaces the gradients the hooks saw, so every step falls back to the
-    # step-time check; same trajectory.
-    backward = {"params": [], "scales": []}
-    model, opt = fresh(check="backward", **POLICY)
-    train(model, opt, range(STEPS), backward)
-
     resumed = {"params": [], "scales": []}
     model, opt = fresh(**POLICY)
     train(model, opt, range(RESUME_AT), resumed)
@@ -175,7 +169,7 @@ def scenario_ddp(rank: int, world: int, tmp: str) -> dict:
     resumed["loaded"] = scale_record(opt)
     opt.check_replicas_agree()
     train(model, opt, range(RESUME_AT, STEPS), resumed)
-    return {"plain": plain, "resumed": resumed, "backward": backward}
+    return {"plain": plain, "resumed": resumed}
 
 
 def scenario_local_overflow(rank: int, world: int, tmp: str) -> dict:
@@ -244,12 +238,8 @@ def scenario_fsdp2(rank: int, world: int, tmp: str) -> dict:
             out["params"].append(snapshot(model.parameters()))
             out["scales"].append(scale_record(opt))
 
-    model, opt = build(check="backward", **POLICY)  # DTensor gradients: every step checked at step time
-    backward = {"params": [], "scales": [], "norms": []}
-    train(model, opt, range(STEPS), backward)
-
     model, opt = build(**POLICY)
-    out = {"params": [], "scales": [], "norms": [], "grad_type": None, "backward": backward}
+    out = {"params": [], "scales": [], "norms": [], "grad_type": None}
     train(model, opt, range(STEPS), out)
     out["grad_type"] = type(next(model.parameters()).grad).__name__
     opt.check_replicas_agree()

@@ -35,10 +35,8 @@ OPTIMIZERS = {
 
 
 FUSED = sorted(k for k in OPTIMIZERS if k.endswith("-fused"))
-# (optimizer, check mode): check="backward" exists for fused optimizers only.
-KIND_CHECKS = [pytest.param(k, "step", id=f"{k}-step") for k in sorted(OPTIMIZERS)] + [
-    pytest.param(k, "backward", id=f"{k}-backward") for k in FUSED
-]
+# (optimizer, check mode): "step" is the one check mode.
+KIND_CHECKS = [pytest.param(k, "step", id=f"{k}-step") for k in sorted(OPTIMIZERS)]
 
 
 def batches(n: int, seed: int = 1) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -119,7 +117,7 @@ def test_overflow_step_is_skipped_on_every_path(make_model, kind, check, inject_
         assert float(inner_state["step"]) == 6.0
 
 
-@pytest.mark.parametrize("check", ["step", "backward"])
+@pytest.mark.parametrize("check", ["step"])
 @pytest.mark.parametrize("inject_via", ["grad", "input"])
 def test_fused_sgd_skipped_first_step_leaves_no_garbage_momentum(make_model, check, inject_via):
     # torch's fused SGD creates momentum buffers with empty_like on its first step
@@ -137,7 +135,6 @@ def test_fused_sgd_skipped_first_step_leaves_no_garbage_momentum(make_model, che
     [
         ("adamw-fused", "step", 0), ("sgd-momentum-fused", "step", 0), ("adagrad-fused", "step", 0),
         ("adamw-foreach", "step", 1), ("adam-forloop", "step", 1),
-        ("adamw-fused", "backward", 0), ("sgd-momentum-fused", "backward", 0), ("adagrad-fused", "backward", 0),
     ],
 )
 def test_host_syncs_per_step(make_model, kind, check, expected):
@@ -162,8 +159,7 @@ def test_host_syncs_per_step(make_model, kind, check, expected):
 
 @pytest.mark.parametrize(
     "kind, check",
-    [("adamw-fused", "step"), ("adamw-foreach", "step"), ("sgd-momentum-fused", "step"), ("sgd-momentum-foreach", "step"),
-     ("adamw-fused", "backward"), ("sgd-momentum-fused", "backward")],
+    [("adamw-fused", "step"), ("adamw-foreach", "step"), ("sgd-momentum-fused", "step"), ("sgd-momentum-foreach", "step")],
 )
 def test_clip_grad_norm_matches_torch_clip_of_unscaled_grads(make_model, kind, check):
     data = batches(10)
@@ -173,7 +169,7 @@ def test_clip_grad_norm_matches_torch_clip_of_unscaled_grads(make_model, kind, c
     assert int(opt.skipped_steps) == 0
 
 
-@pytest.mark.parametrize("check", ["step", "backward"])
+@pytest.mark.parametrize("check", ["step"])
 def test_clip_grad_norm_returns_the_unscaled_norm_and_costs_no_sync_when_fused(make_model, check):
     model = make_model(SIZES)
     opt = LossScaleOptimizer(torch.optim.AdamW(model.parameters(), fused=True), initial_scale=2.0**10, check=check)
@@ -309,7 +305,7 @@ def test_torch_compile_unfused_step_breaks_once_more_at_the_documented_sync(make
     assert reasons == {"Call to `torch._dynamo.graph_break()`", "Unsupported Tensor.item() call with capture_scalar_outputs=False"}
 
 
-@pytest.mark.parametrize("check, inject_via", [("step", "grad"), ("backward", "grad"), ("backward", "input")])
+@pytest.mark.parametrize("check, inject_via", [("step", "grad"), ("step", "input")])
 def test_compiled_fused_step_follows_the_eager_trajectory(make_model, check, inject_via):
     data = batches(6)
     eager_model, eager_opt = run_scaled(

@@ -13,12 +13,9 @@ import torch
 
 from lossscale import DynamicLossScale
 from lossscale.torch import SharedLossScale
-from lossscale.torch._counters import StepCounters
-from lossscale.torch._diagnostics import Diagnostics
 from lossscale.torch._fused import FusedStateTracker, check_fused_kernels, fused_sgd_skips_half_on_cpu
-from lossscale.torch._lifecycle import ANY_BEFORE_STEP, Stage, StepRecord
 from lossscale.torch._scale import PrivateLossScale
-from lossscale.torch._step import apply_or_skip, check_for_step, clip_grad_norm_, finish_step, unscale_
+from lossscale.torch._step import ANY_BEFORE_STEP, OptimizerStep, Stage, StepRecord
 
 # ------------------------------------------------------------ FusedStateTracker
 
@@ -99,14 +96,9 @@ def test_stage_record_messages_name_what_was_called_and_the_fix():
 # ------------------------------------------------------------ the step functions over plain optimizers
 
 
-def _facade_step(inner, record, owner, tracker, counters, diagnostics):
-    checked = check_for_step(inner, record, owner)
-    if checked is None:
-        return None
-    found_inf, grad_scale = checked
-    skipped = apply_or_skip(inner, found_inf, grad_scale, tracker)
-    finish_step(found_inf, skipped, record=record, owner=owner, counters=counters, diagnostics=diagnostics)
-    return skipped
+def _facade_step(inner, step):
+    done = step.step(inner)
+    return None if done is None else done[1]
 
 
 @pytest.mark.parametrize("fused", [False, True], ids=["foreach", "fused"])
@@ -116,7 +108,7 @@ def test_two_plain_optimizers_share_one_scale_through_the_step_functions(fused):
     refs = [torch.nn.Parameter(torch.ones(3)) for _ in range(2)]
     ref_opts = [torch.optim.AdamW([p], lr=0.1, fused=fused, foreach=not fused) for p in refs]
     owner = SharedLossScale(DynamicLossScale(8.0, 2))
-    parts = [(StepRecord(), FusedStateTracker(), StepCounters(), Diagnostics(None, False, None, None)) for _ in inners]
+    steps = [OptimizerStep(owner) for _ in inners]
     for i in range(4):
         bad_b = i == 2
         for p, ref, g in ((a, refs[0], 1.0), (b, refs[1], -2.0)):
@@ -125,18 +117,18 @@ def test_two_plain_optimizers_share_one_scale_through_the_step_functions(fused):
         if bad_b:
             b.grad[0] = math.inf
         if i == 1:
-            unscale_(inners[0], parts[0][0], owner)  # one optimizer unscaled early
-            clip_grad_norm_(inners[0], parts[0][0], owner, 1e9)
-        for inner, ref_opt, (record, tracker, counters, diag), ref_ok in zip(inners, ref_opts, parts, (True, not bad_b)):
-            _facade_step(inner, record, owner, tracker, counters, diag)
-            assert record.stage is Stage.STEPPED
+            steps[0].unscale_(inners[0])  # one optimizer unscaled early
+            steps[0].clip_grad_norm_(inners[0], 1e9)
+        for inner, ref_opt, step, ref_ok in zip(inners, ref_opts, steps, (True, not bad_b)):
+            _facade_step(inner, step)
+            assert step.record.stage is Stage.STEPPED
             if ref_ok:
                 ref_opt.step()
         owner.update()
-        assert all(record.stage is Stage.READY for record, *_ in parts)
+        assert all(step.record.stage is Stage.READY for step in steps)
     for p, ref in zip((a, b), refs):
         torch.testing.assert_close(p.detach(), ref.detach(), rtol=1e-6, atol=1e-7)
-    assert [int(c.skipped_steps(owner.device)) for _, _, c, _ in parts] == [0, 1]
+    assert [int(step.counters.skipped_steps(owner.device)) for step in steps] == [0, 1]
     assert float(owner.loss_scale) == 8.0  # grew at 2, backed off at 3, no growth since
 
 
@@ -144,10 +136,10 @@ def test_private_scale_advances_at_once_and_reports_readiness():
     w = torch.nn.Parameter(torch.ones(2))
     inner = torch.optim.SGD([w], lr=0.5)
     owner = PrivateLossScale(DynamicLossScale(4.0, 1))
-    record, counters = StepRecord(), StepCounters()
-    diagnostics = Diagnostics(None, False, None, None)
-    assert _facade_step(inner, record, owner, FusedStateTracker(), counters, diagnostics) is None  # no gradient
+    step = OptimizerStep(owner)
+    record, counters = step.record, step.counters
+    assert _facade_step(inner, step) is None  # no gradient
     w.grad = torch.full((2,), 4.0)
-    assert _facade_step(inner, record, owner, FusedStateTracker(), counters, diagnostics) is False
+    assert _facade_step(inner, step) is False
     assert record.stage is Stage.READY and float(owner.loss_scale) == 8.0 and counters.steps == 1
     assert w.tolist() == [0.5, 0.5]

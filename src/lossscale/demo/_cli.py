@@ -79,7 +79,7 @@ def _row(run: RunResult, reference: RunResult) -> list[str]:
         delta,
         f"{run.zero_grad_share:.1%}",
         str(run.skipped_steps) if scaled else "-",
-        f"2^{math.log2(run.final_scale):g}" if scaled else "-",
+        f"2^{math.log2(run.final_scale):g}" if run.final_scale is not None else "-",
         f"{run.seconds:.0f} s",
     ]
 

@@ -54,7 +54,9 @@ def micro_batch_loss(model: torch.nn.Module, x: torch.Tensor, global_batch_facto
 def weight_zero_shares(model: torch.nn.Module) -> torch.Tensor:
     """Per linear layer, the share of its weight gradient's values that are exactly zero (a float32 tensor)."""
     grads = [m.weight.grad for m in model.modules() if isinstance(m, torch.nn.Linear)]
-    return torch.stack([(g == 0).float().mean() for g in grads])
+    if any(g is None for g in grads):
+        raise ValueError("weight_zero_shares() needs every linear layer's weight gradient: call it after backward().")
+    return torch.stack([(g == 0).float().mean() for g in grads if g is not None])
 
 
 def train(

@@ -162,6 +162,9 @@ def plot_demo(result: DemoResult, path: str | os.PathLike[str]) -> Any:
     Returns:
         The matplotlib ``Figure``.
     """
+    if result.truth is None:
+        raise ValueError("plot_demo() draws the held-out digits: pass a DemoResult with truth (run_demo's).")
+    truth = result.truth
     frameworks = list(result.runs)
     fig = _figure((17, 1.0 + 4.4 * len(frameworks)))
     config = result.config
@@ -176,7 +179,7 @@ def plot_demo(result: DemoResult, path: str | os.PathLike[str]) -> Any:
         runs = result.runs[framework]
         row.suptitle(TITLES.get(framework, framework), fontsize=13, fontweight="bold", x=0.01, ha="left")
         axes = row.subplots(1, 3, width_ratios=[2.3, 1.25, 1.25])
-        _reconstructions(axes[0], result.truth, runs)
+        _reconstructions(axes[0], truth, runs)
         _zero_bars(axes[1], runs)
         scaled = runs["fp16+lossscale"]
         if scaled.history is not None:

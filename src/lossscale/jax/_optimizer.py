@@ -11,8 +11,8 @@ import jax.numpy as jnp
 import optax
 from jax import lax
 
+from .._resolve import resolve_loss_scale
 from .._rule import initial_state, next_state
-from ._args import resolve_policy
 from ._compat import jaxpr_as_fun, like
 from ._grads import all_finite, check_gradients, squared_norm, unscale
 from ._guard import check_limit, guard_skip
@@ -220,7 +220,7 @@ def loss_scale_optimizer(
             f"inner must be an optax.GradientTransformation, got {type(inner).__name__}. "
             "Build the optimizer first, e.g. loss_scale_optimizer(optax.adamw(1e-3))."
         )
-    policy = resolve_policy(
+    policy = resolve_loss_scale(
         loss_scale,
         dynamic=dynamic,
         initial_scale=initial_scale,

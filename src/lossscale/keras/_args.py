@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, cast
+from typing import Any
 
 from .. import DynamicLossScale, FixedLossScale, LossScale, get, resolve_loss_scale, serialize
 
@@ -22,39 +22,14 @@ def resolve_policy(
     max_loss_scale: float | None = None,
     hysteresis: int | None = None,
 ) -> LossScale:
-    """The policy the arguments describe: :func:`lossscale.resolve_loss_scale`, plus three extensions.
-
-    ``min_loss_scale``, ``max_loss_scale`` and ``hysteresis`` refine the
-    stable form's dynamic scale (``dynamic=True``, the default) or
-    ``loss_scale="dynamic"``; a policy object carries its own.
+    """The policy the arguments describe: :func:`lossscale.resolve_loss_scale` (the one resolver of every binding).
 
     >>> resolve_policy(dynamic_growth_steps=500, min_loss_scale=0.5) == DynamicLossScale(2**15, 500, min_loss_scale=0.5)
     True
     """
-    extras = {k: v for k, v in zip(_EXTRAS, (min_loss_scale, max_loss_scale, hysteresis)) if v is not None}
-    if not extras:
-        return resolve_loss_scale(
-            loss_scale, dynamic=dynamic, initial_scale=initial_scale, dynamic_growth_steps=dynamic_growth_steps
-        )
-    named = ", ".join(f"{k}=" for k in extras)
-    if loss_scale is not None and loss_scale != "dynamic":
-        raise ValueError(
-            f"{named} refine the dynamic scale of the stable form; loss_scale={loss_scale!r} carries its own "
-            f"settings. Pass them to the policy instead, e.g. DynamicLossScale(2**15, 2000, {named}...)."
-        )
-    if dynamic is False:
-        raise ValueError(f"{named} only apply to a dynamic loss scale: drop them, or set dynamic=True.")
-    if loss_scale is not None and initial_scale is not None:  # raises resolve_loss_scale's "not both" error
-        resolve_loss_scale(loss_scale, initial_scale=initial_scale)
-    # dynamic is True or None here, and loss_scale None or "dynamic": the result is a DynamicLossScale.
-    base = cast(
-        DynamicLossScale, resolve_loss_scale(loss_scale, dynamic=dynamic, dynamic_growth_steps=dynamic_growth_steps)
-    )
-    return DynamicLossScale(
-        base.initial_loss_scale if initial_scale is None else initial_scale,
-        base.increment_period,
-        base.multiplier,
-        **extras,
+    return resolve_loss_scale(
+        loss_scale, dynamic=dynamic, initial_scale=initial_scale, dynamic_growth_steps=dynamic_growth_steps,
+        min_loss_scale=min_loss_scale, max_loss_scale=max_loss_scale, hysteresis=hysteresis,
     )
 
 

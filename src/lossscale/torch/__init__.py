@@ -24,10 +24,10 @@ from .._policy import (
     FixedLossScaleManager,
     LossScale,
 )
+from ._diagnostics import HostSyncCounter
 from ._gradscaler import GradScaler
 from ._optimizer import LossScaleOptimizer
 from ._scale import SharedLossScale
-from ._syncs import HostSyncCounter
 
 __all__ = [
     "DynamicLossScale",

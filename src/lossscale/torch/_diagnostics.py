@@ -17,21 +17,24 @@ Each one costs nothing when it is off. When it is on:
 * :class:`StepRecorder` keeps each step's scale, skip flag and loss on the
   device and moves them to a :class:`lossscale.History` in one transfer
   every ``flush_every`` steps (one sync per flush, none per step).
+
+:class:`HostSyncCounter` counts host syncs, to check that a loop is sync-free.
 """
 
 from __future__ import annotations
 
 import logging
+import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Self
 
 import torch
 
 from .._errors import LossScaleError
-from ._compat import sparse_values
+from ._compat import TorchDispatchMode, sparse_values
 
-__all__ = ["Diagnostics", "OverflowReport", "OverflowReporter", "SkipGuard", "StepRecorder"]
+__all__ = ["Diagnostics", "HostSyncCounter", "OverflowReport", "OverflowReporter", "SkipGuard", "StepRecorder"]
 
 logger = logging.getLogger("lossscale")
 
@@ -50,7 +53,13 @@ class SkipGuard:
         if max_consecutive_skips < 1:
             raise ValueError(f"max_consecutive_skips must be at least 1 (or None to disable), got {max_consecutive_skips}.")
         self.limit = max_consecutive_skips
-        self._in_flight: tuple[torch.Tensor, Any] | None = None
+        self._in_flight: tuple[torch.Tensor, Any] | None = None  # (pinned copy, CUDA event): never pickled
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"limit": self.limit}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.limit, self._in_flight = state["limit"], None
 
     def check(self, consecutive_skips: torch.Tensor, loss_scale: torch.Tensor) -> None:
         device = consecutive_skips.device
@@ -224,6 +233,30 @@ class Diagnostics:
         self.guard = None if max_consecutive_skips is None else SkipGuard(max_consecutive_skips)
         self.reporter = OverflowReporter(named_parameters) if overflow_report else None
         self.recorder = None if history is None or history is False else StepRecorder(history)
+        #: whether the scale a step used must be kept (a 0-d copy) before the scale advances
+        self.wants_scale = self.reporter is not None or self.recorder is not None
+
+    def settings(self) -> dict[str, Any]:
+        """The constructor's settings (the history flushed first): what pickling keeps.
+
+        Live objects (the guard's in-flight CUDA copy and event, parameter
+        names keyed by tensor identity, queued device rows) are left out by
+        construction.
+        """
+        recorder = self.recorder
+        if recorder is not None:
+            recorder.flush()
+        return {
+            "max_consecutive_skips": None if self.guard is None else self.guard.limit,
+            "overflow_report": self.reporter is not None,
+            "history": None if recorder is None else recorder.history,
+        }
+
+    def __getstate__(self) -> dict[str, Any]:
+        return self.settings()
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["max_consecutive_skips"], bool(state["overflow_report"]), None, state["history"])  # type: ignore[misc]
 
     def named_grads(self, param_groups: Any) -> list[tuple[str, torch.Tensor]]:
         """``(name, grad)`` of every parameter with a gradient, for the report (empty when it is off)."""
@@ -236,11 +269,6 @@ class Diagnostics:
             for i, p in enumerate(group["params"])
             if p.grad is not None
         ]
-
-    @property
-    def wants_scale(self) -> bool:
-        """Whether the scale a step used must be kept (a 0-d copy) before the scale advances."""
-        return self.reporter is not None or self.recorder is not None
 
     def report(self, step: int, found_inf: torch.Tensor, skipped: bool | None, scale_used: Any, named_grads: Any) -> None:
         """Builds the overflow report of a skipped step; ``skipped`` None (decided on the device) costs one sync."""
@@ -258,3 +286,68 @@ class Diagnostics:
         """The stall guard, on this optimizer's own skip streak (already counting this step)."""
         if self.guard is not None:
             self.guard.check(consecutive_skips, loss_scale)
+
+
+class HostSyncCounter(TorchDispatchMode):
+    """Counts host syncs inside a ``with`` block, to check that a training loop is sync-free.
+
+    Where CUDA is available, it turns on torch's sync debug mode
+    (``torch.cuda.set_sync_debug_mode("warn")``) for the block and counts
+    the syncs torch reports: every blocking CUDA call, from any thread, as
+    torch sees them (``.item()``, ``.cpu()``, ``.tolist()``, boolean masks,
+    ``nonzero``...). ``source`` is then ``"cuda_sync_debug_mode"``.
+
+    Without CUDA (``source == "scalar_reads"``) it counts what would sync
+    on an accelerator as far as the dispatcher shows it: calls of
+    ``aten._local_scalar_dense``, i.e. ``.item()``, ``float(t)``,
+    ``int(t)`` and ``bool(t)``, made on the thread that entered the block.
+    It cannot see, and does not count: reads on other threads; copies to
+    the host (``.cpu()``, ``.to("cpu")``, ``.numpy()``, ``.tolist()``); ops whose output
+    size depends on values (boolean-mask indexing, ``nonzero``,
+    ``unique``). On a CPU tensor none of these waits for anything; use a
+    CUDA machine for the full count. ``scalar_reads`` is always the
+    dispatcher count.
+
+    >>> import torch
+    >>> with HostSyncCounter() as syncs:
+    ...     t = torch.ones(3)
+    ...     _ = (t * 2).sum().item()
+    >>> syncs.scalar_reads
+    1
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scalar_reads = 0
+        self.source = "cuda_sync_debug_mode" if torch.cuda.is_available() else "scalar_reads"
+        self._syncs: list[Any] = []
+        self._catcher: Any = None
+        self._previous_mode: int | None = None
+
+    @property
+    def count(self) -> int:
+        """Host syncs seen: torch's sync debug mode's count on CUDA, else :attr:`scalar_reads`."""
+        return len(self._syncs) if self.source == "cuda_sync_debug_mode" else self.scalar_reads
+
+    def __enter__(self) -> Self:
+        if self.source == "cuda_sync_debug_mode":
+            self._catcher = warnings.catch_warnings(record=True)
+            self._syncs = self._catcher.__enter__()
+            warnings.simplefilter("always")
+            self._previous_mode = torch.cuda.get_sync_debug_mode()
+            torch.cuda.set_sync_debug_mode("warn")
+        super().__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        super().__exit__(*exc)
+        if self._catcher is not None:
+            torch.cuda.set_sync_debug_mode(self._previous_mode)  # type: ignore[arg-type]
+            self._catcher.__exit__(*exc)
+            self._catcher = None
+            self._syncs = [w for w in self._syncs if "synchroniz" in str(w.message)]
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func is torch.ops.aten._local_scalar_dense.default:
+            self.scalar_reads += 1
+        return func(*args, **(kwargs or {}))

@@ -54,7 +54,7 @@ class GradGroups:
     ``sharded`` then keeps the original list for :func:`scaled_norm`.
     """
 
-    __slots__ = ("dense", "sharded", "sparse", "tensors")
+    __slots__ = ("dense", "device", "has_float16", "sharded", "sparse", "tensors")
 
     def __init__(self, grads: Sequence[torch.Tensor]) -> None:
         dtensor = dtensor_type()
@@ -73,21 +73,17 @@ class GradGroups:
             (dense if grad.layout == strided else self.sparse).append(grad)
         groups = group_by_device_and_dtype([dense]) if dense else {}
         self.dense = {key: tensors for key, ([tensors], _) in groups.items()}
+        #: whether any gradient is float16; the device of the first gradient (None without any)
+        self.has_float16 = any(dtype == torch.float16 for _, dtype in self.dense) or any(
+            g.dtype == torch.float16 for g in self.sparse
+        )
+        self.device: torch.device | None = self.tensors[0].device if self.tensors else None
 
     @classmethod
     def of(cls, param_groups: Iterable[dict]) -> GradGroups:
         """The ``.grad`` of every parameter in ``param_groups`` that has one."""
         return cls([p.grad for group in param_groups for p in group["params"] if p.grad is not None])
 
-    @property
-    def has_float16(self) -> bool:
-        return any(dtype == torch.float16 for _, dtype in self.dense) or any(
-            g.dtype == torch.float16 for g in self.sparse
-        )
-
-    @property
-    def device(self) -> torch.device | None:
-        return self.tensors[0].device if self.tensors else None
 
 
 def local_shards(grads: Sequence[torch.Tensor]) -> list[torch.Tensor]:

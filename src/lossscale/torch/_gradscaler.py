@@ -1,12 +1,11 @@
 """``lossscale.torch.GradScaler``: a drop-in for ``torch.amp.GradScaler`` on lossscale's state and rule.
 
 It composes the pieces ``LossScaleOptimizer`` is made of: one
-:class:`~lossscale.torch._gradscaler_scale.IterationScale` (a
-``SharedLossScale`` advanced once per ``update()``), and per optimizer
-(keyed weakly, as torch's ``per_optimizer_states``) a ``StepRecord``, a
-``FusedStateTracker``, ``StepCounters`` and a ``FlagAgreement``, driven
-through the step functions of ``_step.py``. Its checkpoint format is in
-``_gradscaler_state.py``.
+:class:`~lossscale.torch._scale.IterationScale` (a ``SharedLossScale``
+advanced once per ``update()``), and per optimizer (keyed weakly, as torch's
+``per_optimizer_states``) one :class:`~lossscale.torch._step.OptimizerStep`.
+Its checkpoint format is in ``_checkpoint.py``; pickling and ``deepcopy``
+go through the same record.
 
 Cost per ``step(optimizer)`` (G: the bytes of its gradients), as
 ``LossScaleOptimizer.step()``:
@@ -25,59 +24,77 @@ anything else                   1 unscale+check (R+W) 1 (``found_inf``)
 [*] 1 on a step in which a parameter gets its first gradient (its
 optimizer state is created then; see ``_fused.py``). ``scale()`` and
 ``update()`` add no sync; ``get_scale()`` and ``state_dict()`` are one each.
+
+Drop it in where ``torch.amp.GradScaler`` was (the idiom, Lightning,
+Fabric, accelerate via :func:`lossscale.torch.integrations.accelerate.attach`,
+timm's ``NativeScaler``). Two deliberate differences from torch, both on
+by default: TF's floor (the scale never backs off below
+``min_loss_scale=1``; torch's can reach 0, pytorch #101569) and growth
+only while ``S * growth_factor`` stays finite (and under
+``max_loss_scale``). A ``step()`` that finds no gradient at all is a
+no-op (torch asserts), and ``update()`` with no step leaves the scale
+alone (torch asserts).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import warnings
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
 
-from ._counters import StepCounters
-from ._diagnostics import Diagnostics, StepRecorder
+from .._policy import DynamicLossScale
+from ._checkpoint import gradscaler_record, gradscaler_state_dict, growth_interval, replace_policy, with_torch_names
+from ._diagnostics import Diagnostics, OverflowReport, StepRecorder
 from ._distributed import FlagAgreement
-from ._fused import FusedStateTracker
-from ._gradscaler_accessors import GradScalerAccessors
-from ._gradscaler_scale import IterationScale, torch_policy
-from ._lifecycle import Stage, StepRecord
-from ._step import apply_or_skip, check_for_step, finish_step, unscale_
+from ._scale import IterationScale
+from ._step import OptimizerStep, Stage
 
-__all__ = ["GradScaler"]
+__all__ = ["GradScaler", "torch_policy"]
 
 _UNSCALED = (Stage.UNSCALED, Stage.CLIPPED)
 
 
-@dataclasses.dataclass
-class _PerOptimizer:
-    """What the scaler keeps for one optimizer (torch's ``per_optimizer_states`` entry)."""
+def torch_policy(
+    init_scale: Any,
+    growth_factor: Any,
+    backoff_factor: Any,
+    growth_interval_: Any,
+    *,
+    min_loss_scale: Any = 1.0,
+    max_loss_scale: Any = None,
+    hysteresis: Any = 1,
+) -> DynamicLossScale:
+    """The :class:`~lossscale.DynamicLossScale` of torch GradScaler's arguments (validated; errors in torch's names).
 
-    record: StepRecord
-    tracker: FusedStateTracker
-    counters: StepCounters
-    agree: FlagAgreement
+    torch's names map onto the policy's: ``init_scale -> initial_loss_scale``,
+    ``growth_interval -> increment_period`` (any int >= 1, saturated at
+    2**31 - 1), ``growth_factor -> multiplier``, ``backoff_factor``.
+
+    >>> torch_policy(2.0**16, 2.0, 0.5, 2000).get_config()
+    {'initial_loss_scale': 65536.0, 'increment_period': 2000, 'multiplier': 2.0, 'backoff_factor': 0.5}
+    """
+    return with_torch_names(
+        DynamicLossScale,
+        initial_loss_scale=init_scale,
+        increment_period=growth_interval(growth_interval_),
+        multiplier=growth_factor,
+        backoff_factor=backoff_factor,
+        min_loss_scale=1.0 if min_loss_scale is None else min_loss_scale,
+        max_loss_scale=max_loss_scale,
+        hysteresis=1 if hysteresis is None else hysteresis,
+    )
 
 
-class GradScaler(GradScalerAccessors):
+class GradScaler:
     """``torch.amp.GradScaler``'s interface over lossscale's dynamic loss scale.
 
-    Drop it in where ``torch.amp.GradScaler`` was (the idiom, Lightning,
-    Fabric, accelerate via :func:`lossscale.torch.integrations.accelerate.attach`,
-    timm's ``NativeScaler``). Two deliberate differences from torch, both on
-    by default: TF's floor (the scale never backs off below
-    ``min_loss_scale=1``; torch's can reach 0, pytorch #101569) and growth
-    only while ``S * growth_factor`` stays finite (and under
-    ``max_loss_scale``). A ``step()`` that finds no gradient at all is a
-    no-op (torch asserts), and ``update()`` with no step leaves the scale
-    alone (torch asserts).
-
     Args:
-        device, init_scale, growth_factor, backoff_factor, growth_interval,
-            enabled: as ``torch.amp.GradScaler`` (``device="cuda"`` without
-            CUDA warns and disables, as torch does).
+        device, init_scale, growth_factor, backoff_factor, growth_interval, enabled: as
+            ``torch.amp.GradScaler`` (``device="cuda"`` without CUDA warns and disables, as torch does); a
+            ``growth_interval`` above 2**31 - 1 saturates there (the growth counter is int32).
         min_loss_scale, max_loss_scale, hysteresis: the rest of the policy
             (see :class:`lossscale.DynamicLossScale`).
         max_consecutive_skips, overflow_report, named_parameters: as
@@ -110,9 +127,9 @@ class GradScaler(GradScalerAccessors):
         growth_interval: int = 2000,
         enabled: bool = True,
         *,
-        min_loss_scale: float = 1.0,
+        min_loss_scale: float | None = 1.0,
         max_loss_scale: float | None = None,
-        hysteresis: int = 1,
+        hysteresis: int | None = 1,
         max_consecutive_skips: int | None = None,
         overflow_report: bool = False,
         named_parameters: Iterable[tuple[str, torch.Tensor]] | None = None,
@@ -131,7 +148,7 @@ class GradScaler(GradScalerAccessors):
         self._diagnostics = Diagnostics(max_consecutive_skips, overflow_report, named_parameters, None)
         self._recorder = None if history is None or history is False else StepRecorder(history)
         self.sync_skips = bool(sync_skips)
-        self._per_optimizer: weakref.WeakKeyDictionary[torch.optim.Optimizer, _PerOptimizer] = (
+        self._per_optimizer: weakref.WeakKeyDictionary[torch.optim.Optimizer, OptimizerStep] = (
             weakref.WeakKeyDictionary()
         )
         self._updates = 0
@@ -149,6 +166,11 @@ class GradScaler(GradScalerAccessors):
         return self._scale_nested(outputs)
 
     def _scaled(self, tensor: torch.Tensor) -> torch.Tensor:
+        if not tensor.is_floating_point():
+            raise TypeError(
+                f"GradScaler.scale() needs floating-point outputs, got a tensor of dtype {tensor.dtype}. "
+                "Pass the loss as computed by the model (e.g. scaler.scale(loss.float()))."
+            )
         if not self._placed:
             self._lazy_init_scale_growth_tracker(tensor.device)
         return self._owner.get_scaled_loss(tensor)
@@ -168,12 +190,12 @@ class GradScaler(GradScalerAccessors):
 
     # ------------------------------------------------------------ per optimizer
 
-    def _of(self, optimizer: torch.optim.Optimizer) -> _PerOptimizer:
+    def _of(self, optimizer: torch.optim.Optimizer) -> OptimizerStep:
         slot = self._per_optimizer.get(optimizer)
         if slot is None:
             ref = weakref.ref(optimizer)  # not the optimizer itself: the value would keep its weak key alive
             params = lambda: [p for g in ref().param_groups for p in g["params"]]  # type: ignore[union-attr]
-            slot = _PerOptimizer(StepRecord(), FusedStateTracker(), StepCounters(), FlagAgreement(None, params))
+            slot = OptimizerStep(self._owner, FlagAgreement(None, params), self._diagnostics)
             self._per_optimizer[optimizer] = slot
         return slot
 
@@ -192,7 +214,7 @@ class GradScaler(GradScalerAccessors):
             )
         if record.stage is Stage.STEPPED:
             raise RuntimeError("unscale_() is being called after step(). Call it before step(), or after update().")
-        unscale_(optimizer, record, self._owner)
+        self._of(optimizer).unscale_(optimizer)
 
     def step(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
         """Unscales and checks ``optimizer``'s gradients (unless ``unscale_`` did), then steps or skips.
@@ -215,21 +237,13 @@ class GradScaler(GradScalerAccessors):
                 "step() has already been called since the last update(). Call update() once per iteration, "
                 "after every optimizer's step()."
             )
-        checked = check_for_step(optimizer, slot.record, self._owner)
-        if checked is None:  # no gradient at all: nothing to apply, nothing to count
-            return None
-        found_inf, grad_scale = checked
-        found_inf = slot.agree(found_inf)
         result: list[Any] = [None]
 
         def call() -> None:
             result[0] = optimizer.step(*args, **kwargs)
 
-        skipped = apply_or_skip(optimizer, found_inf, grad_scale, slot.tracker, on_host=self.sync_skips, call=call)
-        finish_step(
-            found_inf, skipped, record=slot.record, owner=self._owner, counters=slot.counters,
-            diagnostics=self._diagnostics, named_grads=lambda: self._diagnostics.named_grads(optimizer.param_groups),
-        )
+        named = lambda: self._diagnostics.named_grads(optimizer.param_groups)
+        slot.step(optimizer, on_host=self.sync_skips, call=call, named_grads=named)
         return result[0]
 
     def update(self, new_scale: float | torch.Tensor | None = None) -> None:
@@ -252,6 +266,135 @@ class GradScaler(GradScalerAccessors):
         if recorder is not None and pending is not None:
             recorder.record(self._updates, scale_used, pending > 0)  # type: ignore[arg-type]
         self._updates += 1
+
+    # ------------------------------------------------------------ torch's accessors
+
+    def get_scale(self) -> float:
+        """The current scale as a Python float (1.0 when disabled). One host sync."""
+        return float(self._owner.state.loss_scale) if self._enabled else 1.0
+
+    @property
+    def _scale(self) -> torch.Tensor | None:
+        """torch's attribute: the live 0-d float32 scale tensor (None when disabled); torch's own tests read it."""
+        return self._owner.state.loss_scale if self._enabled else None
+
+    # torch's lazy-init attributes, which its own tests set and read around load_state_dict(): here they are
+    # views of the live state (the scale and the growth tracker), read on the host (one sync each).
+    _init_scale = property(lambda self: self.get_scale(), lambda self, v: self._owner.overwrite(scale=v))
+    _init_growth_tracker = property(
+        lambda self: self._get_growth_tracker(), lambda self, v: self._owner.overwrite(growth_tracker=v)
+    )
+
+    def _get_growth_tracker(self) -> int:
+        """Finite steps since the scale last changed, a Python int (0 when disabled). One host sync."""
+        return int(self._owner.state.good_steps) if self._enabled else 0
+
+    def get_growth_factor(self) -> float:
+        return self._owner.policy.multiplier
+
+    def set_growth_factor(self, new_factor: float) -> None:
+        self._owner.set_policy(replace_policy(self._owner.policy, growth_factor=new_factor))
+
+    def get_backoff_factor(self) -> float:
+        return self._owner.policy.backoff_factor
+
+    def set_backoff_factor(self, new_factor: float) -> None:
+        self._owner.set_policy(replace_policy(self._owner.policy, backoff_factor=new_factor))
+
+    def get_growth_interval(self) -> int:
+        return self._owner.policy.increment_period
+
+    def set_growth_interval(self, new_interval: int) -> None:
+        self._owner.set_policy(replace_policy(self._owner.policy, growth_interval=new_interval))
+
+    def is_enabled(self) -> bool:
+        return self._enabled
+
+    def state_dict(self) -> dict[str, Any]:
+        """torch's five keys plus a ``"lossscale"`` entry, plain values only (``{}`` when disabled); one sync."""
+        return gradscaler_state_dict(self._owner.policy, self._owner.state) if self._enabled else {}
+
+    def load_state_dict(self, state_dict: dict[str, Any], custom_objects: Mapping[str, type] | None = None) -> None:
+        """Restores ours or ``torch.amp.GradScaler``'s state dict (see ``_checkpoint.py``); validated first.
+
+        A policy class of your own is rebuilt from ``custom_objects`` (or is
+        the class already in use); nothing is imported by name.
+        """
+        if not self._enabled:
+            return
+        self._owner.load_record(gradscaler_record(state_dict, self._owner.policy, self._owner.state, custom_objects))
+        for slot in self._per_optimizer.values():
+            slot.reset()
+
+    # ------------------------------------------------------------ lossscale's attributes (no sync)
+
+    @property
+    def loss_scale(self) -> torch.Tensor:
+        """The current scale, a 0-d float32 tensor (a copy; 1.0 when disabled)."""
+        return self._owner.loss_scale if self._enabled else torch.ones(())
+
+    @property
+    def skipped_steps(self) -> torch.Tensor:
+        """0-d int32 tensor: iterations (``update()`` calls) in which a step was skipped; in ``state_dict``."""
+        return self._owner.state.skipped_steps.clone()
+
+    @property
+    def last_step_skipped(self) -> torch.Tensor:
+        """0-d bool tensor: was a step skipped in the iteration the last ``update()`` closed?"""
+        return self._owner.state.consecutive_skips > 0
+
+    @property
+    def consecutive_skips(self) -> torch.Tensor:
+        """0-d int32 tensor: iterations in a row, up to the last ``update()``, in which a step was skipped."""
+        return self._owner.state.consecutive_skips.clone()
+
+    @property
+    def loss_scale_policy(self) -> Any:
+        """The :class:`lossscale.DynamicLossScale` followed (torch's factors and lossscale's extras)."""
+        return self._owner.policy
+
+    @property
+    def history(self) -> Any:
+        """The :class:`lossscale.History` being recorded (flushed first), or None if off."""
+        if self._recorder is None:
+            return None
+        self._recorder.flush()
+        return self._recorder.history
+
+    @property
+    def last_overflow_report(self) -> OverflowReport | None:
+        """The report of the last skipped step (needs ``overflow_report=True``), or None."""
+        reporter = self._diagnostics.reporter
+        return None if reporter is None else reporter.last
+
+
+    # ------------------------------------------------------------ pickling: the scale's record, plus settings
+
+    def __getstate__(self) -> dict[str, Any]:
+        """The scale (pickled through its checkpoint record, policy object included) and the settings; nothing else.
+
+        Built field by field, so live objects (the stall guard's CUDA event,
+        per-optimizer records, parameter names) are never pickled.
+        """
+        if any(slot.record.stage is not Stage.READY for slot in self._per_optimizer.values()):
+            raise RuntimeError(
+                "A GradScaler may be pickled only between iterations (before scale() or after update())."
+            )
+        history = None if self._recorder is None else self._recorder.history
+        if self._recorder is not None:
+            self._recorder.flush()
+        return {"device": self._device, "enabled": self._enabled, "placed": self._placed, "scale": self._owner,
+                "diagnostics": self._diagnostics, "history": history, "sync_skips": self.sync_skips,
+                "updates": self._updates}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        if not isinstance(state["scale"], IterationScale):
+            raise TypeError(f"Not a pickled GradScaler: its scale is a {type(state['scale']).__name__}.")
+        self._device, self._enabled, self._placed = state["device"], bool(state["enabled"]), bool(state["placed"])
+        self._owner, self._diagnostics = state["scale"], state["diagnostics"]
+        self._recorder = None if state["history"] is None else StepRecorder(state["history"])
+        self.sync_skips, self._updates = bool(state["sync_skips"]), int(state["updates"])
+        self._per_optimizer = weakref.WeakKeyDictionary()
 
     def __repr__(self) -> str:
         return f"GradScaler({self._device!r}, {self._owner.policy!r}, enabled={self._enabled})"

@@ -3,10 +3,11 @@
 It wraps the user's optimizer *instance* and is itself a
 ``torch.optim.Optimizer`` whose ``param_groups``, ``state`` and ``defaults``
 are the inner optimizer's, so LR schedulers, ``add_param_group`` and
-checkpoints reach it. It composes the stage record (``_lifecycle.py``), the
-step functions (``_step.py``), the scale owner (``_scale.py``, ``_state.py``),
-the fused-state tracker, its counters, diagnostics, checkpoint records and
-the TF v1 methods and attributes (mixins).
+checkpoints reach it. It holds one scale owner (``_scale.py``) and one
+:class:`~lossscale.torch._step.OptimizerStep` (stage, fused-state tracker,
+counters, flag agreement, diagnostics), which a ``step()`` runs top to
+bottom; checkpoints and pickling go through the records of
+``_checkpoint.py``; the TF v1 methods are a mixin (``_tf_methods.py``).
 
 Cost per ``step()``, with G the bytes of all gradients:
 
@@ -20,8 +21,6 @@ fused, float16 gradients   1 check (R+W, values     0 [*]
 anything else              1 unscale+check (R+W)    1 (``found_inf``)
 with ``clip_grad_norm_``   1 norm (R) [+1 R+W if    as above
                            not fused]
-``check="backward"``       none in the step, 1 norm 0 [*]
-(fused only)               (R) in the backward
 no gradient at all         none                     0: a no-op
 ========================== ======================== ====================
 
@@ -48,33 +47,90 @@ backward) is a no-op: the inner optimizer is not stepped, and the scale,
 its counters, this optimizer's counters and the history stay as they
 were (GradScaler raises here instead; TF's ``apply_gradients`` raises, as
 this ``apply_gradients`` does).
+
+The torch idiom::
+
+    opt = LossScaleOptimizer(torch.optim.AdamW(model.parameters(), fused=True))
+    for x, y in data:
+        opt.zero_grad()
+        with torch.autocast("cuda", dtype=torch.float16):
+            loss = loss_fn(model(x), y)
+        opt.get_scaled_loss(loss).backward()
+        opt.step()          # unscale, check, step or skip, update the scale
+
+Closure-based optimizers (LBFGS): the closure scales its own loss and
+returns the unscaled one::
+
+    def closure():
+        opt.zero_grad()
+        loss = loss_fn(model(x), y)
+        opt.get_scaled_loss(loss).backward()
+        return loss
+    opt.step(closure)
+
+Every evaluation's gradients are unscaled and checked; if any overflowed,
+weights and inner state are restored from a copy taken before the step.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import weakref
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
 
-from ._attributes import ScaleAttributes
-from ._check_modes import CheckModes, make_check
-from ._checkpoint import Checkpointing
+from .._policy import LossScale
+from .._resolve import stable_form
+from ._checkpoint import Checkpoint
 from ._compat import init_step_hooks
-from ._counters import StepCounters
-from ._diagnostics import Diagnostics
+from ._diagnostics import Diagnostics, OverflowReport
+from ._inner_load import load_inner
 from ._distributed import FlagAgreement, agreement_groups, validate_process_group
 from ._distributed import check_replicas_agree as _check_replicas_agree
-from ._fused import FusedStateTracker
-from ._lifecycle import ANY_BEFORE_STEP, StepRecord
-from ._scale import scale_owner_for
-from ._step import apply_or_skip, finish_step, step_with_closure, unscale_
+from ._scale import ScaleOwner, scale_owner_for
+from ._step import OptimizerStep
 from ._tf_methods import TFv1Methods
-from ._wrapping import check_wrappable, note_wrapped
 
 __all__ = ["LossScaleOptimizer"]
 
-class LossScaleOptimizer(ScaleAttributes, TFv1Methods, Checkpointing, CheckModes, torch.optim.Optimizer):
+# inner optimizer -> the LossScaleOptimizer wrapping it (weakly, both ways): two wrappers would unscale twice.
+_WRAPPED: weakref.WeakKeyDictionary[torch.optim.Optimizer, weakref.ref] = weakref.WeakKeyDictionary()
+
+
+def _check_wrappable(optimizer: Any) -> None:
+    """Refuses a non-optimizer, a wrapper, and an optimizer another live wrapper already wraps."""
+    if isinstance(optimizer, LossScaleOptimizer):
+        raise TypeError(
+            "optimizer is already a LossScaleOptimizer; wrapping it again would scale twice. "
+            "Use it as it is, or wrap its inner_optimizer."
+        )
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(
+            f"optimizer must be a torch.optim.Optimizer instance, got {type(optimizer).__name__}. "
+            "Build the optimizer first, e.g. LossScaleOptimizer(torch.optim.AdamW(model.parameters()))."
+        )
+    owner = _WRAPPED.get(optimizer)
+    if owner is not None and owner() is not None:
+        raise ValueError(
+            "This optimizer is already wrapped by another LossScaleOptimizer; two wrappers would unscale "
+            "its gradients twice. Reuse the existing wrapper, or share one scale with SharedLossScale."
+        )
+
+
+def _check_mode(check: Any) -> None:
+    """``check="step"`` is the one check mode; ``"backward"`` was removed (it measured slower everywhere)."""
+    if isinstance(check, str) and check == "step":
+        return
+    if isinstance(check, str) and check == "backward":
+        raise ValueError(
+            "check='backward' was removed: it measured slower than the step-time check on CPU and on an H100, "
+            "with the same weights and skips. Drop the check argument (the gradients are checked in step())."
+        )
+    raise ValueError(f"check must be 'step' (the only mode), got {check!r}. Drop the check argument.")
+
+
+class LossScaleOptimizer(TFv1Methods, torch.optim.Optimizer):
     """An optimizer that applies loss scaling; TF's ``LossScaleOptimizer`` for torch.
 
     Loss scaling multiplies the loss by ``S`` before backprop and the
@@ -93,6 +149,8 @@ class LossScaleOptimizer(ScaleAttributes, TFv1Methods, Checkpointing, CheckModes
         initial_scale: the initial (or, when ``dynamic=False``, fixed) scale;
             default 2**15.
         dynamic_growth_steps: finite steps before the scale doubles; default 2000.
+        min_loss_scale, max_loss_scale, hysteresis: refine the dynamic scale
+            (defaults 1, none, 1; see :class:`lossscale.DynamicLossScale`).
         process_group: a ``torch.distributed`` group over which the found-inf
             flag is all-reduced (MAX) before the decision, so that every rank
             skips or steps together when ranks hold different gradients
@@ -119,33 +177,10 @@ class LossScaleOptimizer(ScaleAttributes, TFv1Methods, Checkpointing, CheckModes
             scale, skip flag and loss (the one given to
             :meth:`get_scaled_loss`); transferred in batches, no per-step sync.
             Read it with :attr:`history`.
-        check: ``"step"`` (default): gradients are checked in ``step()``.
-            ``"backward"`` (fused inner optimizers): hooks take each one's
-            2-norm in the backward, so ``step()`` and ``clip_grad_norm_``
-            read none; same weights and skips. See :class:`CheckModes`.
+        check: ``"step"``, the only mode (gradients are checked in
+            ``step()``); any other value raises ``ValueError``.
 
-    The torch idiom::
-
-        opt = LossScaleOptimizer(torch.optim.AdamW(model.parameters(), fused=True))
-        for x, y in data:
-            opt.zero_grad()
-            with torch.autocast("cuda", dtype=torch.float16):
-                loss = loss_fn(model(x), y)
-            opt.get_scaled_loss(loss).backward()
-            opt.step()          # unscale, check, step or skip, update the scale
-
-    Closure-based optimizers (LBFGS): the closure scales its own loss and
-    returns the unscaled one::
-
-        def closure():
-            opt.zero_grad()
-            loss = loss_fn(model(x), y)
-            opt.get_scaled_loss(loss).backward()
-            return loss
-        opt.step(closure)
-
-    Every evaluation's gradients are unscaled and checked; if any overflowed,
-    weights and inner state are restored from a copy taken before the step.
+    See the module docstring for the torch idiom and closures (LBFGS).
 
     >>> import torch
     >>> w = torch.nn.Parameter(torch.tensor([1.0]))
@@ -164,27 +199,28 @@ class LossScaleOptimizer(ScaleAttributes, TFv1Methods, Checkpointing, CheckModes
         dynamic: bool | None = None,
         initial_scale: float | None = None,
         dynamic_growth_steps: int | None = None,
-        process_group: Any = None,
+        min_loss_scale: float | None = None,
+        max_loss_scale: float | None = None,
+        hysteresis: int | None = None,
         max_consecutive_skips: int | None = None,
+        history: Any = None,
+        process_group: Any = None,
         overflow_report: bool = False,
         named_parameters: Iterable[tuple[str, torch.Tensor]] | None = None,
-        history: Any = None,
         check: str = "step",
     ) -> None:
-        check_wrappable(optimizer, LossScaleOptimizer)
+        _check_wrappable(optimizer)
+        _check_mode(check)
+        owner = scale_owner_for(
+            optimizer, loss_scale, dynamic=dynamic, initial_scale=initial_scale,
+            dynamic_growth_steps=dynamic_growth_steps, min_loss_scale=min_loss_scale,
+            max_loss_scale=max_loss_scale, hysteresis=hysteresis,
+        )
+        diagnostics = Diagnostics(max_consecutive_skips, overflow_report, named_parameters, history)
         self._inner = optimizer
-        self._owner = scale_owner_for(optimizer, loss_scale, dynamic, initial_scale, dynamic_growth_steps)
-        self._agree = FlagAgreement(process_group, self._params)
-        self._diagnostics = Diagnostics(max_consecutive_skips, overflow_report, named_parameters, history)
-        self._check = make_check(check, optimizer)  # last: it may register hooks on the parameters
-        self._wire()
-
-    def _wire(self) -> None:
-        self._record = StepRecord()  # this optimizer's stage
-        self._tracker = FusedStateTracker()
-        self._counters = StepCounters()
+        self._steps = OptimizerStep(owner, FlagAgreement(process_group, self._params), diagnostics)
         init_step_hooks(self)
-        note_wrapped(self._inner, self)
+        _WRAPPED[optimizer] = weakref.ref(self)
 
     # ------------------------------------------------------------ the inner optimizer's surface
 
@@ -199,14 +235,12 @@ class LossScaleOptimizer(ScaleAttributes, TFv1Methods, Checkpointing, CheckModes
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         self._inner.add_param_group(param_group)
-        self._check.add_params(self._inner.param_groups[-1]["params"])
-        self._agree.reset()  # the new parameters may be DTensors on another mesh
+        self._steps.agree.reset()  # type: ignore[attr-defined]  # the new parameters may be DTensors on another mesh
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """The inner optimizer's ``zero_grad``; also forgets an ``unscale_()`` or clip not yet stepped."""
         self._inner.zero_grad(set_to_none=set_to_none)
-        self._record.forget_check()
-        self._check.clear()
+        self._steps.forget()
 
     # ------------------------------------------------------------ scaling and stepping
 
@@ -218,7 +252,7 @@ class LossScaleOptimizer(ScaleAttributes, TFv1Methods, Checkpointing, CheckModes
         optimizer (which leaves them scaled for its kernel) it applies that
         clip's ``coef / S``. Cost: one R+W pass; no sync.
         """
-        unscale_(self._inner, self._record, self._owner)
+        self._steps.unscale_(self._inner)
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
         """Clips the gradients' global norm to ``max_norm``, folding in the unscale; once per iteration.
@@ -230,7 +264,7 @@ class LossScaleOptimizer(ScaleAttributes, TFv1Methods, Checkpointing, CheckModes
         more R+W pass applies ``coef/S``. ``norm_type``: any p > 0 or
         ``inf``. A second call before ``step()`` raises, fused or not.
         """
-        return self._check.clip_grad_norm_(self._inner, self._record, self._owner, max_norm, norm_type)
+        return self._steps.clip_grad_norm_(self._inner, max_norm, norm_type)
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
         """Unscales and checks the gradients, steps or skips, and updates the scale.
@@ -242,37 +276,15 @@ class LossScaleOptimizer(ScaleAttributes, TFv1Methods, Checkpointing, CheckModes
         inner state are restored from copies taken before the step.
         """
         if closure is not None:
-            with self._check.paused():  # closures are checked per evaluation, at step time
-                loss, found_inf, skipped = step_with_closure(self._inner, self._record, self._owner, closure, self._agree)
-            self._check.clear()
-            if found_inf is not None:
-                self._finish(found_inf, skipped)
-            return loss
-        checked = self._check.for_step(self._inner, self._record, self._owner)
-        if checked is None:  # no gradient at all: nothing to apply, nothing to count
-            return None
-        self._apply_checked(*checked)
+            return self._steps.step_with_closure(self._inner, closure, self._named_grads)
+        self._steps.step(self._inner, named_grads=self._named_grads)
         return None
-
-    def _apply_checked(self, found_inf: torch.Tensor, grad_scale: torch.Tensor | None = None, named: Any = None) -> Any:
-        """Agrees on ``found_inf`` across ranks, applies or skips, and finishes the step; returns the agreed flag."""
-        self._record.require("step", ANY_BEFORE_STEP)
-        found_inf = self._agree(found_inf)
-        skipped = apply_or_skip(self._inner, found_inf, grad_scale, self._tracker)
-        self._finish(found_inf, skipped, named)
-        return found_inf
-
-    def _finish(self, found_inf: torch.Tensor, skipped: bool | None, named: Any = None) -> None:
-        finish_step(
-            found_inf, skipped, record=self._record, owner=self._owner, counters=self._counters,
-            diagnostics=self._diagnostics, named_grads=self._named_grads if named is None else named,
-        )
 
     def _params(self) -> list[torch.Tensor]:
         return [p for g in self._inner.param_groups for p in g["params"]]
 
     def _named_grads(self) -> list[tuple[str, torch.Tensor]]:
-        return self._diagnostics.named_grads(self.param_groups)
+        return self._steps.diagnostics.named_grads(self._inner.param_groups)
 
     def check_replicas_agree(self, process_group: Any = None) -> None:
         """Debug check: raises :class:`lossscale.LossScaleError` unless all ranks hold the same scale state.
@@ -281,17 +293,141 @@ class LossScaleOptimizer(ScaleAttributes, TFv1Methods, Checkpointing, CheckModes
         the group the found-inf flag is reduced over, else the world); call
         it on every rank of it. Cost: one all-gather of 6 numbers, one sync.
         """
-        group = self._agree.process_group if process_group is None else validate_process_group(process_group)
-        _check_replicas_agree(self._owner.state, self._owner.policy, agreement_groups(group, self._params()))
+        agree = self._steps.agree
+        group = agree.process_group if process_group is None else validate_process_group(process_group)  # type: ignore[attr-defined]
+        owner = self._steps.owner
+        _check_replicas_agree(owner.state, owner.policy, agreement_groups(group, self._params()))
 
-    def _restore(self, state: dict[str, Any]) -> None:
-        """Rebuilds the wiring after unpickling (see ``Checkpointing.__setstate__``)."""
-        self._inner, self._owner = state["inner"], state["scale"]
-        self._check = make_check(state.get("check", "step"), self._inner, restoring=True)
-        self._agree = FlagAgreement(None, self._params)  # process groups do not pickle; pass process_group= again
-        limit, report = state.get("max_consecutive_skips"), state.get("overflow_report", False)
-        self._diagnostics = Diagnostics(limit, report, None, state.get("history"))
-        self._wire()
+    # ------------------------------------------------------------ attributes (TF's, Keras's, the vocabulary's; no sync)
+
+    @property
+    def dynamic(self) -> bool:
+        """Whether the loss scale is dynamic."""
+        return self._steps.owner.policy.dynamic
+
+    @property
+    def dynamic_counter(self) -> torch.Tensor | None:
+        """Finite steps since the scale last changed (0-d int32 tensor, no sync), or None if fixed."""
+        return self._steps.owner.state.good_steps.clone() if self.dynamic else None
+
+    @property
+    def dynamic_growth_steps(self) -> int | None:
+        """Finite steps it takes to grow the scale, or None if fixed."""
+        return stable_form(self._steps.owner.policy)["dynamic_growth_steps"]
+
+    @property
+    def initial_scale(self) -> float:
+        """The initial loss scale (the only one, when fixed)."""
+        return self._steps.owner.policy.initial_scale
+
+    @property
+    def min_loss_scale(self) -> float | None:
+        """The floor of a dynamic scale (None if fixed)."""
+        return getattr(self._steps.owner.policy, "min_loss_scale", None) if self.dynamic else None
+
+    @property
+    def max_loss_scale(self) -> float | None:
+        """The ceiling of a dynamic scale (None: none, or fixed)."""
+        return getattr(self._steps.owner.policy, "max_loss_scale", None) if self.dynamic else None
+
+    @property
+    def hysteresis(self) -> int | None:
+        """Non-finite steps a dynamic scale tolerates before backing off (None if fixed)."""
+        return getattr(self._steps.owner.policy, "hysteresis", None) if self.dynamic else None
+
+    @property
+    def max_consecutive_skips(self) -> int | None:
+        """The stall guard's limit, or None if off."""
+        guard = self._steps.diagnostics.guard
+        return None if guard is None else guard.limit
+
+    @property
+    def loss_scale(self) -> torch.Tensor:
+        """The current loss scale as a 0-d float32 tensor (no sync until you convert it)."""
+        return self._steps.owner.loss_scale
+
+    @property
+    def loss_scale_policy(self) -> LossScale:
+        """The :class:`lossscale.LossScale` followed."""
+        return self._steps.owner.policy
+
+    @property
+    def shared_loss_scale(self) -> ScaleOwner:
+        """The scale owner: the :class:`SharedLossScale` you passed, or this optimizer's private one."""
+        return self._steps.owner
+
+    @property
+    def last_step_skipped(self) -> torch.Tensor:
+        """0-d bool tensor: was this optimizer's last step skipped? (its own, even with a shared scale; no sync)."""
+        return self._steps.counters.last_step_skipped(self._steps.owner.device)
+
+    @property
+    def skipped_steps(self) -> torch.Tensor:
+        """0-d int32 tensor: this optimizer's steps skipped so far; saved in ``state_dict``."""
+        return self._steps.counters.skipped_steps(self._steps.owner.device)
+
+    @property
+    def consecutive_skips(self) -> torch.Tensor:
+        """0-d int32 tensor: this optimizer's skipped steps in a row, up to its last step; saved in ``state_dict``."""
+        return self._steps.counters.consecutive_skips(self._steps.owner.device)
+
+    @property
+    def history(self) -> Any:
+        """The :class:`lossscale.History` being recorded (flushed first), or None if off."""
+        recorder = self._steps.diagnostics.recorder
+        if recorder is None:
+            return None
+        recorder.flush()
+        return recorder.history
+
+    @property
+    def last_overflow_report(self) -> OverflowReport | None:
+        """The report of the last skipped step (needs ``overflow_report=True``), or None."""
+        reporter = self._steps.diagnostics.reporter
+        return None if reporter is None else reporter.last
+
+    # ------------------------------------------------------------ checkpoints and pickling: one record
+
+    def state_dict(self) -> dict[str, Any]:
+        """The inner optimizer's state dict plus a ``"lossscale"`` entry (see ``_checkpoint.py``).
+
+        That entry holds the policy (key ``"policy"``), the scale and its
+        counters, and this optimizer's own counters (steps, skipped steps,
+        skip streak).
+        """
+        inner = dict(self._inner.state_dict())
+        steps = self._steps
+        return Checkpoint(inner, steps.owner.record(), steps.counters.record()).to_state_dict()
+
+    def load_state_dict(self, state_dict: Any, custom_objects: Mapping[str, type] | None = None) -> None:
+        """Restores :meth:`state_dict`'s output; the saved policy replaces the current one.
+
+        Everything is validated before anything is loaded: a malformed
+        ``"lossscale"`` entry raises ``ValueError`` and leaves the inner
+        optimizer, the scale and the counters as they were. A plain
+        inner-optimizer state dict restores the inner optimizer and keeps
+        the current scale. A history recorded past the restored step is cut
+        back to it. A policy class of your own is rebuilt from
+        ``custom_objects`` (``{"MyLossScale": MyLossScale}``) or, when the
+        saved class name is the current policy's, from that class; nothing is
+        imported by a name read from the checkpoint.
+        """
+        checkpoint = Checkpoint.from_state_dict(state_dict, custom_objects, current=self._steps.owner.policy)
+        load_inner(self._inner, checkpoint.inner)  # all or nothing; another optimizer's state dict is refused
+        self._steps.load(checkpoint)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """The inner optimizer and the step object's record (see ``OptimizerStep.pickled``); nothing else.
+
+        Parameter names and process groups do not survive pickling: pass them again.
+        """
+        return {"inner": self._inner, **self._steps.pickled()}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._inner = state["inner"]
+        self._steps = OptimizerStep.unpickled(state, FlagAgreement(None, self._params))
+        init_step_hooks(self)
+        _WRAPPED[self._inner] = weakref.ref(self)
 
     def __repr__(self) -> str:
-        return f"LossScaleOptimizer({self._inner!r}, loss_scale={self._owner.policy!r})"
+        return f"LossScaleOptimizer({self._inner!r}, loss_scale={self._steps.owner.policy!r})"

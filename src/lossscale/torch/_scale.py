@@ -1,44 +1,203 @@
-"""Who advances the loss scale, and when: the private owner of one optimizer, or a :class:`SharedLossScale`.
+"""The loss scale's state as torch tensors, and who advances it: :class:`ScaleState` and the scale owners.
 
-Both keep their tensors in a :class:`~lossscale.torch._state.ScaleState`
-(the one owner of the state) and offer the same reading surface
-(:class:`ScaleOwner`: ``policy``, ``state``, ``loss_scale``,
-``get_scaled_loss``, ``inv_scale``, ``to_``, ``state_dict``...). They differ
-in one method, :meth:`ScaleOwner.add_step`, which a step calls with its
-found-inf flag and its :class:`~lossscale.torch._lifecycle.StepRecord`:
+:class:`ScaleState` holds the policy and a :class:`~lossscale.LossScaleState`
+of five 0-d tensors (float32 scale, four int32 counters) on one device, and
+is the only code that changes them:
 
-* :class:`PrivateLossScale` (made by a ``LossScaleOptimizer`` given no
-  ``SharedLossScale``): advances the scale at once; the record is ``READY``
-  again.
+* :meth:`ScaleState.advance` ``(found_inf)``: the core rule
+  ``state <- next_state(policy, state, found_inf == 0)``, in place (the
+  tensors keep their addresses: friendly to CUDA graphs). On an
+  accelerator, and under ``torch.compile``, about 20 scalar torch ops on
+  the device: no host sync. For CPU state it runs on the host
+  (:func:`lossscale._rule.advance_in_place`) on numpy views sharing the
+  tensors' memory: about 10 microseconds instead of 30, and no sync, since
+  a CPU tensor has no queue to wait for.
+* :meth:`ScaleState.inv_scale`: ``1/S`` in float32, computed in float64.
+* :meth:`ScaleState.record` / :meth:`ScaleState.load`: the checkpoint record
+  (:class:`~lossscale.torch._checkpoint.ScaleRecord`), also what pickling uses.
+
+The owners keep one :class:`ScaleState` and share one reading surface
+(:class:`ScaleOwner`); they differ in :meth:`ScaleOwner.add_step`, which a
+step (``_step.py``) calls with its found-inf flag and its stage record:
+
+* :class:`PrivateLossScale` (one ``LossScaleOptimizer``'s): advances at once.
 * :class:`SharedLossScale`: keeps the flag (MAX over the members), marks the
-  record ``STEPPED``, and advances once in :meth:`SharedLossScale.update`,
-  which makes every member ``READY`` again. A GradScaler-style facade, whose
-  ``update()`` ends the iteration, can use it as is.
-
-Cost: ``add_step`` is one scalar max (shared) or one advance (private: about
-20 scalar device ops, or ~10 microseconds on the host for CPU state); no
-host sync either way.
+  record ``STEPPED``, and advances once in :meth:`SharedLossScale.update`.
+* :class:`IterationScale`: GradScaler's, a shared scale that also takes
+  torch's ``update(new_scale)`` and policy changes.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import math
+from collections.abc import Mapping
+from dataclasses import replace
+from numbers import Real
+from typing import TYPE_CHECKING, Any, NamedTuple
 
+import numpy as np
 import torch
 
-from .._policy import LossScale
+from .._policy import DynamicLossScale, LossScale
 from .._resolve import resolve_loss_scale
-from .._rule import LossScaleState
+from .._rule import LossScaleState, advance_in_place, initial_state, next_state
 from ._checkpoint import ScaleRecord
-from ._grads import move
-from ._lifecycle import StepRecord
-from ._state import ScaleState
+from ._compat import foreach_copy_
+from ._grads import move, reciprocal
 
-__all__ = ["PrivateLossScale", "ScaleOwner", "SharedLossScale", "scale_owner_for"]
+if TYPE_CHECKING:
+    from ._step import StepRecord
+
+__all__ = [
+    "IterationScale", "PrivateLossScale", "ScaleOwner", "ScaleState", "SharedLossScale", "StepScale", "scale_owner_for",
+]
+
+
+class ScaleState:
+    """A policy and its live state tensors; the only code that changes them.
+
+    >>> import torch, lossscale
+    >>> s = ScaleState(lossscale.DynamicLossScale(8.0, 2))
+    >>> s.advance(torch.tensor(0.0)); s.advance(torch.tensor(0.0))
+    >>> float(s.tensors.loss_scale), float(s.inv_scale())
+    (16.0, 0.0625)
+    """
+
+    def __init__(self, policy: LossScale, device: torch.device | str | None = None) -> None:
+        self._set_policy(policy)
+        self._set_tensors(initial_state(policy, torch, device=device))
+
+    @property
+    def policy(self) -> LossScale:
+        return self._policy
+
+    @property
+    def tensors(self) -> LossScaleState:
+        """The live state tensors (read them; only :meth:`advance` and :meth:`load` write them)."""
+        return self._tensors
+
+    @property
+    def device(self) -> torch.device:
+        return self._tensors.loss_scale.device
+
+    @property
+    def can_go_below_one(self) -> bool:
+        """Whether the policy lets the scale fall below 1 (``min_loss_scale < 1``)."""
+        return self._params.min_scale < 1
+
+    def scaled(self, loss: torch.Tensor) -> torch.Tensor:
+        """``loss * S``, formed in at least float32 and rounded once to ``loss``'s dtype. No sync."""
+        scale = self._tensors.loss_scale
+        if scale.device != loss.device:
+            scale = move(scale, loss.device)
+        return torch.mul(loss, scale).to(loss.dtype)
+
+    def inv_scale(self) -> torch.Tensor:
+        """``1 / S`` as float32, computed in float64 (on the host for CPU state: one op instead of three)."""
+        views = self._host_views_now()
+        if views is not None:
+            with np.errstate(over="ignore"):  # 1/S beyond float32 is inf, as on the device
+                return torch.from_numpy(np.asarray(1.0 / float(views.loss_scale), dtype=np.float32))
+        return reciprocal(self._tensors.loss_scale)
+
+    def to_(self, device: torch.device) -> None:
+        """Moves the state to ``device`` (one small copy per tensor; nothing when already there)."""
+        if self.device != device:
+            self._set_tensors(LossScaleState(*(t.to(device) for t in self._tensors)))
+
+    def advance(self, found_inf: torch.Tensor) -> None:
+        """``state <- next_state(policy, state, found_inf == 0)`` in place; see the module docstring for the cost."""
+        if found_inf.device != self._tensors.loss_scale.device:
+            found_inf = move(found_inf, self.device)
+        views = self._host_views_now()
+        if views is not None:
+            advance_in_place(self._params, views, float(found_inf.detach().numpy()) == 0.0)
+            return
+        new = next_state(self._params, self._tensors, found_inf == 0, torch)
+        with torch.no_grad():
+            foreach_copy_(list(self._tensors), new)
+
+    def set_policy(self, policy: LossScale) -> None:
+        """Follows ``policy`` from now on; the state tensors stay as they are (GradScaler's ``set_growth_factor`` & co)."""
+        self._set_policy(policy)
+
+    def set_scale(self, value: torch.Tensor, found_inf: torch.Tensor | None = None) -> None:
+        """``S <- value`` in place (GradScaler's ``update(new_scale)``); the growth counters stay as they are.
+
+        A ``found_inf`` flag is counted in the skip counters (as the core rule
+        counts it for a fixed scale). Cost: about 5 scalar ops and one copy
+        per tensor; no host sync.
+        """
+        tensors = list(self._tensors)
+        if found_inf is not None:
+            finite = move(found_inf, self.device) == 0
+            tensors = list(next_state(replace(self._params, dynamic=False), self._tensors, finite, torch))
+        with torch.no_grad():
+            foreach_copy_(list(self._tensors), [move(value, self.device).reshape(()).float(), *tensors[1:]])
+
+    # ------------------------------------------------------------ checkpoints
+
+    def record(self) -> ScaleRecord:
+        """The policy and copies of the tensors."""
+        return ScaleRecord(self._policy, LossScaleState(*(t.detach().clone() for t in self._tensors)))
+
+    def load(self, record: ScaleRecord) -> None:
+        """Takes over a validated record's policy and values (copied to this state's device)."""
+        self._set_policy(record.policy)
+        self._set_tensors(LossScaleState(*(t.to(self.device, copy=True) for t in record.state)))
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickling and ``deepcopy`` go through the checkpoint record; the policy object travels as pickle sends it."""
+        return {"record": self.record().to_dict(policy_object=True), "device": str(self.device)}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        record = ScaleRecord.from_dict(state["record"])  # validated as a state dict is
+        self._set_policy(record.policy)
+        self._set_tensors(LossScaleState(*(t.to(state["device"]) for t in record.state)))
+
+    # ------------------------------------------------------------ internals
+
+    def _set_policy(self, policy: LossScale) -> None:
+        self._policy = policy
+        self._params = policy.rule_params()
+
+    def _set_tensors(self, tensors: LossScaleState) -> None:
+        self._tensors = tensors
+        self._host_views: LossScaleState | None = None
+        self._host_pointers: tuple[int, ...] = ()
+
+    def _host_views_now(self) -> LossScaleState | None:
+        """Numpy views sharing the CPU tensors' memory, or None off the CPU and under ``torch.compile``.
+
+        Made once and remade if a tensor's storage was swapped (``.data =``);
+        checking costs five pointer reads.
+        """
+        if self._tensors.loss_scale.device.type != "cpu" or torch.compiler.is_compiling():
+            return None
+        pointers = tuple(t.data_ptr() for t in self._tensors)
+        if self._host_views is None or pointers != self._host_pointers:
+            self._host_views = LossScaleState(*(t.detach().numpy() for t in self._tensors))
+            self._host_pointers = pointers
+        return self._host_views
+
+
+class StepScale(NamedTuple):
+    """What a step's check needs of the scale, read in one call (:meth:`ScaleOwner.for_step`)."""
+
+    loss_scale: torch.Tensor  # the live 0-d float32 scale
+    inv_scale: torch.Tensor  # 1/S, float32
+    device: torch.device
+    can_go_below_one: bool
 
 
 class ScaleOwner:
-    """The reading surface both owners share; subclasses define :meth:`add_step` and :meth:`update`."""
+    """The reading surface both owners share; subclasses define :meth:`add_step` and :meth:`update`.
+
+    ``advances_each_step``: whether :meth:`add_step` advances the scale at
+    once (a private scale) or keeps the flag for ``update()`` (shared).
+    """
+
+    advances_each_step = False
 
     def __init__(self, policy: LossScale, device: torch.device | str | None = None) -> None:
         self._scale = ScaleState(policy, device)
@@ -92,6 +251,13 @@ class ScaleOwner:
         """Moves the state to ``device`` (done for you when gradients move)."""
         self._scale.to_(device)
 
+    def for_step(self, device: torch.device | None) -> StepScale:
+        """Moves the state to ``device`` (the gradients'), then what a step's check needs of it. No sync."""
+        if device is not None:
+            self.to_(device)
+        scale = self._scale
+        return StepScale(scale.tensors.loss_scale, scale.inv_scale(), scale.device, scale.can_go_below_one)
+
     def advance(self, found_inf: torch.Tensor) -> None:
         """Applies the core rule once, in place (see :meth:`ScaleState.advance`); no host sync."""
         self._scale.advance(found_inf)
@@ -107,9 +273,14 @@ class ScaleOwner:
         """The policy config and copies of the state tensors."""
         return self._scale.record().to_dict()
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restores :meth:`state_dict`'s output, policy included (checked first; nothing changes on error)."""
-        self.load_record(ScaleRecord.from_dict(state_dict))
+    def load_state_dict(self, state_dict: dict[str, Any], custom_objects: Mapping[str, type] | None = None) -> None:
+        """Restores :meth:`state_dict`'s output, policy included (checked first; nothing changes on error).
+
+        A policy of your own class is rebuilt from ``custom_objects``
+        (``{"MyLossScale": MyLossScale}``) or, when the saved class name is
+        the current policy's, from that class; nothing is imported by name.
+        """
+        self.load_record(ScaleRecord.from_dict(state_dict, custom_objects, current=self.policy))
 
     def load_record(self, record: ScaleRecord) -> None:
         """Takes over a validated :class:`~lossscale.torch._checkpoint.ScaleRecord`."""
@@ -120,11 +291,12 @@ class ScaleOwner:
 
 
 class PrivateLossScale(ScaleOwner):
-    """The scale of one ``LossScaleOptimizer``: each step advances it at once."""
+    """The scale of one ``LossScaleOptimizer``: each step advances it at once (the step resets its record)."""
+
+    advances_each_step = True
 
     def add_step(self, found_inf: torch.Tensor, member: StepRecord) -> None:
         self._scale.advance(found_inf)
-        member.reset()
 
     def update(self) -> None:
         raise RuntimeError(
@@ -137,8 +309,9 @@ class SharedLossScale(ScaleOwner):
     """A loss scale that one or more optimizers share.
 
     Args:
-        loss_scale, dynamic, initial_scale, dynamic_growth_steps: the policy,
-            in either of TF's forms (see :class:`LossScaleOptimizer`).
+        loss_scale, dynamic, initial_scale, dynamic_growth_steps, min_loss_scale,
+            max_loss_scale, hysteresis: the policy, in either of TF's forms
+            (see :class:`LossScaleOptimizer` and :func:`lossscale.resolve_loss_scale`).
         device: where the state lives; by default the device of the first
             gradient it sees.
 
@@ -165,20 +338,24 @@ class SharedLossScale(ScaleOwner):
         dynamic: bool | None = None,
         initial_scale: float | None = None,
         dynamic_growth_steps: int | None = None,
+        min_loss_scale: float | None = None,
+        max_loss_scale: float | None = None,
+        hysteresis: int | None = None,
         device: torch.device | str | None = None,
     ) -> None:
         policy = resolve_loss_scale(
-            loss_scale, dynamic=dynamic, initial_scale=initial_scale, dynamic_growth_steps=dynamic_growth_steps
+            loss_scale, dynamic=dynamic, initial_scale=initial_scale, dynamic_growth_steps=dynamic_growth_steps,
+            min_loss_scale=min_loss_scale, max_loss_scale=max_loss_scale, hysteresis=hysteresis,
         )
         super().__init__(policy, device)
         self._pending: torch.Tensor | None = None
         self._members: list[StepRecord] = []
 
     def add_step(self, found_inf: torch.Tensor, member: StepRecord) -> None:
-        """Keeps one optimizer's flag for :meth:`update`; its record is ``STEPPED`` until then. No sync."""
-        member.stepped()
+        """Keeps one optimizer's flag for :meth:`update`, which makes its record (``STEPPED``) ready again. No sync."""
         self._members.append(member)
-        found_inf = move(found_inf, self.device)
+        if found_inf.device != self.device:
+            found_inf = move(found_inf, self.device)
         self._pending = found_inf if self._pending is None else torch.maximum(self._pending, found_inf)
 
     def update(self) -> None:
@@ -209,6 +386,7 @@ class SharedLossScale(ScaleOwner):
         self._members = []
 
     def __getstate__(self) -> dict[str, Any]:
+        """The scale's record (see :meth:`ScaleState.__getstate__`); pending flags and members are not kept."""
         return {"scale": self._scale}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -217,16 +395,83 @@ class SharedLossScale(ScaleOwner):
         self._members = []
 
 
-def scale_owner_for(
-    optimizer: torch.optim.Optimizer, loss_scale: Any, dynamic: Any, initial_scale: Any, dynamic_growth_steps: Any
-) -> ScaleOwner:
-    """The given :class:`SharedLossScale`, or a new private scale on the device of ``optimizer``'s parameters."""
+_SCALE_KEYWORDS = ("dynamic", "initial_scale", "dynamic_growth_steps", "min_loss_scale", "max_loss_scale", "hysteresis")
+
+
+def scale_owner_for(optimizer: torch.optim.Optimizer, loss_scale: Any, **stable: Any) -> ScaleOwner:
+    """The given :class:`SharedLossScale`, or a new private scale on the device of ``optimizer``'s parameters.
+
+    ``stable``: the stable form's keywords (see :func:`lossscale.resolve_loss_scale`).
+    """
     if isinstance(loss_scale, SharedLossScale):
-        if dynamic is not None or initial_scale is not None or dynamic_growth_steps is not None:
-            raise ValueError("A SharedLossScale carries its own policy; drop dynamic/initial_scale/dynamic_growth_steps.")
+        given = [k for k in _SCALE_KEYWORDS if stable.get(k) is not None]
+        if given:
+            raise ValueError(
+                f"A SharedLossScale carries its own policy; drop {', '.join(f'{k}=' for k in given)} "
+                "or give them to SharedLossScale(...)."
+            )
         return loss_scale
-    policy = resolve_loss_scale(
-        loss_scale, dynamic=dynamic, initial_scale=initial_scale, dynamic_growth_steps=dynamic_growth_steps
-    )
+    policy = resolve_loss_scale(loss_scale, **stable)
     device = next((p.device for g in optimizer.param_groups for p in g["params"]), None)
     return PrivateLossScale(policy, device)
+
+
+# ------------------------------------------------------------ GradScaler's scale
+
+
+def new_scale_tensor(new_scale: Any) -> torch.Tensor:
+    """``update(new_scale=...)``'s value as a 0-d float32 tensor (a copy); ValueError naming the fix otherwise.
+
+    A Python number must be positive and finite (read on the host); a tensor
+    must hold one element and not require grad (not read: no sync).
+    """
+    fix = "new_scale should be a float or a 1-element tensor with requires_grad=False"
+    if isinstance(new_scale, torch.Tensor):
+        if new_scale.numel() != 1 or new_scale.requires_grad:
+            raise ValueError(f"{fix}; got a tensor of shape {tuple(new_scale.shape)} "
+                             f"(requires_grad={new_scale.requires_grad}).")
+        return new_scale.detach().reshape(()).to(torch.float32, copy=True)
+    if isinstance(new_scale, bool) or not isinstance(new_scale, Real) or not 0 < new_scale < math.inf:
+        raise ValueError(f"{fix}, positive and finite; got {new_scale!r}.")
+    return torch.tensor(float(new_scale), dtype=torch.float32)
+
+
+class IterationScale(SharedLossScale):
+    """GradScaler's scale: a :class:`SharedLossScale` advanced once per ``update()``; also takes a new scale or policy."""
+
+    def __init__(self, policy: DynamicLossScale) -> None:
+        super().__init__(policy)
+
+    @property
+    def pending(self) -> torch.Tensor | None:
+        """The MAX of this iteration's found-inf flags so far (None before the first step); no sync."""
+        return self._pending
+
+    def update(self, new_scale: Any = None) -> None:  # type: ignore[override]
+        """Advances the scale once from this iteration's flags; or, given ``new_scale``, sets it.
+
+        With ``new_scale`` (as torch's ``update(new_scale)``): the scale takes
+        that value and the growth counter stays; the iteration's skip is still
+        counted in ``skipped_steps``. No host sync.
+        """
+        if new_scale is None:
+            super().update()
+            return
+        value = new_scale_tensor(new_scale)
+        members, self._members = self._members, []
+        for member in members:
+            member.reset()
+        pending, self._pending = self._pending, None
+        self._scale.set_scale(value, pending)
+
+    def overwrite(self, *, scale: float | None = None, growth_tracker: int | None = None) -> None:
+        """Sets the scale and/or the growth counter in place (torch's ``_init_scale``/``_init_growth_tracker``)."""
+        if scale is not None:
+            self._scale.set_scale(torch.tensor(float(scale)))
+        if growth_tracker is not None:
+            with torch.no_grad():
+                self.state.good_steps.fill_(min(int(growth_tracker), 2**31 - 1))
+
+    def set_policy(self, policy: DynamicLossScale) -> None:
+        """Follows ``policy`` from the next update on; the scale and its counters stay."""
+        self._scale.set_policy(policy)

@@ -4,10 +4,10 @@
 ``apply_gradients``, ``minimize``, ``get_slot``,
 ``get_slot_names``, ``variables``, ``get_config`` and ``from_config``, as a
 mixin. It relies on the wrapper's public surface (``param_groups``,
-``state``, ``inner_optimizer``, ``shared_loss_scale``), its scale owner
-and diagnostics (``_owner``, ``_diagnostics``) and one hook,
-``_apply_checked(found_inf, grad_scale, named_grads)``, which decides, applies or skips
-and finishes the step (see ``_step.py``).
+``state``, ``inner_optimizer``, ``shared_loss_scale``) and on one declared
+attribute, ``_steps``: the wrapper's :class:`~lossscale.torch._step.OptimizerStep`,
+used through its public methods (``apply`` decides, applies or skips and
+finishes a step) and attributes (``diagnostics``).
 
 ``from_config`` builds ``torch.optim`` classes only, and imports no module a
 config names: a config read from an untrusted checkpoint must not run
@@ -24,7 +24,9 @@ import torch
 
 from .._policy import serialize
 from .._resolve import stable_form
+from ._checkpoint import read_policy
 from ._grads import GradGroups, check_finite, unscaled_copies
+from ._step import OptimizerStep
 
 __all__ = ["TFv1Methods", "optimizer_class"]
 
@@ -34,24 +36,20 @@ class TFv1Methods:
 
     param_groups: list[dict[str, Any]]
     state: Any
-    _owner: Any  # the scale owner
-    _diagnostics: Any
-
-    def _apply_checked(self, found_inf: torch.Tensor, grad_scale: Any, named: Any) -> torch.Tensor:  # pragma: no cover
-        raise NotImplementedError
+    _steps: OptimizerStep
 
     def _params(self) -> list[torch.Tensor]:
         return [p for g in self.param_groups for p in g["params"]]
 
     def get_scaled_loss(self, loss: Any) -> Any:
         """``loss * loss_scale``, keeping ``loss``'s dtype; a callable gives a callable."""
-        recorder = self._diagnostics.recorder
+        recorder = self._steps.diagnostics.recorder
         if recorder is not None:
             if isinstance(loss, torch.Tensor):
                 recorder.note_loss(loss)
             elif callable(loss):
                 return lambda: self.get_scaled_loss(loss())
-        return self._owner.get_scaled_loss(loss)
+        return self._steps.owner.get_scaled_loss(loss)
 
     def get_unscaled_gradients(self, grads: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:
         """A new list: each gradient times ``1/loss_scale`` in its own dtype; None stays None.
@@ -60,7 +58,7 @@ class TFv1Methods:
         Cost: one R pass and one W pass into new tensors (one more R+W for
         float16/bfloat16); no sync.
         """
-        return unscaled_copies(list(grads), self._owner.inv_scale())
+        return unscaled_copies(list(grads), self._steps.owner.inv_scale())
 
     def compute_gradients(
         self, loss: Any, var_list: Iterable[torch.Tensor] | None = None, grad_loss: torch.Tensor | None = None
@@ -119,7 +117,7 @@ class TFv1Methods:
         owner = self.shared_loss_scale  # type: ignore[attr-defined]
         owner.to_(given[0].device)
         found_inf = check_finite(GradGroups(given), out_device=owner.device)
-        reporter = self._diagnostics.reporter
+        reporter = self._steps.diagnostics.reporter
         named = (
             [(reporter.name_of(v, *index[id(v)]), grad) for grad, v in pairs if grad is not None]
             if reporter is not None
@@ -132,7 +130,7 @@ class TFv1Methods:
             for grad, var in pairs:
                 if grad is not None:
                     var.grad = grad
-            found_inf = self._apply_checked(found_inf, None, named)
+            found_inf, _ = self._steps.apply(self.inner_optimizer, found_inf, None, named_grads=named)  # type: ignore[attr-defined]
         finally:
             for p, grad in zip(params, saved):
                 p.grad = grad
@@ -184,14 +182,15 @@ class TFv1Methods:
         """Rebuilds from :meth:`get_config`; torch optimizers need their ``params`` at construction.
 
         The inner class is looked up in ``custom_objects``, then among
-        ``torch.optim``'s optimizers; no module named by the config is
+        ``torch.optim``'s optimizers; a policy class of your own likewise
+        comes from ``custom_objects``. No module named by the config is
         imported.
         """
         spec = config["inner_optimizer"]
         opt_cls = optimizer_class(spec, custom_objects)
         inner = opt_cls(params, **_constructor_kwargs(opt_cls, spec["config"]))
         if config.get("loss_scale") is not None:
-            return cls(inner, loss_scale=config["loss_scale"])  # type: ignore[call-arg]
+            return cls(inner, loss_scale=read_policy(config["loss_scale"], custom_objects, None))  # type: ignore[call-arg]
         return cls(
             inner,  # type: ignore[call-arg]
             dynamic=config.get("dynamic"),

@@ -6,6 +6,6 @@ Each module imports its framework at the top; import only the one you use::
     from lossscale.torch.integrations.lightning import LossScaleMonitor     # log the scale in Lightning
 
 Lightning (``MixedPrecision(..., scaler=...)``) and timm (``NativeScaler``)
-take the scaler without a helper: see the README's "Use it where you train".
+take the scaler without a helper: see docs/how-to/trainers.md.
 Private framework names used here are all in ``_compat.py``.
 """

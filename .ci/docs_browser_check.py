@@ -1,0 +1,132 @@
+"""The built site in a real browser: serve site/ on 127.0.0.1 and open three pages in headless Chromium.
+
+``make docs-check`` runs it after ``make docs``: ``python .ci/docs_browser_check.py [site] [--screenshots DIR]``.
+Chromium is Debian's (``/usr/bin/chromium``, or $CHROMIUM), driven by Playwright for Python; nothing is downloaded.
+For the home page, a how-to page and the API page of ``lossscale.torch.LossScaleOptimizer`` it asserts:
+
+- the page title (the page's own title, then the site name);
+- the navigation: the site's sections are links, and the current page is marked active;
+- a rendered code block (Pygments-highlighted, with its copy button);
+- no console error, no uncaught page error and no failed request;
+- and once, the search box: typing "hysteresis" lists at least one result that links into the site.
+
+A full-page screenshot of each page (and of the search results) goes to --screenshots (default site-screenshots/).
+It exits non-zero, naming what failed, on any miss.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import http.server
+import os
+import socket
+import sys
+import threading
+from pathlib import Path
+
+from playwright.sync_api import expect, sync_playwright
+
+ROOT = Path(__file__).resolve().parents[1]
+SITE_NAME = "lossscale"
+NAV_SECTIONS = ("Getting started", "Concepts", "How-to", "Migration", "Benchmarks", "API reference", "Changelog")
+# path, expected <title> prefix, the <h1> text, the anchor whose code block must render (None: any on the page)
+PAGES = [
+    ("", SITE_NAME, "lossscale", None),
+    ("how-to/accumulation/", "Gradient accumulation", "Gradient accumulation", None),
+    ("api/torch/#lossscale.torch.LossScaleOptimizer", "lossscale.torch", "lossscale.torch",
+     "lossscale.torch.LossScaleOptimizer"),
+]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def serve(site: Path) -> tuple[http.server.ThreadingHTTPServer, str]:
+    handler = functools.partial(QuietHandler, directory=str(site))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}/"
+
+
+def check_page(page, base: str, path: str, title: str, h1: str, anchor: str | None, shots: Path) -> None:
+    page.goto(base + path, wait_until="networkidle")
+    expect(page).to_have_title(f"{title} - {SITE_NAME}" if path else SITE_NAME)
+    expect(page.locator("article h1").first).to_contain_text(h1)
+    # Navigation: the primary sidebar lists every section, and marks the page being read.
+    nav = page.locator("nav.md-nav--primary")
+    for section in NAV_SECTIONS:
+        expect(nav.get_by_text(section, exact=True).first).to_be_attached()
+    if path:
+        expect(nav.locator("a.md-nav__link--active").first).to_be_attached()
+    # A rendered code block: highlighted by Pygments (spans inside <code>), with Material's copy button.
+    scope = page.locator(f'[id="{anchor}"]').locator("xpath=..") if anchor else page.locator("article")
+    code = scope.locator("div.highlight pre code").first
+    expect(code).to_be_visible()
+    assert code.locator("span").count() > 3, f"{path or 'home'}: the code block is not highlighted"
+    if anchor:
+        expect(page.locator(f'[id="{anchor}"]')).to_be_visible()
+        expect(scope.locator(".doc-contents").first).to_contain_text("Cost")  # the docstring's cost line rendered
+    page.screenshot(path=str(shots / f"{(path.split('#')[0].strip('/') or 'home').replace('/', '_')}.png"),
+                    full_page=not anchor)
+
+
+def check_search(page, base: str, shots: Path) -> None:
+    page.goto(base, wait_until="networkidle")
+    box = page.locator("input.md-search__input")
+    box.click()
+    box.press_sequentially("hysteresis", delay=50)  # typed, as a reader does: Material searches on key events
+    results = page.locator(".md-search-result__item a")
+    expect(results.first).to_be_visible(timeout=15_000)
+    expect(page.locator(".md-search-result__meta")).to_contain_text("matching")
+    href = results.first.get_attribute("href") or ""
+    assert href.startswith(base) or not href.startswith("http"), f"search result links off the site: {href}"
+    page.screenshot(path=str(shots / "search_hysteresis.png"))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("site", nargs="?", default=str(ROOT / "site"))
+    parser.add_argument("--screenshots", default=str(ROOT / "site-screenshots"))
+    args = parser.parse_args()
+    site, shots = Path(args.site), Path(args.screenshots)
+    if not (site / "index.html").exists():
+        sys.exit(f"{site}/index.html is missing: run `make docs` first.")
+    shots.mkdir(parents=True, exist_ok=True)
+    chromium = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+    if not Path(chromium).exists():
+        sys.exit(f"{chromium} is missing: apt-get install -y chromium (or set CHROMIUM).")
+    server, base = serve(site)
+    problems: list[str] = []
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.on("console", lambda m: m.type == "error" and problems.append(f"console error: {m.text}"))
+            page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
+            page.on("requestfailed", lambda r: problems.append(f"request failed: {r.url} {r.failure}"))
+            page.on("response", lambda r: r.status >= 400 and problems.append(f"HTTP {r.status}: {r.url}"))
+            for path, title, h1, anchor in PAGES:
+                check_page(page, base, path, title, h1, anchor, shots)
+                print(f"ok  {base}{path}")
+            check_search(page, base, shots)
+            print("ok  search: 'hysteresis' has results")
+            browser.close()
+    finally:
+        server.shutdown()
+    for problem in problems:
+        print("FAIL", problem)
+    print(f"screenshots in {shots}")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
