@@ -315,6 +315,10 @@ def gradscaler_record(
         refuse_extra(ours, ("policy", *_COUNTERS), "state_dict['lossscale']")
     # torch's scale can fall to 0 or below 1: a finite one is clamped into [min, max]; one not finite in float32
     # (NaN, inf, 1e39, 10**400) is refused. Counters: ints in [0, 2**31 - 1], refused otherwise (never wrapped).
+    _number(saved, "_growth_tracker", integral=True)  # type errors in torch's words first
+    for name in _COUNTERS:
+        if ours is not None and name in ours:
+            _number(ours, name, integral=True)
     try:
         scale = check_scale("state_dict['scale']", plain(saved["scale"]), policy, clamp=True)
         tracker = check_counter("state_dict['_growth_tracker']", plain(saved["_growth_tracker"]))
