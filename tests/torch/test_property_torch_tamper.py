@@ -252,3 +252,34 @@ def test_int64_counters_that_would_wrap_are_refused(field):
     saved["state"][field] = torch.tensor(-1, dtype=torch.int64)
     with pytest.raises(ValueError, match=f"'{field}'"):
         scale.load_state_dict(saved)
+
+
+def test_every_field_of_every_torch_record_with_every_bad_value():
+    """Exhaustive companion of the tamper properties: every leaf of each record, each bad value, refused unchanged
+    or loaded valid (a count of 0 is a valid count)."""
+    values = [*props.BAD_SCALARS, torch.ones(2), torch.tensor(2**32, dtype=torch.int64),
+              torch.tensor(0.0, dtype=torch.float64)]
+    policy = lossscale.DynamicLossScale(2.0**10, 3, max_loss_scale=2.0**12)
+    params, _, opt = stepped(policy, "fused", 3, [None, ("nan", 1)])
+    scaler = lst.GradScaler("cpu", init_scale=2.0**10, max_loss_scale=2.0**12)
+    shared = lst.SharedLossScale(policy)
+    for target, saved, root in ((opt, opt.state_dict(), "lossscale"), (shared, shared.state_dict(), None),
+                                (scaler, scaler.state_dict(), None)):
+        record = saved[root] if root else saved
+        for path, _ in [p for p in leaves(record) if p[0]]:
+            for value in values:
+                tampered = copy.deepcopy(saved)
+                parent = tampered[root] if root else tampered
+                for key in path[:-1]:
+                    parent = parent[key]
+                parent[path[-1]] = value
+                before = copy.deepcopy(target.state_dict())
+                try:
+                    target.load_state_dict(tampered)
+                except REFUSED:
+                    assert same(before, target.state_dict()), (path, value)
+                    continue
+                scale = float(target.get_scale() if target is scaler else target.loss_scale)
+                bounds = lossscale.get(target.state_dict()["lossscale"]["policy"]) if target is scaler else policy
+                assert props.in_bounds(scale, bounds), (type(target).__name__, path, value, scale)
+                target.load_state_dict(saved)
