@@ -85,9 +85,9 @@ from .._resolve import stable_form
 from ._checkpoint import Checkpoint
 from ._compat import init_step_hooks
 from ._diagnostics import Diagnostics, OverflowReport
-from ._inner_load import load_inner
 from ._distributed import FlagAgreement, agreement_groups, validate_process_group
 from ._distributed import check_replicas_agree as _check_replicas_agree
+from ._inner_load import load_inner
 from ._scale import ScaleOwner, scale_owner_for
 from ._step import OptimizerStep
 from ._tf_methods import TFv1Methods
