@@ -260,7 +260,7 @@ def test_every_field_of_every_torch_record_with_every_bad_value():
     values = [*props.BAD_SCALARS, torch.ones(2), torch.tensor(2**32, dtype=torch.int64),
               torch.tensor(0.0, dtype=torch.float64)]
     policy = lossscale.DynamicLossScale(2.0**10, 3, max_loss_scale=2.0**12)
-    params, _, opt = stepped(policy, "fused", 3, [None, ("nan", 1)])
+    _, _, opt = stepped(policy, "fused", 3, [None, ("nan", 1)])
     scaler = lst.GradScaler("cpu", init_scale=2.0**10, max_loss_scale=2.0**12)
     shared = lst.SharedLossScale(policy)
     for target, saved, root in ((opt, opt.state_dict(), "lossscale"), (shared, shared.state_dict(), None),
