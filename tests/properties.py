@@ -1,15 +1,14 @@
 """Shared pieces of the property-based tests (hypothesis): profiles, example counts and drawn bad values.
 
-Profiles (registered in ``tests/conftest.py``; choose one with pytest's
-``--hypothesis-profile NAME`` or ``HYPOTHESIS_PROFILE=NAME``):
+Profiles (registered in ``tests/conftest.py``; choose one with the environment
+variable ``HYPOTHESIS_PROFILE=NAME``, which also sets the example counts below):
 
 * ``lossscale`` (the default): derandomized (the same examples on every run,
   so CI cannot flake), no deadline (the machine is shared), no example
   database. Each test states its own small example count; the whole set adds
   about a minute to ``make test``.
 * ``lossscale-slow``: the tests marked ``slow`` (the same properties with five
-  times the examples) run under it: random examples on every run; a failure
-  prints the seed and ``@reproduce_failure`` blob.
+  times the examples) run under it; derandomized too, so CI gives one answer.
 * ``lossscale-deep``: for fuzzing locally: random, and every example count
   multiplied by ``LOSSSCALE_FUZZ`` (default 20), e.g.
   ``HYPOTHESIS_PROFILE=lossscale-deep LOSSSCALE_FUZZ=50 pytest -k property``.
@@ -38,23 +37,28 @@ _COMMON = {
 
 def register_profiles() -> None:
     settings.register_profile("lossscale", derandomize=True, **_COMMON)
-    settings.register_profile("lossscale-slow", derandomize=False, **_COMMON)
+    settings.register_profile("lossscale-slow", derandomize=True, **_COMMON)
     settings.register_profile("lossscale-deep", derandomize=False, **_COMMON)
     settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "lossscale"))
 
 
+def _deep() -> int:
+    """``LOSSSCALE_FUZZ`` (default 20) under the ``lossscale-deep`` profile, else 1."""
+    return int(os.environ.get("LOSSSCALE_FUZZ", "20")) if os.environ.get("HYPOTHESIS_PROFILE") == "lossscale-deep" else 1
+
+
 def fast(examples: int) -> Callable[[Any], Any]:
-    """The default profile with ``examples`` examples (times LOSSSCALE_FUZZ under ``lossscale-deep``)."""
-    deep = os.environ.get("HYPOTHESIS_PROFILE") == "lossscale-deep"
-    factor = int(os.environ.get("LOSSSCALE_FUZZ", "20")) if deep else 1
-    return settings(max_examples=examples * factor)
+    """The loaded profile with ``examples`` examples (times LOSSSCALE_FUZZ under ``lossscale-deep``)."""
+    return settings(max_examples=examples * _deep())
 
 
 def slow(examples: int) -> Callable[[Any], Any]:
-    """``lossscale-slow`` with five times ``examples``, and the ``slow`` mark."""
+    """``lossscale-slow`` (or ``lossscale-deep``) with five times ``examples``, and the ``slow`` mark."""
+    parent = "lossscale-deep" if _deep() > 1 else "lossscale-slow"
 
     def wrap(test: Any) -> Any:
-        return pytest.mark.slow(settings(settings.get_profile("lossscale-slow"), max_examples=5 * examples)(test))
+        limit = 5 * examples * _deep()
+        return pytest.mark.slow(settings(settings.get_profile(parent), max_examples=limit)(test))
 
     return wrap
 
