@@ -277,7 +277,8 @@ def loss_scale_optimizer(
             return (params if apply else None), inner_state
 
         first, new_inner = _cond_traced_once(finite, taken, skipped, (grads, state.inner_state, params))
-        mark_superseded(scale_state.loss_scale)  # eager only: value_and_grad refuses a function built with it
+        if new_scale_state.loss_scale is not scale_state.loss_scale:  # a fixed scale passes the same array on
+            mark_superseded(scale_state.loss_scale)  # eager only: value_and_grad refuses a function built with it
         return first, LossScaleOptimizerState(new_inner, new_scale_state)
 
     def update_fn(

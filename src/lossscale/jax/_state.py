@@ -83,8 +83,12 @@ def mark_superseded(scale: Any) -> None:
     if is_tracer(scale):
         return
     key = id(scale)
+
+    def forget(_: weakref.ref) -> None:
+        _SUPERSEDED.pop(key, None)
+
     try:
-        _SUPERSEDED[key] = weakref.ref(scale, lambda _, key=key: _SUPERSEDED.pop(key, None))
+        _SUPERSEDED[key] = weakref.ref(scale, forget)
     except TypeError:  # not weak-referenceable (a numpy scalar from a restored checkpoint): not tracked
         pass
 
