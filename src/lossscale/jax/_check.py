@@ -68,7 +68,7 @@ def check_state(state: Any, policy: Any = None) -> Any:
     """
     rules = _policy(policy)
     found = jax.tree_util.tree_flatten_with_path(state, is_leaf=lambda node: _fields(node) is not None)[0]
-    nodes = [(path, _fields(node)) for path, node in found if _fields(node) is not None]
+    nodes = [(path, fields) for path, node in found if (fields := _fields(node)) is not None]
     if not nodes:
         raise TypeError(
             f"check_state() needs the state of a lossscale.jax.loss_scale_optimizer (or a TrainState/chain "

@@ -8,7 +8,7 @@ counters in ``[0, 2**31 - 1]``) *before* any variable is assigned.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import keras
@@ -53,6 +53,13 @@ def check_store(optimizer: Any, state: Sequence[tuple[str, str]], store: Any) ->
     _check(optimizer, values, f"optimizer {optimizer.name!r}: its saved variables")
 
 
+def _checker(optimizer: Any, name: str) -> Callable[[Any], None]:
+    def check(value: Any) -> None:
+        _check(optimizer, {name: value}, f"optimizer {optimizer.name!r}: its restored variables")
+
+    return check
+
+
 def guard_restores(optimizer: Any, state: Sequence[tuple[str, str]]) -> None:
     """After ``build``: tf.train.Checkpoint restores of the state variables are checked first (TensorFlow backend).
 
@@ -64,8 +71,7 @@ def guard_restores(optimizer: Any, state: Sequence[tuple[str, str]]) -> None:
     import tensorflow as tf
 
     for name, attribute in state:
-        variable = getattr(optimizer, attribute)
-        before_tf_restore(variable, lambda value, name=name: _check(optimizer, {name: value}, f"optimizer {optimizer.name!r}: its restored variables"))
+        before_tf_restore(getattr(optimizer, attribute), _checker(optimizer, name))
     if tf.executing_eagerly():  # a deferred restore ran inside add_variable
         values = {name: getattr(optimizer, attribute).numpy() for name, attribute in state}
         _check(optimizer, values, f"optimizer {optimizer.name!r}: its variables after a deferred restore")

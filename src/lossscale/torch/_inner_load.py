@@ -53,7 +53,7 @@ def load_inner(inner: torch.optim.Optimizer, saved: Mapping[str, Any]) -> None:
     """``inner.load_state_dict(saved)``, all or nothing (see the module docstring)."""
     kept = inner.state_dict()
     try:
-        inner.load_state_dict(saved)
+        inner.load_state_dict(dict(saved))
         _check(inner)
     except Exception as error:
         inner.load_state_dict(kept)
