@@ -87,6 +87,7 @@ from ._compat import init_step_hooks
 from ._diagnostics import Diagnostics, OverflowReport
 from ._distributed import FlagAgreement, agreement_groups, validate_process_group
 from ._distributed import check_replicas_agree as _check_replicas_agree
+from ._inner_load import load_inner
 from ._policy_attributes import PolicyAttributes
 from ._scale import ScaleOwner, scale_owner_for
 from ._step import OptimizerStep
@@ -376,7 +377,7 @@ class LossScaleOptimizer(TFv1Methods, PolicyAttributes, torch.optim.Optimizer):
         imported by a name read from the checkpoint.
         """
         checkpoint = Checkpoint.from_state_dict(state_dict, custom_objects, current=self._steps.owner.policy)
-        self._inner.load_state_dict(checkpoint.inner)
+        load_inner(self._inner, checkpoint.inner)  # all or nothing; another optimizer's state dict is refused
         self._steps.load(checkpoint)
 
     def __getstate__(self) -> dict[str, Any]:
