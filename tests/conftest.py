@@ -31,6 +31,13 @@ def installed(module: str) -> bool:
 # The directory itself, not only its files: its conftest.py imports the framework.
 collect_ignore = [marker for marker, module in _FRAMEWORKS.items() if not installed(module)]
 
+# hypothesis profiles of the property tests (tests/*/test_property*.py), see tests/properties.py. Without
+# hypothesis (`make test-core`) those tests skip themselves.
+if installed("hypothesis"):
+    from tests.properties import register_profiles
+
+    register_profiles()
+
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:

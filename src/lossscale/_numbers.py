@@ -20,7 +20,9 @@ import operator
 from numbers import Integral, Real
 from typing import Any
 
-__all__ = ["FLOAT32_MAX", "FLOAT32_TINY", "INT32_MAX", "above_one", "count", "fraction", "number", "scale"]
+import numpy as np
+
+__all__ = ["FLOAT32_MAX", "FLOAT32_TINY", "INT32_MAX", "above_one", "count", "float32", "fraction", "number", "scale"]
 
 INT32_MAX = 2**31 - 1
 #: The largest float32; the state holds the scale as float32.
@@ -61,6 +63,8 @@ def _scalar(name: str, value: Any, fix: str, what: str) -> Any:
 def _concrete(name: str, value: Any, convert: Any, fix: str) -> Any:
     try:
         return convert(value)
+    except OverflowError as error:  # an int beyond float64 (10**400): a value error, not a tracer
+        raise ValueError(f"{name} must be finite, got an int of {len(str(value))} digits. {fix}") from error
     except Exception as error:  # e.g. a JAX tracer: the value is not known when tracing
         raise TypeError(
             f"{name} must be a concrete number, got {type(value).__name__} ({error.__class__.__name__}); "
@@ -105,18 +109,32 @@ def count(name: str, value: Any, *, at_least: int = 1) -> int:
         raise TypeError(f"{name} must be an int, got {value!r} of type {type(value).__name__}{dtype}. {fix}")
     value = _concrete(name, value, operator.index, fix)
     if not at_least <= value <= INT32_MAX:
+        shown = value if abs(value) < 10**30 else f"an int of {len(str(abs(value)))} digits"
         raise ValueError(
-            f"{name} must be an int in [{at_least}, 2**31 - 1] (the counters are int32), got {value}. "
+            f"{name} must be an int in [{at_least}, 2**31 - 1] (the counters are int32), got {shown}. "
             f"Pass for example {name}={example}."
         )
     return value
 
 
+def float32(value: float) -> float:
+    """``value`` rounded to float32, as the rule's float32 arithmetic sees it (inf beyond float32's range)."""
+    with np.errstate(over="ignore"):
+        return float(np.float32(value))
+
+
 def above_one(name: str, value: Any) -> float:
-    """A growth factor: finite and greater than 1."""
+    """A growth factor: finite and greater than 1, also once rounded to float32 (the scale's dtype)."""
+    fix = f"Use for example {name}=2.0."
     value = number(name, value, f"Pass a finite number above 1, for example {name}=2.0.")
     if value <= 1.0:
-        raise ValueError(f"{name} must be greater than 1 so the scale can grow, got {value!r}. Use for example {name}=2.0.")
+        raise ValueError(f"{name} must be greater than 1 so the scale can grow, got {value!r}. {fix}")
+    rounded = float32(value)
+    if rounded == 1.0 or math.isinf(rounded):
+        raise ValueError(
+            f"{name}={value!r} is {rounded!r} in float32, the loss scale's dtype: the scale would never "
+            f"{'grow' if rounded == 1.0 else 'grow (the grown scale is never finite)'}. {fix}"
+        )
     return value
 
 
@@ -126,5 +144,11 @@ def fraction(name: str, value: Any) -> float:
     if not 0.0 < value < 1.0:
         raise ValueError(
             f"{name} must be in the open interval (0, 1) so the scale shrinks, got {value!r}. Use for example {name}=0.5."
+        )
+    rounded = float32(value)
+    if not 0.0 < rounded < 1.0:
+        raise ValueError(
+            f"{name}={value!r} is {rounded!r} in float32, the loss scale's dtype: the scale would never "
+            f"{'shrink' if rounded == 1.0 else 'back off to anything but the floor'}. Use for example {name}=0.5."
         )
     return value

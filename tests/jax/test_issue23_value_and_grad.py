@@ -2,10 +2,13 @@
 
 On c0ad0d1 ``lsj.value_and_grad(fun, state)`` read the scale when it was built: built once outside a jitted step
 it gave a 2x update after one backoff, and in float16 every step was skipped. Now the state is passed at call time
-(``grad_fn(params, ..., opt_state=state)``), and the old misuse raises.
+(``grad_fn(params, ..., opt_state=state)``), and the old misuse raises: a function built with a concrete state may
+be called once, outside any trace, whatever replaced the state afterwards (an eager or a jitted update).
 """
 
 from __future__ import annotations
+
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -96,6 +99,10 @@ def test_float16_built_once_recovers_from_an_overflowing_initial_scale():
     assert not np.array_equal(np.asarray(w), np.asarray(w16))  # it trained
 
 
+REUSE = r"called a second time.*\(1024\)\. .*called once, outside any trace.*opt_state=state\)"
+IN_TRACE = r"called inside a traced function \(jit, pmap, scan, vmap\).*as a constant \(1024\)\. .*opt_state=state\)"
+
+
 def test_the_old_misuse_is_loud_under_jit():
     opt = lsj.loss_scale_optimizer(optax.sgd(0.1), initial_scale=2.0**10)
     state = opt.init(W)
@@ -106,23 +113,147 @@ def test_the_old_misuse_is_loud_under_jit():
         _, grads = stale(w, x)
         return opt.update(grads, s, w)
 
-    with pytest.raises(RuntimeError, match=r"outside the traced .*opt_state=state"):
+    with pytest.raises(RuntimeError, match=IN_TRACE):
         step(W, state, X)
+
+
+@pytest.mark.parametrize(
+    "trace",
+    [
+        lambda f: jax.jit(lambda: f(W, X))(),  # every argument a constant: the scaled loss is still staged out
+        lambda f: jax.lax.scan(lambda c, x: (c, f(W, x)[0]), 0.0, jnp.stack([X, X])),  # eager scan traces its body
+        lambda f: jax.vmap(lambda x: f(W, x))(jnp.stack([X, X])),
+    ],
+    ids=["jit-constants", "scan", "vmap"],
+)
+def test_a_concrete_bound_state_in_a_trace_is_loud(trace):
+    state = lsj.loss_scale_optimizer(optax.sgd(0.1), initial_scale=2.0**10).init(W)
+    with pytest.raises(RuntimeError, match=IN_TRACE):
+        trace(lsj.value_and_grad(loss_fn, state))
+
+
+def test_a_concrete_bound_state_allows_exactly_one_call():
+    opt = lsj.loss_scale_optimizer(optax.sgd(0.1), initial_scale=2.0**10)
+    state = opt.init(W)
+    bound = lsj.value_and_grad(loss_fn, state)
+    loss, grads = bound(W, X)
+    assert float(loss) == float(loss_fn(W, X))
+    np.testing.assert_allclose(np.asarray(grads), 1024 * np.asarray(jax.grad(loss_fn)(W, X)), rtol=1e-6)
+    # a second call raises, even with the state still current and the same arguments
+    with pytest.raises(RuntimeError, match=REUSE):
+        bound(W, X)
+    with pytest.raises(RuntimeError, match=REUSE):  # ... and stays refused
+        bound(W, X)
+    # passing a state at call time overrides the bound one and has no limit
+    for _ in range(3):
+        _, again = bound(W, X, opt_state=state)
+        np.testing.assert_array_equal(np.asarray(again), np.asarray(grads))
+
+
+def test_call_time_state_on_a_concrete_bound_function_does_not_use_up_its_one_call():
+    opt = lsj.loss_scale_optimizer(optax.sgd(0.1), initial_scale=2.0**10)
+    state = opt.init(W)
+    other = lsj.loss_scale_optimizer(optax.sgd(0.1), initial_scale=4.0).init(W)
+    bound = lsj.value_and_grad(loss_fn, state)
+    for _ in range(2):
+        _, grads = bound(W, X, opt_state=other)  # overridden: scale 4
+        np.testing.assert_allclose(np.asarray(grads), 4 * np.asarray(jax.grad(loss_fn)(W, X)), rtol=1e-6)
+    _, grads = bound(W, X)  # the one call with the bound state is still there
+    np.testing.assert_allclose(np.asarray(grads), 1024 * np.asarray(jax.grad(loss_fn)(W, X)), rtol=1e-6)
+    with pytest.raises(RuntimeError, match=REUSE):
+        bound(W, X)
+
+
+def test_the_once_limit_holds_across_threads():
+    state = lsj.loss_scale_optimizer(optax.sgd(0.1), initial_scale=2.0**10).init(W)
+    bound = lsj.value_and_grad(loss_fn, state)
+    barrier = threading.Barrier(4)
+    outcomes = []
+
+    def call():
+        barrier.wait()
+        try:
+            bound(W, X)
+            outcomes.append("ok")
+        except RuntimeError:
+            outcomes.append("refused")
+
+    threads = [threading.Thread(target=call) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(outcomes) == ["ok", "refused", "refused", "refused"]
 
 
 def test_the_old_misuse_is_loud_in_eager_code():
     opt = lsj.loss_scale_optimizer(optax.sgd(0.1), initial_scale=2.0**10)
     state = opt.init(W)
     stale = lsj.value_and_grad(loss_fn, state)
-    _, grads = stale(W, X)  # fine: the state is current
-    grads2 = stale(W, X)[1]  # twice with the same state is fine too
-    np.testing.assert_array_equal(np.asarray(grads), np.asarray(grads2))
+    _, grads = stale(W, X)  # fine: the first call, with the state current
     _, state = opt.update(grads, state, W)
-    with pytest.raises(RuntimeError, match=r"update\(\) has since replaced.*\(1024\)"):
+    with pytest.raises(RuntimeError, match=REUSE):
         stale(W, X)
     # ... and passing the new state at call time is the fix
     _, fresh = stale(W, X, opt_state=state)
     np.testing.assert_array_equal(np.asarray(fresh), np.asarray(grads))
+
+
+def test_the_old_misuse_with_a_jitted_update_is_loud():
+    # review1's gap: a jitted update() replaced the state where no eager code could record it, and the reused
+    # function scaled by the old 1024 while update() unscaled by 512 (a silent 2x update).
+    opt = lsj.loss_scale_optimizer(optax.sgd(0.1), initial_scale=2.0**10)
+    state = opt.init(W)
+    stale = lsj.value_and_grad(loss_fn, state)
+    _, grads = stale(W, X)
+    _, state = jax.jit(opt.update)(jax.tree_util.tree_map(lambda g: g * jnp.inf, grads), state, W)  # backs off
+    assert float(state.loss_scale) == 2.0**9
+    with pytest.raises(RuntimeError, match=REUSE):
+        stale(W, X)
+    _, fresh = stale(W, X, opt_state=state)
+    np.testing.assert_allclose(np.asarray(fresh), 512 * np.asarray(jax.grad(loss_fn)(W, X)), rtol=1e-6)
+
+
+def test_built_in_the_step_with_a_fixed_scale_is_not_called_stale():
+    # A fixed scale's update passes the same scale array on to the new state: building inside the step with
+    # the current state (the documented second form) must keep working after an eager update.
+    opt = lsj.loss_scale_optimizer(optax.sgd(0.1), 1024)
+    w, state = W, opt.init(W)
+    for _ in range(3):
+        _, grads = lsj.value_and_grad(loss_fn, state)(w, X)
+        np.testing.assert_allclose(np.asarray(grads), 1024 * np.asarray(jax.grad(loss_fn)(w, X)), rtol=1e-6)
+        updates, state = opt.update(grads, state, w)
+        w = optax.apply_updates(w, updates)
+
+
+@pytest.mark.parametrize("mode", ["eager", "disable_jit"])
+def test_built_inside_the_step_without_jit_equals_the_call_time_form(mode):
+    # The step body as written for jit, run eagerly (or under jax.disable_jit, where jax.jit runs it as Python):
+    # the state is concrete, the function is rebuilt and called once per step, so each step reads its own scale.
+    opt = lsj.loss_scale_optimizer(optax.adam(0.05), initial_scale=2.0**12, dynamic_growth_steps=2)
+    grad_fn = lsj.value_and_grad(loss_fn)
+
+    def inside(w, s, x):
+        _loss, grads = lsj.value_and_grad(loss_fn, s)(w, x)
+        updates, s = opt.update(grads, s, w)
+        return optax.apply_updates(w, updates), s
+
+    @jax.jit
+    def call_time(w, s, x):
+        _loss, grads = grad_fn(w, x, opt_state=s)
+        updates, s = opt.update(grads, s, w)
+        return optax.apply_updates(w, updates), s
+
+    batches = [X, X.at[2, 1].set(jnp.nan), X, X, X, X.at[0, 0].set(jnp.inf), X]
+    if mode == "eager":
+        a = run(inside, W, opt.init(W), batches)
+    else:
+        with jax.disable_jit():
+            a = run(jax.jit(inside), W, opt.init(W), batches)
+    b = run(call_time, W, opt.init(W), batches)
+    assert a[2] == b[2] == [4096.0, 2048.0, 2048.0, 4096.0, 4096.0, 2048.0, 2048.0]
+    assert int(a[1].skipped_steps) == int(b[1].skipped_steps) == 2
+    np.testing.assert_allclose(np.asarray(a[0]), np.asarray(b[0]), rtol=1e-6)
 
 
 def test_no_state_at_all_names_the_fix():

@@ -31,6 +31,7 @@ from .._policy import (
 )
 from .._rule import LossScaleState
 from ._apply import apply_gradients
+from ._check import check_state
 from ._grads import all_finite
 from ._optimizer import loss_scale_optimizer
 from ._scaling import get_scaled_loss, get_unscaled_gradients
@@ -49,6 +50,7 @@ __all__ = [
     "LossScaleState",
     "all_finite",
     "apply_gradients",
+    "check_state",
     "find_state",
     "get_scaled_loss",
     "get_unscaled_gradients",

@@ -17,7 +17,7 @@ from ._compat import jaxpr_as_fun, like
 from ._grads import all_finite, check_gradients, squared_norm, unscale
 from ._guard import check_limit, guard_skip
 from ._record import recorder_for
-from ._state import LossScaleOptimizerState, _is_scale_node, mark_superseded
+from ._state import LossScaleOptimizerState, _is_scale_node
 from ._stats import _reduce_across, check_stats_every, init_stats, measure, step_scale
 
 __all__ = ["loss_scale_optimizer", "stepper_of"]
@@ -306,7 +306,6 @@ def loss_scale_optimizer(
             return (params if apply else None), inner_state
 
         first, new_inner = _cond_traced_once(finite, taken, skipped, (grads, state.inner_state, params))
-        mark_superseded(scale_state.loss_scale)  # eager only: value_and_grad refuses a function built with it
         return first, LossScaleOptimizerState(new_inner, new_scale_state, new_stats)
 
     def update_fn(

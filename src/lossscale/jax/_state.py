@@ -8,7 +8,6 @@ arguments and checkpoint restores cannot lose or change it (jmp kept
 
 from __future__ import annotations
 
-import weakref
 from typing import Any, NamedTuple
 
 import jax
@@ -16,14 +15,11 @@ import jax.numpy as jnp
 import optax
 
 from .._rule import LossScaleState
-from ._compat import is_tracer
 
 __all__ = [
     "LossScaleOptimizerState",
     "find_loss_scale_state",
     "find_state",
-    "is_superseded",
-    "mark_superseded",
 ]
 
 
@@ -79,31 +75,6 @@ class LossScaleOptimizerState(NamedTuple):
     def last_step_skipped(self) -> jax.Array:
         """Whether the last step was skipped, a 0-d bool array."""
         return self.consecutive_skips > 0
-
-
-#: id -> weak reference of each concrete loss-scale array that an eager ``update`` replaced by a new one.
-_SUPERSEDED: dict[int, weakref.ref] = {}
-
-
-def mark_superseded(scale: Any) -> None:
-    """Notes that an eager ``update`` consumed the state holding ``scale`` (a no-op for traced values).
-
-    Lets :func:`~lossscale.jax.value_and_grad` refuse a function built with an old state. Cost: a dict
-    insert per eager ``update``; nothing under ``jit``. Arrays are unhashable, hence ids with weak references.
-    """
-    if is_tracer(scale):
-        return
-    key = id(scale)
-    try:
-        _SUPERSEDED[key] = weakref.ref(scale, lambda _, key=key: _SUPERSEDED.pop(key, None))
-    except TypeError:  # not weak-referenceable (a numpy scalar from a restored checkpoint): not tracked
-        pass
-
-
-def is_superseded(scale: Any) -> bool:
-    """Whether an eager ``update`` replaced the state holding ``scale``."""
-    ref = _SUPERSEDED.get(id(scale))
-    return ref is not None and ref() is scale
 
 
 def _is_scale_node(node: Any) -> bool:

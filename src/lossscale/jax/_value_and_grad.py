@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -11,7 +12,7 @@ import jax.numpy as jnp
 
 from .._rule import LossScaleState
 from ._compat import is_tracer
-from ._state import find_loss_scale_state, is_superseded
+from ._state import find_loss_scale_state
 
 __all__ = ["value_and_grad"]
 
@@ -40,16 +41,26 @@ def value_and_grad(
           loss, grads = grad_fn(params, batch, opt_state=state)
 
       The keyword ``opt_state`` is taken by this function and not passed to
-      ``fun``.
+      ``fun``. Any number of calls, inside or outside ``jit``.
     * **Build inside the step with the current state**:
-      ``lsj.value_and_grad(loss_fn, state)(params, batch)``. The state is the
-      one given here; ``opt_state=`` at call time overrides it.
+      ``lsj.value_and_grad(loss_fn, state)(params, batch)``. What the
+      returned function may do depends on that state:
 
-    A function built with a state must not outlive that state's step. Misuse
-    is an error, not a silent 2x update: built with a concrete state and
-    called inside a ``jit``/``pmap``/``scan`` trace (which would bake that
-    state's scale into the compiled step as a constant), or called after
-    ``update`` replaced that state in eager code, it raises ``RuntimeError``.
+      - *traced* (built inside the ``jit``/``pmap``/``scan`` step that is
+        given the state): any number of calls within that trace, each
+        reading that state (not checked: built before a ``lax.scan`` over
+        steps and called in its body, it would be stale; use the call-time
+        form there);
+      - *concrete* (eager code, ``jax.disable_jit()``): **one** call, outside
+        any trace. A second call, or a call inside a ``jit``/``pmap``/
+        ``scan`` trace (or a ``vmap`` over its arguments), raises
+        ``RuntimeError`` naming the call-time form. Rebuilt each step, as in the step body, it is right;
+        reused, it would scale every loss by that one state's ``S`` (after a
+        backoff, a 2x update: issue 23), whatever replaced the state, an
+        eager or a jitted ``update``.
+
+      ``opt_state=`` at call time overrides the state given here, and such a
+      call has no limit.
 
     Args:
         fun: the loss function; returns a 0-d floating-point array (or
@@ -74,12 +85,14 @@ def value_and_grad(
             floating-point array (or a pair with ``has_aux``).
         ValueError: more than one loss scale, or an ``optax.chain`` that
             clips before the loss scale.
-        RuntimeError: a state given here used after its step (see above).
+        RuntimeError: a function built with a concrete state called a second
+            time, or inside a trace (see above).
 
     Cost: one scalar multiply on the loss more than ``jax.value_and_grad``
     (the backward pass carries ``S`` from the loss's cotangent); a walk of
     the state's tree structure per call (at trace time under ``jit``); no
-    host sync.
+    host sync. The once-only rule of a concrete state costs a lock and a
+    flag per call, nothing on the arrays.
 
     >>> import jax, jax.numpy as jnp, optax, lossscale.jax as lsj
     >>> opt = lsj.loss_scale_optimizer(optax.sgd(0.1), 1024)
@@ -89,8 +102,13 @@ def value_and_grad(
     >>> loss, grads = grad_fn(params, opt_state=state)
     >>> float(loss), grads.tolist()                  # true loss, gradients of 1024 * loss
     (5.0, [2048.0, 4096.0])
-    >>> lsj.value_and_grad(lambda p: jnp.sum(p**2), state)(params)[1].tolist()   # built with the state
+    >>> built = lsj.value_and_grad(lambda p: jnp.sum(p**2), state)   # built with a concrete state: one call
+    >>> built(params)[1].tolist()
     [2048.0, 4096.0]
+    >>> built(params)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    RuntimeError: value_and_grad(fun, opt_state) was built with a concrete optimizer state and called a second time...
     """
     if not callable(fun):
         raise TypeError(f"value_and_grad() needs a callable loss function, got {type(fun).__name__}.")
@@ -123,41 +141,44 @@ def value_and_grad(
     shifted = shift(argnums) if isinstance(argnums, int) else tuple(shift(a) for a in argnums)
     grad_fn = jax.value_and_grad(scaled, argnums=shifted, has_aux=True)
 
+    # A concrete state given here allows one call, outside any trace (see above); the lock makes the flag's
+    # test-and-set atomic, so two threads cannot both make the one call.
+    once = None if bound is None or is_tracer(jnp.asarray(bound.loss_scale)) else threading.Lock()
+    used = False
+
     @functools.wraps(fun)
     def wrapped(*args: Any, opt_state: Any = None, **kwargs: Any) -> tuple[Any, Any]:
+        nonlocal used
         if opt_state is not None:
             scale_state = find_loss_scale_state(opt_state, "value_and_grad()")
         elif bound is not None:
-            _check_current(bound, (args, kwargs))
             scale_state = bound
+            if once is not None:
+                with once:
+                    again, used = used, True
+                if again:
+                    raise _reuse_error(bound, "called a second time: once update() has replaced that state, it "
+                                       "would scale the loss by the old state's loss scale")
         else:
             raise TypeError(
                 "value_and_grad(fun) reads the loss scale when it is called: pass the current optimizer state, "
                 "grad_fn(params, ..., opt_state=state), or build it inside the step as value_and_grad(fun, state)."
             )
-        (_, (loss, aux)), grads = grad_fn(jnp.asarray(scale_state.loss_scale), *args, **kwargs)
+        (scaled_loss, (loss, aux)), grads = grad_fn(jnp.asarray(scale_state.loss_scale), *args, **kwargs)
+        if once is not None and opt_state is None and is_tracer(scaled_loss):
+            # Under jit/pmap/scan every op is staged out, so the scaled loss is a tracer even when every input
+            # is a constant: the compiled step would keep this state's scale as a constant.
+            raise _reuse_error(scale_state, "called inside a traced function (jit, pmap, scan, vmap): the "
+                               "compiled step would keep that state's loss scale as a constant")
         return ((loss, aux) if has_aux else loss), grads
 
     return wrapped
 
 
-def _check_current(bound: LossScaleState, call_args: Any) -> None:
-    """Raise if the state given at build time is a stale one for this call (see :func:`value_and_grad`)."""
-    scale = bound.loss_scale
-    if is_tracer(jnp.asarray(scale)):
-        return  # built inside the trace that calls it (a leaked tracer is JAX's own error)
-    fix = (
-        "Build it once without the state and pass the current one at call time: "
+def _reuse_error(bound: LossScaleState, what: str) -> RuntimeError:
+    return RuntimeError(
+        f"value_and_grad(fun, opt_state) was built with a concrete optimizer state and {what} "
+        f"({float(jnp.asarray(bound.loss_scale)):g}). A function built with a concrete state may be called once, "
+        "outside any trace. Build it once without the state and pass the current one at each call: "
         "grad_fn = lsj.value_and_grad(loss_fn); loss, grads = grad_fn(params, batch, opt_state=state)."
     )
-    if any(is_tracer(leaf) for leaf in jax.tree_util.tree_leaves(call_args)):
-        raise RuntimeError(
-            "value_and_grad(fun, opt_state) was built with a concrete optimizer state outside the traced "
-            f"(jit/pmap/scan) step that calls it: the step would use that state's loss scale "
-            f"({float(jnp.asarray(scale)):g}) as a constant on every call, not the current one. " + fix
-        )
-    if is_superseded(scale):
-        raise RuntimeError(
-            "value_and_grad(fun, opt_state) was built with an optimizer state that update() has since replaced: "
-            f"it would scale the loss by that state's old loss scale ({float(jnp.asarray(scale)):g}). " + fix
-        )

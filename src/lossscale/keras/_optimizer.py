@@ -15,6 +15,7 @@ from ._args import loss_scale_from_config, policy_config, resolve_policy
 from ._backend import advance, no_grad
 from ._compat import no_automatic_dependency_tracking
 from ._grads import UnscaleStage, all_finite, unscale
+from ._loaded import check_store, guard_restores
 from ._observer import StepObserver
 from ._stateless import jax_apply, stateless_step
 from ._tf_keras import inner_from_config, translate_config
@@ -187,6 +188,16 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         if not self.inner_optimizer.built:
             self.inner_optimizer.build(var_list)
         super(keras.optimizers.LossScaleOptimizer, self).build(var_list)
+        guard_restores(self, _STATE)
+
+    def load_own_variables(self, store: Any) -> None:
+        """Keras' loader (``.keras`` files, ``load_weights``), after the core's check of the loss scale's values.
+
+        A scale or counter no step could have produced raises ValueError or
+        TypeError naming it, and no variable is assigned.
+        """
+        check_store(self, _STATE, store)
+        super().load_own_variables(store)
 
     def _state_variables(self) -> list[Any]:
         return [getattr(self, attribute) for _, attribute in _STATE]

@@ -23,6 +23,7 @@ with ``"module"``/``"registered_name"``. Its config may carry keys Keras 3 rejec
 
 from __future__ import annotations
 
+import sys
 import warnings
 from collections.abc import Mapping
 from typing import Any
@@ -115,9 +116,12 @@ def inner_from_config(inner: Any, custom_objects: Any = None) -> Any:
         # same classes by name only.
         try:
             return builtin.from_config(config, custom_objects=custom_objects)
-        except (TypeError, ValueError) as error:
+        except (TypeError, ValueError, KeyError) as error:  # KeyError: e.g. a LossScaleOptimizer without its inner
             raise ValueError(
                 f"Cannot rebuild the inner optimizer {class_name} from {config!r}: {error}. Its config carries a "
                 "setting Keras 3 does not have; remove it (see docs/keras.md, 'Configs from tf-keras')."
             ) from error
+    # A config names modules, it doesn't import them: Keras would import a "keras.*" module the config names, so
+    # it gets one only if it is imported already (registered classes are found by registered_name).
+    inner = {key: value for key, value in inner.items() if key != "module" or value in sys.modules}
     return keras.saving.deserialize_keras_object({**inner, "config": config}, custom_objects=custom_objects)

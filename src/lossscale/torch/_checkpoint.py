@@ -30,7 +30,6 @@ the CPU (a checkpoint read from disk).
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from numbers import Integral, Real
@@ -41,6 +40,8 @@ import torch
 from .._policy import DynamicLossScale, LossScale, get, serialize
 from .._resolve import built_in_names
 from .._rule import COUNTER_MAX, LossScaleState
+from .._validate import check_counter, check_scale, plain
+from ._validated import counter_tensor, refuse_extra, state_tensors
 
 __all__ = [
     "Checkpoint",
@@ -53,24 +54,8 @@ __all__ = [
     "with_torch_names",
 ]
 
-_DTYPES = (torch.float32,) + (torch.int32,) * 4
-
-
 def _not_a_state_dict(detail: str) -> ValueError:
     return ValueError(f"Not a lossscale state dict ({detail}); pass what state_dict() returned.")
-
-
-def _zero_d(value: Any, dtype: torch.dtype, what: str) -> torch.Tensor:
-    """``value`` as a new 0-d tensor of ``dtype`` (never the caller's tensor), on its own device."""
-    try:
-        tensor = torch.as_tensor(value)
-    except (TypeError, ValueError, RuntimeError):
-        raise _not_a_state_dict(f"{what} is {value!r}") from None
-    if tensor.numel() != 1 or tensor.is_complex() or tensor.dtype == torch.bool:
-        raise _not_a_state_dict(f"{what} is {value!r}, not a number")
-    if dtype != torch.float32 and tensor.is_floating_point():
-        raise _not_a_state_dict(f"{what} is {value!r}, not an integer")
-    return tensor.detach().reshape(()).to(dtype=dtype, copy=True)
 
 
 def read_policy(saved: Any, custom_objects: Mapping[str, type] | None, current: LossScale | None) -> LossScale:
@@ -131,13 +116,9 @@ class ScaleRecord:
         key = "policy" if "policy" in saved else "loss_scale"  # "loss_scale": checkpoints before one key
         if key not in saved or not isinstance(saved.get("state"), Mapping):
             raise _not_a_state_dict(f"missing 'policy' or 'state' among {sorted(map(str, saved))}")
+        refuse_extra(saved, (key, "state", "optimizer"), "the 'lossscale' entry")
         policy = read_policy(saved[key], custom_objects, current)
-        state = saved["state"]
-        missing = [name for name in LossScaleState._fields if name not in state]
-        if missing:
-            raise _not_a_state_dict(f"missing state {missing}")
-        tensors = [_zero_d(state[name], dtype, name) for name, dtype in zip(LossScaleState._fields, _DTYPES)]
-        return cls(policy, LossScaleState(*tensors))
+        return cls(policy, state_tensors(saved["state"], policy, "the 'lossscale' entry's state"))
 
 
 @dataclass(frozen=True)
@@ -171,8 +152,9 @@ class CounterRecord:
             steps = int(steps)
         if isinstance(steps, bool) or not isinstance(steps, Integral) or steps < 0:
             raise ValueError(f"Not a lossscale state dict: its step count is {steps!r}; pass what state_dict() returned.")
+        refuse_extra(saved, ("steps", "skipped_steps", "consecutive_skips"), "the 'lossscale' entry's optimizer")
         counts = [
-            None if saved.get(name) is None else _zero_d(saved[name], torch.int32, name)
+            None if saved.get(name) is None else counter_tensor(f"the 'lossscale' entry's optimizer[{name!r}]", saved[name])
             for name in ("skipped_steps", "consecutive_skips")
         ]
         return cls(int(steps), *counts)
@@ -289,7 +271,12 @@ def _number(saved: Mapping, key: str, integral: bool = False) -> Any:
         raise _fail(f"{key!r} is {value!r}, not {'an int' if integral else 'a number'}")
     if integral and value < 0:
         raise _fail(f"{key!r} is {value!r}, not a count")
-    return min(int(value), COUNTER_MAX) if integral else float(value)  # int32 counts saturate
+    if integral:
+        return min(int(value), COUNTER_MAX)  # growth_interval: torch's "huge interval" idiom saturates
+    try:
+        return float(value)
+    except OverflowError:  # an int beyond float64 (10**400)
+        raise _fail(f"{key!r} is an int of {len(str(value))} digits, not a finite number") from None
 
 
 def gradscaler_record(
@@ -324,16 +311,28 @@ def gradscaler_record(
         backoff_factor=_number(saved, "backoff_factor"),
         growth_interval=_number(saved, "growth_interval", integral=True),
     )
-    scale = _number(saved, "scale")
-    if not math.isfinite(scale):
-        raise _fail(f"its scale is {scale!r}; set state_dict['scale'] to a finite number")
-    scale = max(scale, policy.min_loss_scale)
-    if policy.max_loss_scale is not None:
-        scale = min(scale, policy.max_loss_scale)
-    tensors = [torch.tensor(scale, dtype=torch.float32), _count(_number(saved, "_growth_tracker", integral=True))]
-    for index, name in enumerate(_COUNTERS, start=2):
+    if ours is not None:
+        refuse_extra(ours, ("policy", *_COUNTERS), "state_dict['lossscale']")
+    # torch's scale can fall to 0 or below 1: a finite one is clamped into [min, max]; one not finite in float32
+    # (NaN, inf, 1e39, 10**400) is refused. Counters: ints in [0, 2**31 - 1], refused otherwise (never wrapped).
+    _number(saved, "_growth_tracker", integral=True)  # type errors in torch's words first
+    for name in _COUNTERS:
         if ours is not None and name in ours:
-            tensors.append(_count(_number(ours, name, integral=True)))
+            _number(ours, name, integral=True)
+    try:
+        scale = check_scale("state_dict['scale']", plain(saved["scale"]), policy, clamp=True)
+        tracker = check_counter("state_dict['_growth_tracker']", plain(saved["_growth_tracker"]))
+        counts = {
+            name: check_counter(f"state_dict['lossscale'][{name!r}]", plain(ours[name]))
+            for name in _COUNTERS
+            if ours is not None and name in ours
+        }
+    except (TypeError, ValueError) as error:
+        raise _fail(str(error)) from error
+    tensors = [torch.tensor(scale, dtype=torch.float32), _count(tracker)]
+    for index, name in enumerate(_COUNTERS, start=2):
+        if name in counts:
+            tensors.append(_count(counts[name]))
         elif name == "bad_steps":
             tensors.append(_count(0))  # torch keeps no overflow count: start afresh with torch's scale
         else:

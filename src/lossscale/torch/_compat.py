@@ -31,11 +31,9 @@ __all__ = [
     "group_by_device_and_dtype",
     "init_step_hooks",
     "non_finite_check_and_unscale_",
-    "queue_end_of_backward",
     "sparse_values",
     "step_with_scale",
     "supports_amp_scaling",
-    "tensor_version",
 ]
 
 # TorchDispatchMode (torch.utils._python_dispatch): no public replacement; it is how torch's own
@@ -88,24 +86,6 @@ def sparse_values(grad: torch.Tensor) -> torch.Tensor:
     uncoalesced tensor, and coalescing would copy.
     """
     return grad._values()
-
-
-def tensor_version(tensor: torch.Tensor) -> int:
-    """The tensor's version counter: bumped by every in-place change (``add_``, ``copy_``, ``zero_``, ...).
-
-    Private: ``Tensor._version``. No public replacement; autograd checks
-    saved tensors with it, and torch.optim's tests read it.
-    """
-    return tensor._version
-
-
-def queue_end_of_backward(callback: Callable[[], None]) -> None:
-    """Runs ``callback`` when the backward pass now running ends (call it from inside a backward hook).
-
-    Private: ``torch.autograd.Variable._execution_engine.queue_callback``. No
-    public replacement; DDP's reducer and FSDP finalize their backward with it.
-    """
-    torch.autograd.Variable._execution_engine.queue_callback(callback)
 
 
 def supports_amp_scaling(optimizer: torch.optim.Optimizer) -> bool:

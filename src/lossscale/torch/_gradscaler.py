@@ -2,8 +2,9 @@
 
 It composes the pieces ``LossScaleOptimizer`` is made of: one
 :class:`~lossscale.torch._scale.IterationScale` (a ``SharedLossScale``
-advanced once per ``update()``), and per optimizer (keyed weakly, as torch's
-``per_optimizer_states``) one :class:`~lossscale.torch._step.OptimizerStep`.
+advanced once per ``update()``), and an :class:`~lossscale.torch._iteration.Iteration`
+holding per optimizer (keyed weakly, as torch's ``per_optimizer_states``)
+one :class:`~lossscale.torch._step.OptimizerStep`.
 Its checkpoint format is in ``_checkpoint.py``; pickling and ``deepcopy``
 go through the same record.
 
@@ -39,7 +40,6 @@ alone (torch asserts).
 from __future__ import annotations
 
 import warnings
-import weakref
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -48,14 +48,12 @@ import torch
 from .._policy import DynamicLossScale
 from ._checkpoint import gradscaler_record, gradscaler_state_dict, growth_interval, replace_policy, with_torch_names
 from ._diagnostics import Diagnostics, OverflowReport, StepRecorder
-from ._distributed import FlagAgreement
+from ._iteration import UNSCALED, Iteration
 from ._sampler import measure_scaled, sampler_for
 from ._scale import IterationScale
-from ._step import OptimizerStep, Stage
+from ._step import Stage
 
 __all__ = ["GradScaler", "torch_policy"]
-
-_UNSCALED = (Stage.UNSCALED, Stage.CLIPPED)
 
 
 def torch_policy(
@@ -152,11 +150,9 @@ class GradScaler:
         self._owner = IterationScale(policy)
         self._placed = False
         self._diagnostics = Diagnostics(max_consecutive_skips, overflow_report, named_parameters, None)
+        self._iteration = Iteration(self._owner, self._diagnostics)
         self._recorder = None if history is None or history is False else StepRecorder(history)
         self.sync_skips = bool(sync_skips)
-        self._per_optimizer: weakref.WeakKeyDictionary[torch.optim.Optimizer, OptimizerStep] = (
-            weakref.WeakKeyDictionary()
-        )
         self._updates = 0
         self._sampler = sampler_for(stats_every, self._owner)
 
@@ -197,15 +193,6 @@ class GradScaler:
 
     # ------------------------------------------------------------ per optimizer
 
-    def _of(self, optimizer: torch.optim.Optimizer) -> OptimizerStep:
-        slot = self._per_optimizer.get(optimizer)
-        if slot is None:
-            ref = weakref.ref(optimizer)  # not the optimizer itself: the value would keep its weak key alive
-            params = lambda: [p for g in ref().param_groups for p in g["params"]]  # type: ignore[union-attr]
-            slot = OptimizerStep(self._owner, FlagAgreement(None, params), self._diagnostics)
-            self._per_optimizer[optimizer] = slot
-        return slot
-
     def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
         """Divides ``optimizer``'s gradients by ``S`` in place (e.g. to clip them); once per iteration.
 
@@ -213,16 +200,16 @@ class GradScaler:
         """
         if not self._enabled:
             return
-        record = self._of(optimizer).record
-        if record.stage in _UNSCALED:
+        slot = self._iteration.of(optimizer)
+        if slot.record.stage in UNSCALED:
             raise RuntimeError(
                 "unscale_() has already been called on this optimizer since the last update(). "
                 "Unscale once per iteration, between backward() and step()."
             )
-        if record.stage is Stage.STEPPED:
+        if slot.record.stage is Stage.STEPPED:
             raise RuntimeError("unscale_() is being called after step(). Call it before step(), or after update().")
-        measure_scaled(self._sampler, self._of(optimizer), optimizer)
-        self._of(optimizer).unscale_(optimizer)
+        measure_scaled(self._sampler, slot, optimizer)
+        slot.unscale_(optimizer)
 
     def step(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
         """Unscales and checks ``optimizer``'s gradients (unless ``unscale_`` did), then steps or skips.
@@ -239,7 +226,7 @@ class GradScaler:
                 "Closure use is not currently supported if GradScaler is enabled. For closure-based optimizers "
                 "(LBFGS) wrap them in lossscale.torch.LossScaleOptimizer, whose step(closure) checks every evaluation."
             )
-        slot = self._of(optimizer)
+        slot = self._iteration.of(optimizer)
         if slot.record.stage is Stage.STEPPED:
             raise RuntimeError(
                 "step() has already been called since the last update(). Call update() once per iteration, "
@@ -264,16 +251,11 @@ class GradScaler:
         """
         if not self._enabled:
             return
-        for slot in self._per_optimizer.values():
-            if slot.record.stage in _UNSCALED:
-                self._owner.add_step(slot.record.found_inf, slot.record)  # type: ignore[arg-type]
-        recorder, pending = self._recorder, self._owner.pending
+        recorder = self._recorder
         scale_used = self._owner.loss_scale if recorder is not None else None
-        self._owner.update(new_scale)
+        pending = self._iteration.close(new_scale)
         if self._sampler is not None:
             self._sampler.advance(self._owner.state, torch.zeros(()))  # counts the iteration
-        for slot in self._per_optimizer.values():
-            slot.record.reset()
         if recorder is not None and pending is not None:
             recorder.record(self._updates, scale_used, pending > 0)  # type: ignore[arg-type]
         self._updates += 1
@@ -315,7 +297,9 @@ class GradScaler:
         self._owner.set_policy(replace_policy(self._owner.policy, growth_factor=new_factor))
 
     def get_backoff_factor(self) -> float:
-        return self._owner.policy.backoff_factor
+        """The factor a skip multiplies the scale by (``1 / growth_factor`` where the policy leaves it unset)."""
+        policy = self._owner.policy
+        return 1.0 / policy.multiplier if policy.backoff_factor is None else policy.backoff_factor
 
     def set_backoff_factor(self, new_factor: float) -> None:
         self._owner.set_policy(replace_policy(self._owner.policy, backoff_factor=new_factor))
@@ -342,8 +326,7 @@ class GradScaler:
         if not self._enabled:
             return
         self._owner.load_record(gradscaler_record(state_dict, self._owner.policy, self._owner.state, custom_objects))
-        for slot in self._per_optimizer.values():
-            slot.reset()
+        self._iteration.reset()
 
     # ------------------------------------------------------------ lossscale's attributes (no sync)
 
@@ -395,7 +378,7 @@ class GradScaler:
         Built field by field, so live objects (the stall guard's CUDA event,
         per-optimizer records, parameter names) are never pickled.
         """
-        if any(slot.record.stage is not Stage.READY for slot in self._per_optimizer.values()):
+        if not self._iteration.between_iterations():
             raise RuntimeError(
                 "A GradScaler may be pickled only between iterations (before scale() or after update())."
             )
@@ -411,9 +394,9 @@ class GradScaler:
             raise TypeError(f"Not a pickled GradScaler: its scale is a {type(state['scale']).__name__}.")
         self._device, self._enabled, self._placed = state["device"], bool(state["enabled"]), bool(state["placed"])
         self._owner, self._diagnostics = state["scale"], state["diagnostics"]
+        self._iteration = Iteration(self._owner, self._diagnostics)
         self._recorder = None if state["history"] is None else StepRecorder(state["history"])
         self.sync_skips, self._updates = bool(state["sync_skips"]), int(state["updates"])
-        self._per_optimizer = weakref.WeakKeyDictionary()
 
     def __repr__(self) -> str:
         return f"GradScaler({self._device!r}, {self._owner.policy!r}, enabled={self._enabled})"

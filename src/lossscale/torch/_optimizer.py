@@ -7,7 +7,8 @@ checkpoints reach it. It holds one scale owner (``_scale.py``) and one
 :class:`~lossscale.torch._step.OptimizerStep` (stage, fused-state tracker,
 counters, flag agreement, diagnostics), which a ``step()`` runs top to
 bottom; checkpoints and pickling go through the records of
-``_checkpoint.py``; the TF v1 methods are a mixin (``_tf_methods.py``).
+``_checkpoint.py``; the TF v1 methods and the policy's attributes are
+mixins (``_tf_methods.py``, ``_policy_attributes.py``).
 
 Cost per ``step()``, with G the bytes of all gradients:
 
@@ -81,12 +82,13 @@ from typing import Any
 import torch
 
 from .._policy import LossScale
-from .._resolve import stable_form
 from ._checkpoint import Checkpoint
 from ._compat import init_step_hooks
 from ._diagnostics import Diagnostics, OverflowReport
 from ._distributed import FlagAgreement, agreement_groups, validate_process_group
 from ._distributed import check_replicas_agree as _check_replicas_agree
+from ._inner_load import load_inner
+from ._policy_attributes import PolicyAttributes
 from ._sampler import measure_scaled, restored_sampler, sampler_for
 from ._scale import ScaleOwner, scale_owner_for
 from ._step import OptimizerStep
@@ -130,7 +132,7 @@ def _check_mode(check: Any) -> None:
     raise ValueError(f"check must be 'step' (the only mode), got {check!r}. Drop the check argument.")
 
 
-class LossScaleOptimizer(TFv1Methods, torch.optim.Optimizer):
+class LossScaleOptimizer(TFv1Methods, PolicyAttributes, torch.optim.Optimizer):
     """An optimizer that applies loss scaling; TF's ``LossScaleOptimizer`` for torch.
 
     Loss scaling multiplies the loss by ``S`` before backprop and the
@@ -297,9 +299,6 @@ class LossScaleOptimizer(TFv1Methods, torch.optim.Optimizer):
             self._sampler.advance(self._steps.owner.state, None if stepped is None else stepped[0])
         return None
 
-    def _params(self) -> list[torch.Tensor]:
-        return [p for g in self._inner.param_groups for p in g["params"]]
-
     def _named_grads(self) -> list[tuple[str, torch.Tensor]]:
         return self._steps.diagnostics.named_grads(self._inner.param_groups)
 
@@ -315,42 +314,8 @@ class LossScaleOptimizer(TFv1Methods, torch.optim.Optimizer):
         owner = self._steps.owner
         _check_replicas_agree(owner.state, owner.policy, agreement_groups(group, self._params()))
 
-    # ------------------------------------------------------------ attributes (TF's, Keras's, the vocabulary's; no sync)
-
-    @property
-    def dynamic(self) -> bool:
-        """Whether the loss scale is dynamic."""
-        return self._steps.owner.policy.dynamic
-
-    @property
-    def dynamic_counter(self) -> torch.Tensor | None:
-        """Finite steps since the scale last changed (0-d int32 tensor, no sync), or None if fixed."""
-        return self._steps.owner.state.good_steps.clone() if self.dynamic else None
-
-    @property
-    def dynamic_growth_steps(self) -> int | None:
-        """Finite steps it takes to grow the scale, or None if fixed."""
-        return stable_form(self._steps.owner.policy)["dynamic_growth_steps"]
-
-    @property
-    def initial_scale(self) -> float:
-        """The initial loss scale (the only one, when fixed)."""
-        return self._steps.owner.policy.initial_scale
-
-    @property
-    def min_loss_scale(self) -> float | None:
-        """The floor of a dynamic scale (None if fixed)."""
-        return getattr(self._steps.owner.policy, "min_loss_scale", None) if self.dynamic else None
-
-    @property
-    def max_loss_scale(self) -> float | None:
-        """The ceiling of a dynamic scale (None: none, or fixed)."""
-        return getattr(self._steps.owner.policy, "max_loss_scale", None) if self.dynamic else None
-
-    @property
-    def hysteresis(self) -> int | None:
-        """Non-finite steps a dynamic scale tolerates before backing off (None if fixed)."""
-        return getattr(self._steps.owner.policy, "hysteresis", None) if self.dynamic else None
+    # ------------------------------------------------------------ attributes (the vocabulary's; the policy's are
+    # in PolicyAttributes; no sync)
 
     @property
     def max_consecutive_skips(self) -> int | None:
@@ -443,7 +408,7 @@ class LossScaleOptimizer(TFv1Methods, torch.optim.Optimizer):
             state_dict = {k: v for k, v in state_dict.items() if k != "lossscale_stats"}
             sampler = restored_sampler(self._sampler, state_dict, record, custom_objects)
         checkpoint = Checkpoint.from_state_dict(state_dict, custom_objects, current=self._steps.owner.policy)
-        self._inner.load_state_dict(checkpoint.inner)
+        load_inner(self._inner, checkpoint.inner)  # all or nothing; another optimizer's state dict is refused
         self._steps.load(checkpoint)
         self._sampler = sampler
 

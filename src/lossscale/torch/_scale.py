@@ -33,7 +33,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import replace
 from numbers import Real
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 import numpy as np
 import torch
@@ -441,6 +441,11 @@ class IterationScale(SharedLossScale):
 
     def __init__(self, policy: DynamicLossScale) -> None:
         super().__init__(policy)
+
+    @property
+    def policy(self) -> DynamicLossScale:
+        """The :class:`~lossscale.DynamicLossScale` followed: GradScaler's policy is always one (checked on load)."""
+        return cast(DynamicLossScale, self._scale.policy)
 
     @property
     def pending(self) -> torch.Tensor | None:

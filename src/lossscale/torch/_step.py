@@ -66,7 +66,7 @@ from ._grads import (
     validate_max_norm,
     validated_norm_type,
 )
-from ._scale import PrivateLossScale, SharedLossScale
+from ._scale import PrivateLossScale, SharedLossScale, StepScale
 
 __all__ = ["ANY_BEFORE_STEP", "OptimizerStep", "Stage", "StepCounters", "StepRecord"]
 
@@ -271,17 +271,17 @@ class OptimizerStep:
             self.owner.to_(grads.device)
         return grads
 
-    def _unscale_and_check(self, grads: GradGroups) -> torch.Tensor:
+    @staticmethod
+    def _unscale_and_check(grads: GradGroups, scale: StepScale) -> torch.Tensor:
         """Unscales ``grads`` in place; the found-inf flag on the scale's device. No sync.
 
         One R+W pass, which checks the values before the multiplication by
         ``1/S``. When the policy lets ``S`` fall below 1 that product can
         overflow a finite value, so a second R+W pass checks the results.
         """
-        owner = self.owner
-        found_inf = unscale_and_check_(grads, owner.inv_scale(), out_device=owner.device)
-        if owner.can_go_below_one:
-            found_inf = torch.maximum(found_inf, check_finite(grads, out_device=owner.device))
+        found_inf = unscale_and_check_(grads, scale.inv_scale, out_device=scale.device)
+        if scale.can_go_below_one:
+            found_inf = torch.maximum(found_inf, check_finite(grads, out_device=scale.device))
         return found_inf
 
     def unscale_(self, inner: torch.optim.Optimizer) -> None:
@@ -304,7 +304,7 @@ class OptimizerStep:
             record.checked(Stage.CLIPPED, record.found_inf)  # type: ignore[arg-type]
             return
         require_unscalable(grads, "unscale_()")
-        record.checked(Stage.UNSCALED, self._unscale_and_check(grads))
+        record.checked(Stage.UNSCALED, self._unscale_and_check(grads, self.owner.for_step(None)))
 
     def clip_grad_norm_(self, inner: torch.optim.Optimizer, max_norm: Any, norm_type: Any = 2.0) -> torch.Tensor:
         """Clips the unscaled gradients' global norm to ``max_norm``; returns that norm (0-d, no sync).
@@ -365,10 +365,7 @@ class OptimizerStep:
             return check_finite(grads, out_device=scale.device), scale.loss_scale
         if grads.has_float16:
             require_unscalable(grads, "step()")
-        found_inf = unscale_and_check_(grads, scale.inv_scale, out_device=scale.device)
-        if scale.can_go_below_one:  # 1/S > 1 can overflow a finite gradient: check the results too
-            found_inf = torch.maximum(found_inf, check_finite(grads, out_device=scale.device))
-        return found_inf, None
+        return self._unscale_and_check(grads, scale), None
 
     # ------------------------------------------------------------ the step
 
@@ -461,7 +458,7 @@ class OptimizerStep:
             if grads.tensors:
                 seen[0] = True
                 require_unscalable(grads, "step(closure)")
-                found_total.add_(self._unscale_and_check(grads).to(found_total.device))
+                found_total.add_(self._unscale_and_check(grads, self.owner.for_step(None)).to(found_total.device))
             return loss
 
         self.record.reset()

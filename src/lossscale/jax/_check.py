@@ -1,0 +1,94 @@
+"""``check_state``: the host-side check of a restored JAX state (flax, orbax, pickle), by the core's one rule."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+
+from .._policy import LossScale, get
+from .._validate import COUNTERS, check_counter, check_policy, plain
+from .._validate import check_state as check_fields
+
+__all__ = ["check_state"]
+
+
+def _fields(node: Any) -> dict[str, Any] | None:
+    """A node's fields by name, if it is a loss scale's state (NamedTuple, flax dataclass or restored dict)."""
+    if isinstance(node, Mapping):
+        fields = node
+    elif hasattr(node, "_asdict"):
+        fields = node._asdict()
+    else:
+        return None
+    if "loss_scale_state" in fields or ("loss_scale" in fields and "good_steps" in fields):
+        return dict(fields)
+    return None
+
+
+def _policy(policy: Any) -> LossScale | None:
+    if policy is None or isinstance(policy, (LossScale, Mapping)):
+        return None if policy is None else check_policy(policy)
+    return get(policy)  # "dynamic" or a number, as loss_scale_optimizer takes them
+
+
+def check_state(state: Any, policy: Any = None) -> Any:
+    """Raises if ``state`` holds a loss scale no step could have produced; returns ``state`` unchanged.
+
+    Call it on what a checkpoint restore gave you (flax
+    ``serialization.from_bytes``/``from_state_dict``, orbax ``restore``, a
+    pickle), before the first step. ``state`` may be the state of
+    :func:`loss_scale_optimizer`, an ``optax.chain`` state holding it, a
+    flax ``TrainState``, or the nested dicts a restore without a target
+    returns. Every loss scale found is checked by the core's one rule
+    (``lossscale._validate``): the scale finite, positive, a normal float32
+    and, if ``policy`` is given (the one you built the transformation with:
+    a :class:`~lossscale.LossScale`, its ``serialize`` dict, ``"dynamic"`` or
+    a number), within its ``[min, max]``; every counter an int in
+    ``[0, 2**31 - 1]``. Fields it does not know are left alone.
+
+    Cost: one host transfer per scalar field (host-side; not for use under
+    ``jit``).
+
+    Raises:
+        TypeError: ``state`` holds no loss scale, or a field of the wrong type.
+        ValueError: a field of the wrong value; the error names its path in
+            ``state``, the value and the fix.
+
+    >>> import jax.numpy as jnp, optax, lossscale.jax as lsj
+    >>> state = lsj.loss_scale_optimizer(optax.sgd(0.1)).init({"w": jnp.ones(2)})
+    >>> lsj.check_state(state) is state
+    True
+    >>> bad = state._replace(loss_scale_state=state.loss_scale_state._replace(loss_scale=jnp.float32("nan")))
+    >>> lsj.check_state(bad)
+    Traceback (most recent call last):
+    ...
+    ValueError: state.loss_scale_state['loss_scale'] must be finite in float32 ...
+    """
+    rules = _policy(policy)
+    found = jax.tree_util.tree_flatten_with_path(state, is_leaf=lambda node: _fields(node) is not None)[0]
+    nodes = [(path, fields) for path, node in found if (fields := _fields(node)) is not None]
+    if not nodes:
+        raise TypeError(
+            f"check_state() needs the state of a lossscale.jax.loss_scale_optimizer (or a TrainState/chain "
+            f"state holding it), got {type(state).__name__} holding no loss scale."
+        )
+    for path, fields in nodes:
+        where = "state" + jax.tree_util.keystr(path)
+        inner = fields.get("loss_scale_state")
+        if inner is not None:
+            inner_fields = _fields(inner)
+            if inner_fields is None:
+                raise TypeError(f"{where}.loss_scale_state is a {type(inner).__name__}, not a LossScaleState.")
+            check_fields(inner_fields, rules, where=f"{where}.loss_scale_state")
+            for name in COUNTERS:  # counters kept next to the scale's own (the optimizer's skip counters)
+                if name in fields:
+                    check_counter(f"{where}.{name}", fields[name])
+        else:
+            check_fields(fields, rules, where=where)
+        if "last_step_skipped" in fields:
+            flag = plain(fields["last_step_skipped"])
+            if not isinstance(flag, bool) and type(flag).__name__ != "bool_":
+                raise TypeError(f"{where}.last_step_skipped must be a bool, got {flag!r}.")
+    return state
