@@ -23,11 +23,12 @@ __all__ = ["gradient_stats"]
 
 
 def _sums(g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    a = g.detach().reshape(-1).float().abs()
+    a = g.detach().reshape(-1).float().abs()  # the one copy of |g| (two temporaries in all: fresh pages cost)
     n = a.numel()
-    nonzero = (a.clamp(max=2.0**-126) * 2.0**126).ceil_().sum()  # 1 for every |g| > 0 (subnormals too), 0 for 0
-    normal = (a * (1.0 / FLOAT16_TINY)).clamp_(max=1.0).floor_().sum()
-    return a.max(), n - nonzero, nonzero - normal, torch.dot(a, a)
+    amax, sumsq = a.max(), torch.dot(a, a)
+    normal = (a * (1.0 / FLOAT16_TINY)).clamp_(max=1.0).floor_().sum()  # 1 per |g| >= 2**-14
+    nonzero = a.clamp_(max=2.0**-126).mul_(2.0**126).ceil_().sum()  # in place on |g|: 1 per |g| > 0
+    return amax, n - nonzero, nonzero - normal, sumsq
 
 
 def gradient_stats(grads: Sequence[torch.Tensor], step: Any = 0) -> GradientStats:
