@@ -243,3 +243,16 @@ def test_gradscaler_samples_the_scaled_gradients_without_syncs():
             ref = numpy_stats([g.numpy() for g in scaled], np)
             np.testing.assert_allclose(float(scaler.gradient_stats["amax"]), float(ref.amax), rtol=1e-6)
             assert int(scaler.gradient_stats["step"]) == i
+
+
+def test_history_gets_the_stats_columns_on_sampled_steps():
+    model = _model()
+    opt = lst.LossScaleOptimizer(torch.optim.SGD(model.parameters(), lr=0.01), stats_every=2, history=True)
+    for _ in range(4):
+        _backward(opt, model)
+        opt.step()
+    h = opt.history
+    assert len(h) == 4 and h.has_stats
+    zeros = h.stat("zero_fraction")
+    assert np.isfinite(zeros[[0, 2]]).all() and np.isnan(zeros[[1, 3]]).all()
+    assert float(h.stat("headroom_bits")[2]) == pytest.approx(float(opt.gradient_stats["headroom_bits"]))

@@ -179,6 +179,10 @@ def measure_scaled(sampler: StatsSampler | None, steps: Any, inner: torch.optim.
                 grads.append(p.grad)
                 names.append(reporter.name_of(p, g, i) if reporter is not None else f"param_groups[{g}]['params'][{i}]")
     sampler.measure(grads, names, steps.owner.state)
+    recorder = steps.diagnostics.recorder
+    if recorder is not None and sampler.sampled and sampler.sample is not None:  # the History's stats columns
+        sample = sampler.sample
+        recorder.note_stats(torch.stack([sample.headroom_bits, sample.zero_fraction, sample.subnormal_fraction]))
 
 
 def restored_sampler(
