@@ -178,10 +178,11 @@ def loss_scale_optimizer(
             (:mod:`lossscale._stats`). The latest sample is
             ``state.gradient_stats`` (arrays, on the device), and
             ``lossscale.AutoLossScale`` sets the scale from it.
-            Cost, measured by ``benchmarks/bench_stats.py`` (docs/gradient_stats.md): on a
-            sampled step one more read pass (four fused reductions);
-            averaged over N it is that pass / N plus a ``lax.cond``. The step
-            compiles once; no host sync.
+            Cost: on a sampled step four reductions of each gradient (with
+            ``N=1`` and no clip they also give the finite flag); otherwise a
+            ``lax.cond``. Measured (``benchmarks/bench_stats.py``, CPU, Adam
+            MLP): 1M parameters 1.08x the step at ``N=1``, 1.03x at
+            ``N=16``; 10M 1.14x and 1.00x. The step compiles once; no host sync.
 
     Returns:
         An ``optax.GradientTransformationExtraArgs``; extra keyword arguments

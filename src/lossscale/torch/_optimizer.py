@@ -188,7 +188,9 @@ class LossScaleOptimizer(TFv1Methods, PolicyAttributes, torch.optim.Optimizer):
             (``docs/gradient_stats.md``). ``lossscale.AutoLossScale`` sets
             the scale from it. Cost: nothing on an unsampled step (a
             Python counter); on a sampled one about 8 arithmetic kernels
-            per gradient, no host sync (``benchmarks/bench_stats.py``).
+            per gradient, no host sync. Measured (``benchmarks/bench_stats.py``,
+            CPU, 1 thread): 4.0 ms per 1M parameters in 100 tensors, 24x the
+            fused unscale-and-check; averaged over ``N=16``, 1.5x the check.
 
     See the module docstring for the torch idiom and closures (LBFGS).
 
