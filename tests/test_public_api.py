@@ -15,6 +15,7 @@ FRAMEWORKS = ("torch", "jax", "jaxlib", "tensorflow", "optax", "flax", "keras")
 
 def test_all_is_pinned():
     assert sorted(lossscale.__all__) == [
+        "AutoLossScale",
         "DynamicLossScale",
         "ExponentialUpdateLossScaleManager",
         "FixedLossScale",
@@ -29,6 +30,7 @@ def test_all_is_pinned():
         "next_state",
         "resolve_loss_scale",
         "serialize",
+        "underflow_report",
     ]
     for name in lossscale.__all__:
         assert getattr(lossscale, name) is not None

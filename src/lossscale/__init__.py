@@ -11,6 +11,7 @@ from __future__ import annotations
 from ._errors import LossScaleError
 from ._history import History
 from ._policy import (
+    AutoLossScale,
     DynamicLossScale,
     ExponentialUpdateLossScaleManager,
     FixedLossScale,
@@ -20,12 +21,14 @@ from ._policy import (
     get,
     serialize,
 )
+from ._report import underflow_report
 from ._resolve import resolve_loss_scale
 from ._rule import LossScaleState, initial_state, next_state
 
 __version__ = "0.2.0"
 
 __all__ = [
+    "AutoLossScale",
     "DynamicLossScale",
     "ExponentialUpdateLossScaleManager",
     "FixedLossScale",
@@ -40,4 +43,5 @@ __all__ = [
     "next_state",
     "resolve_loss_scale",
     "serialize",
+    "underflow_report",
 ]

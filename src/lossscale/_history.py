@@ -25,9 +25,11 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["History"]
+__all__ = ["STATS_COLUMNS", "History"]
 
 _COLUMNS = ("step", "loss_scale", "skipped", "loss")
+#: Gradient statistics a step may carry (``stats_every``): NaN on the steps without a sample.
+STATS_COLUMNS = ("headroom_bits", "zero_fraction", "subnormal_fraction")
 
 
 def _column(name: str, values: Any, dtype: Any) -> np.ndarray:
@@ -76,13 +78,13 @@ class History:
     """
 
     def __init__(self) -> None:
-        self._chunks: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
-        self._cache: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._chunks: list[tuple[np.ndarray, ...]] = []
+        self._cache: tuple[np.ndarray, ...] | None = None
         self._last_step: int | None = None
 
     # ------------------------------------------------------------ recording
 
-    def extend(self, steps: Any, loss_scales: Any, skipped: Any, losses: Any = None) -> None:
+    def extend(self, steps: Any, loss_scales: Any, skipped: Any, losses: Any = None, stats: Any = None) -> None:
         """Records a batch of steps.
 
         Args:
@@ -91,6 +93,10 @@ class History:
             loss_scales: the scale each step's loss was multiplied by.
             skipped: whether each step was skipped (its gradients held NaN/Inf).
             losses: optional unscaled losses, one per step.
+            stats: optional gradient statistics (``stats_every``): a mapping
+                from some of :data:`STATS_COLUMNS` (``headroom_bits``,
+                ``zero_fraction``, ``subnormal_fraction``) to one value per
+                step, NaN where the step was not sampled.
 
         All are array-likes of equal length: lists, numpy arrays or CPU
         tensors (stack device values and move them once, e.g.
@@ -108,7 +114,8 @@ class History:
             loss_arr = np.full(step_arr.shape, np.nan)
         else:
             loss_arr = _column("losses", losses, np.float64)
-        lengths = {len(step_arr), len(scale_arr), len(skip_arr), len(loss_arr)}
+        stat_arrs = _stat_columns(stats, step_arr.shape)
+        lengths = {len(step_arr), len(scale_arr), len(skip_arr), len(loss_arr), *map(len, stat_arrs)}
         if len(lengths) != 1:
             raise ValueError(
                 f"steps, loss_scales, skipped and losses must have one value per step; got lengths "
@@ -121,13 +128,16 @@ class History:
                 f"steps must increase strictly (last recorded: {self._last_step}, got {step_arr[:5].tolist()}...); "
                 "start a new History for a new run."
             )
-        self._chunks.append((step_arr, scale_arr, skip_arr, loss_arr))
+        self._chunks.append((step_arr, scale_arr, skip_arr, loss_arr, *stat_arrs))
         self._cache = None
         self._last_step = int(step_arr[-1])
 
-    def append(self, step: int, loss_scale: float, skipped: bool, loss: float | None = None) -> None:
+    def append(
+        self, step: int, loss_scale: float, skipped: bool, loss: float | None = None, stats: Any = None
+    ) -> None:
         """Records one step; see :meth:`extend`, which is cheaper per step for long runs."""
-        self.extend([step], [loss_scale], [skipped], None if loss is None else [loss])
+        one = None if stats is None else {k: [v] for k, v in dict(stats).items() if k in STATS_COLUMNS}
+        self.extend([step], [loss_scale], [skipped], None if loss is None else [loss], one)
 
     def truncate(self, before_step: int) -> None:
         """Drops every row whose step is ``before_step`` or later.
@@ -149,14 +159,16 @@ class History:
 
     # ------------------------------------------------------------ reading
 
-    def _arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    def _arrays(self) -> tuple[np.ndarray, ...]:
         if self._cache is None:
             if self._chunks:
                 self._cache = tuple(np.concatenate(column) for column in zip(*self._chunks))  # type: ignore[assignment]
                 self._chunks = [self._cache]  # type: ignore[list-item]
             else:
                 empty = np.zeros(0)
-                self._cache = (empty.astype(np.int64), empty, empty.astype(np.bool_), empty)
+                self._cache = (empty.astype(np.int64), empty, empty.astype(np.bool_), empty) + (empty,) * len(
+                    STATS_COLUMNS
+                )
             for array in self._cache:  # type: ignore[union-attr]
                 array.flags.writeable = False
         return self._cache  # type: ignore[return-value]
@@ -181,6 +193,17 @@ class History:
         """float64 loss of each step, NaN where none was recorded (read-only)."""
         return self._arrays()[3]
 
+    def stat(self, name: str) -> np.ndarray:
+        """float64 values of one of :data:`STATS_COLUMNS` per step, NaN where none was sampled (read-only)."""
+        if name not in STATS_COLUMNS:
+            raise ValueError(f"name must be one of {', '.join(STATS_COLUMNS)}; got {name!r}.")
+        return self._arrays()[4 + STATS_COLUMNS.index(name)]
+
+    @property
+    def has_stats(self) -> bool:
+        """Whether any step carries gradient statistics."""
+        return any(bool(np.isfinite(self._arrays()[4 + i]).any()) for i in range(len(STATS_COLUMNS)))
+
     @property
     def num_skipped(self) -> int:
         """How many recorded steps were skipped."""
@@ -202,34 +225,66 @@ class History:
     def to_csv(self, path: str | os.PathLike[str]) -> None:
         """Writes ``step,loss_scale,skipped,loss`` rows (skipped as 0/1, a missing loss empty).
 
-        Scales are written with ``repr`` precision, so :meth:`from_csv` gives
-        back the same values.
+        When any step carries gradient statistics, the columns
+        ``headroom_bits,zero_fraction,subnormal_fraction`` follow (empty where
+        a step has none). Values are written with ``repr`` precision, so
+        :meth:`from_csv` gives back the same values.
         """
-        steps, scales, skipped, losses = self._arrays()
+        steps, scales, skipped, losses, *stats = self._arrays()
+        extra = self.has_stats
         with open(path, "w", newline="") as handle:
             writer = csv.writer(handle)
-            writer.writerow(_COLUMNS)
-            for step, scale, skip, loss in zip(steps.tolist(), scales.tolist(), skipped.tolist(), losses.tolist()):
-                writer.writerow([step, repr(scale), int(skip), "" if math.isnan(loss) else repr(loss)])
+            writer.writerow(_COLUMNS + (STATS_COLUMNS if extra else ()))
+            columns = zip(steps.tolist(), scales.tolist(), skipped.tolist(), losses.tolist(), *(c.tolist() for c in stats))
+            for step, scale, skip, loss, *values in columns:
+                row = [step, repr(scale), int(skip), _cell(loss)]
+                writer.writerow(row + [_cell(v) for v in values] if extra else row)
 
     @classmethod
     def from_csv(cls, path: str | os.PathLike[str]) -> History:
         """Reads a file written by :meth:`to_csv`.
 
         Raises:
-            ValueError: if the header is not ``step,loss_scale,skipped,loss``.
+            ValueError: if the header is not ``step,loss_scale,skipped,loss``
+                (optionally followed by the statistics columns).
         """
         with open(path, newline="") as handle:
             rows = list(csv.reader(handle))
-        if not rows or tuple(rows[0]) != _COLUMNS:
+        if not rows or tuple(rows[0]) not in (_COLUMNS, _COLUMNS + STATS_COLUMNS):
             raise ValueError(f"{os.fspath(path)!r} is not a History CSV: its header must be {','.join(_COLUMNS)}.")
         history = cls()
         body = rows[1:]
         if body:
+            stats = None
+            if len(rows[0]) > len(_COLUMNS):
+                stats = {name: [_number(r[4 + i]) for r in body] for i, name in enumerate(STATS_COLUMNS)}
             history.extend(
                 [int(r[0]) for r in body],
                 [float(r[1]) for r in body],
                 [bool(int(r[2])) for r in body],
-                [float(r[3]) if r[3] else math.nan for r in body],
+                [_number(r[3]) for r in body],
+                stats,
             )
         return history
+
+
+def _cell(value: float) -> str:
+    return "" if math.isnan(value) else repr(value)
+
+
+def _number(cell: str) -> float:
+    return float(cell) if cell else math.nan
+
+
+def _stat_columns(stats: Any, shape: tuple[int, ...]) -> list[np.ndarray]:
+    """The :data:`STATS_COLUMNS` of ``stats`` (a mapping, or None) as float64 arrays, NaN where absent."""
+    if stats is None:
+        return [np.full(shape, np.nan) for _ in STATS_COLUMNS]
+    if not hasattr(stats, "items"):
+        raise TypeError(f"stats must be a mapping of column name to values, got {type(stats).__name__}.")
+    unknown = set(stats) - set(STATS_COLUMNS)
+    if unknown:
+        raise ValueError(f"stats has unknown columns {sorted(unknown)}; the columns are {', '.join(STATS_COLUMNS)}.")
+    return [
+        _column(name, stats[name], np.float64) if name in stats else np.full(shape, np.nan) for name in STATS_COLUMNS
+    ]

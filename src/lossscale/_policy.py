@@ -26,6 +26,7 @@ from typing import Any
 from . import _numbers as _n
 
 __all__ = [
+    "AutoLossScale",
     "DynamicLossScale",
     "ExponentialUpdateLossScaleManager",
     "FixedLossScale",
@@ -397,7 +398,7 @@ def get(identifier: Any, custom_objects: Mapping[str, Any] | None = None) -> Los
 
     * ``None`` -> ``None``;
     * a number or a 0-d array -> ``FixedLossScale(identifier)``;
-    * ``"dynamic"`` -> ``DynamicLossScale()``;
+    * ``"dynamic"`` -> ``DynamicLossScale()``; ``"auto"`` -> ``AutoLossScale()`` (experimental);
     * a :class:`LossScale` -> itself;
     * ``{"class_name": ..., "config": {...}}`` (see :func:`serialize`) -> that
       policy. ``class_name`` names a built-in class, or a class of your own
@@ -423,7 +424,12 @@ def get(identifier: Any, custom_objects: Mapping[str, Any] | None = None) -> Los
     if isinstance(identifier, str):
         if identifier == "dynamic":
             return DynamicLossScale()
-        raise ValueError(f'Invalid loss scale string {identifier!r}: the only string accepted is "dynamic".')
+        if identifier == "auto":
+            return _BUILTINS["AutoLossScale"]()
+        raise ValueError(
+            f'Invalid loss scale string {identifier!r}: the only string accepted is "dynamic" '
+            '(and "auto", the experimental AutoLossScale).'
+        )
     if isinstance(identifier, Mapping):
         cls = _class_for(identifier, custom_objects)
         class_name = identifier["class_name"]
@@ -444,3 +450,9 @@ def get(identifier: Any, custom_objects: Mapping[str, Any] | None = None) -> Los
         f"Invalid loss scale {identifier!r} of type {type(identifier).__name__}: pass a number (fixed scale), "
         '"dynamic", a LossScale instance, a serialized LossScale dict, or None.'
     )
+
+
+# AutoLossScale subclasses LossScale, so it is defined after it, in its own module, and registered here.
+from ._auto import AutoLossScale
+
+_BUILTINS[AutoLossScale.__name__] = AutoLossScale

@@ -42,6 +42,7 @@ except ImportError as error:  # pragma: no cover - exercised only without jax
     ) from error
 
 from .._history import History
+from .._stats import gradient_stats
 from ..jax import get_scaled_loss, loss_scale_optimizer
 from ._config import DemoConfig
 from ._data import DemoData, batch_order, measured_steps, psnr_db
@@ -118,7 +119,7 @@ def train(
             scale = jnp.float32(1)
             loss, grads = jax.value_and_grad(micro_batch_loss)(params, x)
         # Of the gradients update() receives (scaled ones in the scaled run), as the torch trainer measures p.grad.
-        zeros = jnp.stack([jnp.mean(layer["w"] == 0, dtype=jnp.float32) for layer in grads])
+        zeros = gradient_stats([layer["w"] for layer in grads], jnp).tensor_zero_fraction  # the library's statistics
         updates, opt_state = opt.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
         skipped = opt_state.last_step_skipped if scaled else jnp.bool_(False)

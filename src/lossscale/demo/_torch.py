@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from ..torch import LossScaleOptimizer
+from ..torch._stats import gradient_stats
 from ._config import DemoConfig
 from ._data import DemoData, batch_order, measured_steps, psnr_db
 from ._results import RunResult, check_modes
@@ -52,11 +53,14 @@ def micro_batch_loss(model: torch.nn.Module, x: torch.Tensor, global_batch_facto
 
 
 def weight_zero_shares(model: torch.nn.Module) -> torch.Tensor:
-    """Per linear layer, the share of its weight gradient's values that are exactly zero (a float32 tensor)."""
+    """Per linear layer, the share of its weight gradient's values that are exactly zero (a float32 tensor).
+
+    The library's gradient statistics (``stats_every``'s ``zero_fraction`` per tensor), not demo code.
+    """
     grads = [m.weight.grad for m in model.modules() if isinstance(m, torch.nn.Linear)]
     if any(g is None for g in grads):
         raise ValueError("weight_zero_shares() needs every linear layer's weight gradient: call it after backward().")
-    return torch.stack([(g == 0).float().mean() for g in grads if g is not None])
+    return gradient_stats([g for g in grads if g is not None]).tensor_zero_fraction
 
 
 def train(

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .._history import History
+from .._history import STATS_COLUMNS, History
 from ._config import MODES
 
 if TYPE_CHECKING:
@@ -81,7 +81,9 @@ def plot_history(history: History, ax: Any = None, path: str | os.PathLike[str] 
 
 
 def write_tensorboard(history: History, writer: Any, prefix: str = "lossscale/") -> None:
-    """Writes every step as scalars ``{prefix}loss_scale``, ``{prefix}skipped`` and ``{prefix}loss``.
+    """Writes every step as scalars ``{prefix}loss_scale``, ``{prefix}skipped`` and ``{prefix}loss``, and
+    the sampled steps' gradient statistics as ``{prefix}headroom_bits``, ``{prefix}zero_fraction`` and
+    ``{prefix}subnormal_fraction``.
 
     Args:
         history: the record.
@@ -107,6 +109,11 @@ def write_tensorboard(history: History, writer: Any, prefix: str = "lossscale/")
         add_scalar(f"{prefix}skipped", float(skip), step)
         if not math.isnan(loss):
             add_scalar(f"{prefix}loss", loss, step)
+    if history.has_stats:  # gradient statistics (stats_every): only the sampled steps
+        for name in STATS_COLUMNS:
+            for step, value in zip(history.steps.tolist(), history.stat(name).tolist()):
+                if not math.isnan(value):
+                    add_scalar(f"{prefix}{name}", value, step)
 
 
 # ---------------------------------------------------------------- the demo's figures

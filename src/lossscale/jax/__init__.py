@@ -36,6 +36,7 @@ from ._grads import all_finite
 from ._optimizer import loss_scale_optimizer
 from ._scaling import get_scaled_loss, get_unscaled_gradients
 from ._state import LossScaleOptimizerState, find_state
+from ._stats import tensor_names
 from ._value_and_grad import value_and_grad
 
 __all__ = [
@@ -54,5 +55,6 @@ __all__ = [
     "get_scaled_loss",
     "get_unscaled_gradients",
     "loss_scale_optimizer",
+    "tensor_names",
     "value_and_grad",
 ]

@@ -18,6 +18,7 @@ from ._grads import all_finite, check_gradients, squared_norm, unscale
 from ._guard import check_limit, guard_skip
 from ._record import recorder_for
 from ._state import LossScaleOptimizerState, _is_scale_node
+from ._stats import _reduce_across, check_stats_every, init_stats, measure, step_scale
 
 __all__ = ["loss_scale_optimizer", "stepper_of"]
 
@@ -97,6 +98,7 @@ def loss_scale_optimizer(
     history: Any = None,
     axis_name: str | tuple[str, ...] | None = None,
     clip_by_global_norm: float | None = None,
+    stats_every: int | None = None,
 ) -> optax.GradientTransformationExtraArgs:
     """Wraps ``inner`` in loss scaling; TF's ``LossScaleOptimizer`` for optax.
 
@@ -169,6 +171,18 @@ def loss_scale_optimizer(
             Under ``pmap``/``shard_map`` pass ``axis_name`` (the first
             device records); under ``jit`` over several processes the
             process holding device 0 records.
+        stats_every: measure the scaled gradients every ``N``-th update
+            (default None: never; 1 with ``loss_scale="auto"``): per tensor
+            and overall ``amax``, ``headroom_bits = log2(65504 / amax)``,
+            the share of exact zeros and of float16 subnormals
+            (:mod:`lossscale._stats`). The latest sample is
+            ``state.gradient_stats`` (arrays, on the device), and
+            ``lossscale.AutoLossScale`` sets the scale from it.
+            Cost: on a sampled step four reductions of each gradient (with
+            ``N=1`` and no clip they also give the finite flag); otherwise a
+            ``lax.cond``. Measured (``benchmarks/bench_stats.py``, CPU, Adam
+            MLP): 1M parameters 1.08x the step at ``N=1``, 1.03x at
+            ``N=16``; 10M 1.14x and 1.00x. The step compiles once; no host sync.
 
     Returns:
         An ``optax.GradientTransformationExtraArgs``; extra keyword arguments
@@ -234,6 +248,7 @@ def loss_scale_optimizer(
     max_norm = _check_max_norm(clip_by_global_norm)
     limit = check_limit(max_consecutive_skips)
     recorder = recorder_for(history)
+    every = check_stats_every(stats_every, policy)
     inner = optax.with_extra_args_support(inner)
 
     def init_fn(params: Any) -> LossScaleOptimizerState:
@@ -243,7 +258,8 @@ def loss_scale_optimizer(
                 "inner already holds a loss_scale_optimizer; nesting them would scale and unscale twice. "
                 "Wrap the plain optimizer once: loss_scale_optimizer(optax.adamw(...))."
             )
-        return LossScaleOptimizerState(inner_state, initial_state(rule, jnp))
+        stats = None if every is None else init_stats(policy, params)
+        return LossScaleOptimizerState(inner_state, initial_state(rule, jnp), stats)
 
     def stepper(grads: Any, state: Any, params: Any, extra_args: dict, apply: bool) -> tuple[Any, Any]:
         if not isinstance(state, LossScaleOptimizerState):
@@ -251,10 +267,17 @@ def loss_scale_optimizer(
                 f"update() needs the LossScaleOptimizerState that init()/update() returned, got "
                 f"{type(state).__name__}. Pass this transformation's own state, not the inner optimizer's."
             )
-        check_gradients(grads)
+        leaves = check_gradients(grads)
         scale_state = state.loss_scale_state
         scale = jnp.asarray(scale_state.loss_scale)
-        if max_norm is None:
+        sample = None
+        if max_norm is None and every == 1 and state.stats is not None and rule.min_scale >= 1:
+            # One pass: the statistics' max |g| is NaN or Inf iff a scaled gradient is, and with S >= 1
+            # the unscaled ones are finite iff the scaled ones are.
+            factor = None
+            sample = measure(leaves, jnp.asarray(state.stats.count), None)
+            finite = jnp.isfinite(sample.amax)
+        elif max_norm is None:
             factor = None
             finite = all_finite(unscale(grads, scale))
         else:  # one pass gives both the global norm and the finite flag
@@ -263,7 +286,14 @@ def loss_scale_optimizer(
             factor = jnp.where(norm < max_norm, jnp.float32(1), jnp.float32(max_norm) / norm)
         if axes is not None:
             finite = lax.pmin(finite.astype(jnp.int32), axes) > 0
-        new_scale_state = next_state(rule, scale_state, finite, jnp)
+        if every is None:
+            new_scale_state, new_stats = next_state(rule, scale_state, finite, jnp), state.stats
+        else:
+            if sample is not None and axes is not None:
+                sample = _reduce_across(sample, leaves, axes)
+            new_scale_state, new_stats = step_scale(
+                policy, every, leaves, scale_state, state.stats, finite, axes, sample
+            )
         if recorder is not None:
             recorder.record(scale, finite, axes)
 
@@ -277,7 +307,7 @@ def loss_scale_optimizer(
             return (params if apply else None), inner_state
 
         first, new_inner = _cond_traced_once(finite, taken, skipped, (grads, state.inner_state, params))
-        return first, LossScaleOptimizerState(new_inner, new_scale_state)
+        return first, LossScaleOptimizerState(new_inner, new_scale_state, new_stats)
 
     def update_fn(
         updates: Any, state: LossScaleOptimizerState, params: Any = None, **extra_args: Any

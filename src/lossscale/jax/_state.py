@@ -32,6 +32,8 @@ class LossScaleOptimizerState(NamedTuple):
         loss_scale_state: a :class:`lossscale.LossScaleState` of 0-d arrays:
             ``loss_scale`` (float32), ``good_steps``, ``bad_steps``,
             ``skipped_steps`` and ``consecutive_skips`` (int32, saturating).
+        stats: with ``stats_every``, the step count, latest gradient
+            statistics and ``AutoLossScale``'s state; None otherwise.
 
     >>> import jax.numpy as jnp, optax, lossscale.jax as lsj
     >>> state = lsj.loss_scale_optimizer(optax.sgd(0.1)).init({"w": jnp.ones(2)})
@@ -41,6 +43,8 @@ class LossScaleOptimizerState(NamedTuple):
 
     inner_state: Any
     loss_scale_state: LossScaleState
+    #: ``stats_every``'s :class:`lossscale.jax._stats.StatsState` (None when off).
+    stats: Any = None
 
     # The accessors convert with jnp.asarray: under flax.nnx.Optimizer the leaves are nnx's OptArray
     # wrappers, which have no arithmetic or comparison operators of their own.
@@ -59,6 +63,13 @@ class LossScaleOptimizerState(NamedTuple):
     def consecutive_skips(self) -> jax.Array:
         """Steps skipped in a row up to now (0 after a finite step), a 0-d int32 array."""
         return jnp.asarray(self.loss_scale_state.consecutive_skips)
+
+    @property
+    def gradient_stats(self) -> dict[str, Any] | None:
+        """The latest sample of ``stats_every`` (see :func:`lossscale.jax.gradient_stats`), or None when off."""
+        from ._stats import stats_mapping
+
+        return stats_mapping(self.stats)
 
     @property
     def last_step_skipped(self) -> jax.Array:

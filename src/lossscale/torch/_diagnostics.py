@@ -184,21 +184,32 @@ class StepRecorder:
         self._steps: list[int] = []
         self._loss: torch.Tensor | None = None
         self._has_loss = False
+        self._stats: torch.Tensor | None = None  # headroom_bits, zero_fraction, subnormal_fraction (stats_every)
+        self._has_stats = False
 
     def note_loss(self, loss: torch.Tensor) -> None:
         """Remembers the (unscaled) loss of this iteration; no sync."""
         self._loss = loss.detach()
 
+    def note_stats(self, stats: torch.Tensor) -> None:
+        """Remembers this iteration's gradient statistics (a 3-vector, see ``_history.STATS_COLUMNS``); no sync."""
+        self._stats = stats.detach()
+
     def record(self, step: int, loss_scale: torch.Tensor, skipped: torch.Tensor) -> None:
         """Queues one row on the device; moves the queue to the host every ``flush_every`` rows."""
-        loss = self._loss
-        self._loss = None
+        loss, stats = self._loss, self._stats
+        self._loss = self._stats = None
+        if stats is not None:
+            self._has_stats = True
+            stats = stats.to(device=loss_scale.device, dtype=torch.float64)
+        else:
+            stats = torch.full((3,), float("nan"), dtype=torch.float64, device=loss_scale.device)
         if loss is not None and loss.numel() == 1:
             self._has_loss = True
             loss_value = loss.reshape(()).to(device=loss_scale.device, dtype=torch.float64)
         else:
             loss_value = torch.full((), float("nan"), dtype=torch.float64, device=loss_scale.device)
-        self._rows.append(torch.stack([loss_scale.double(), skipped.double(), loss_value]))
+        self._rows.append(torch.cat([torch.stack([loss_scale.double(), skipped.double(), loss_value]), stats]))
         self._steps.append(step)
         if len(self._rows) >= self.flush_every:
             self.flush()
@@ -210,7 +221,12 @@ class StepRecorder:
         rows = torch.stack(self._rows).cpu().numpy()
         steps, self._steps, self._rows = self._steps, [], []
         losses = rows[:, 2] if self._has_loss else None
-        self.history.extend(steps, rows[:, 0], rows[:, 1].astype(bool), losses)
+        stats = None
+        if self._has_stats:
+            from .._history import STATS_COLUMNS
+
+            stats = {name: rows[:, 3 + i] for i, name in enumerate(STATS_COLUMNS)}
+        self.history.extend(steps, rows[:, 0], rows[:, 1].astype(bool), losses, stats)
 
 
 class Diagnostics:

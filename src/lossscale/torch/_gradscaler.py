@@ -49,6 +49,7 @@ from .._policy import DynamicLossScale
 from ._checkpoint import gradscaler_record, gradscaler_state_dict, growth_interval, replace_policy, with_torch_names
 from ._diagnostics import Diagnostics, OverflowReport, StepRecorder
 from ._iteration import UNSCALED, Iteration
+from ._sampler import measure_scaled, sampler_for
 from ._scale import IterationScale
 from ._step import Stage
 
@@ -106,6 +107,10 @@ class GradScaler:
             their LR scheduler holds only then) need it;
             ``integrations.accelerate.attach`` sets it. Default False: the
             fused kernel skips on the device, 0 syncs, as torch's.
+        stats_every: measure the scaled gradients every ``N``-th iteration
+            (default None: never); the latest sample is
+            :attr:`gradient_stats`. Cost as in :class:`LossScaleOptimizer`;
+            no host sync. (``AutoLossScale`` needs ``LossScaleOptimizer``.)
 
     >>> import torch
     >>> w = torch.nn.Parameter(torch.tensor([1.0]))
@@ -133,6 +138,7 @@ class GradScaler:
         named_parameters: Iterable[tuple[str, torch.Tensor]] | None = None,
         history: Any = None,
         sync_skips: bool = False,
+        stats_every: int | None = None,
     ) -> None:
         self._device = str(device)
         self._enabled = bool(enabled)
@@ -148,6 +154,7 @@ class GradScaler:
         self._recorder = None if history is None or history is False else StepRecorder(history)
         self.sync_skips = bool(sync_skips)
         self._updates = 0
+        self._sampler = sampler_for(stats_every, self._owner)
 
     # ------------------------------------------------------------ scaling
 
@@ -201,6 +208,7 @@ class GradScaler:
             )
         if slot.record.stage is Stage.STEPPED:
             raise RuntimeError("unscale_() is being called after step(). Call it before step(), or after update().")
+        measure_scaled(self._sampler, slot, optimizer)
         slot.unscale_(optimizer)
 
     def step(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
@@ -230,6 +238,7 @@ class GradScaler:
             result[0] = optimizer.step(*args, **kwargs)
 
         named = lambda: self._diagnostics.named_grads(optimizer.param_groups)
+        measure_scaled(self._sampler, slot, optimizer)
         slot.step(optimizer, on_host=self.sync_skips, call=call, named_grads=named)
         return result[0]
 
@@ -245,9 +254,19 @@ class GradScaler:
         recorder = self._recorder
         scale_used = self._owner.loss_scale if recorder is not None else None
         pending = self._iteration.close(new_scale)
+        if self._sampler is not None:
+            self._sampler.advance(self._owner.state, torch.zeros(()))  # counts the iteration
         if recorder is not None and pending is not None:
             recorder.record(self._updates, scale_used, pending > 0)  # type: ignore[arg-type]
         self._updates += 1
+
+    @property
+    def gradient_stats(self) -> dict[str, Any] | None:
+        """The latest ``stats_every`` sample (tensors; ``docs/gradient_stats.md``), None when off or before one.
+
+        A sample measures the first optimizer stepped (or unscaled) in its iteration, on its scaled gradients.
+        """
+        return None if self._sampler is None else self._sampler.gradient_stats
 
     # ------------------------------------------------------------ torch's accessors
 

@@ -40,8 +40,10 @@ class LossScaleMonitor(Callback):
     of its own: Lightning reads the tensors when it writes to its loggers
     (every ``log_every_n_steps``). ``skipped_steps`` counts the iterations
     in which a step was skipped (the scaler's) or this optimizer's skipped
-    steps (a ``LossScaleOptimizer``'s). Several sources get a suffix:
-    ``loss_scale/optimizer_1``.
+    steps (a ``LossScaleOptimizer``'s). With ``stats_every=N`` on the source
+    it also logs the latest sample's ``headroom_bits``, ``zero_fraction`` and
+    ``subnormal_fraction`` (on-device values, no extra sync). Several sources
+    get a suffix: ``loss_scale/optimizer_1``.
 
     Args:
         prefix: the metric name prefix (default ``"lossscale/"``).
@@ -78,6 +80,9 @@ class LossScaleMonitor(Callback):
                            batch_idx: int) -> None:
         for suffix, source in self._sources:
             values = {"loss_scale": source.loss_scale, "skipped_steps": source.skipped_steps.float()}
+            stats = getattr(source, "gradient_stats", None)  # stats_every=N: the latest sample, 0-d tensors
+            if stats is not None:
+                values.update({k: stats[k] for k in ("headroom_bits", "zero_fraction", "subnormal_fraction")})
             for name, value in values.items():
                 pl_module.log(
                     f"{self.prefix}{name}{suffix}", value, on_step=True, on_epoch=False, batch_size=1,

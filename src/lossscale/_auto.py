@@ -1,0 +1,272 @@
+"""``AutoLossScale``: a scale set from measured gradient statistics, with the TF rule's safety.
+
+EXPERIMENTAL: the experiment in ``docs/auto_scale.md`` did not make it the
+default. The policy and its rule are written once here; the update
+:func:`next_auto_state` runs over an array namespace ``xp`` (numpy, torch,
+jax.numpy) with arithmetic, comparisons and ``xp.where`` only, like
+:func:`lossscale.next_state`: no host sync, jittable.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import KW_ONLY, dataclass, fields
+from typing import Any, NamedTuple
+
+from . import _numbers as _n
+from ._policy import LossScale, RuleParams, _set
+from ._rule import LossScaleState, _finite_flag, next_skip_counters
+from ._stats import LOG2_FLOAT16_MAX, GradientStats
+
+__all__ = ["AutoLossScale", "AutoState", "initial_auto_state", "next_auto_state"]
+
+#: log2 of float16's smallest normal.
+_LOG2_TINY = -14.0
+#: The scale's exponent stays within float32's normal powers of two.
+_MAX_EXPONENT = 126.0
+
+
+@dataclass(frozen=True, repr=False)
+class AutoLossScale(LossScale):
+    """EXPERIMENTAL. A loss scale set in one jump from sampled gradient statistics.
+
+    A binding that measures gradients (``stats_every=N``; ``N=1`` when not
+    given) feeds each sample to :func:`next_auto_state`. All quantities are
+    in bits (log2); ``S = 2**e`` is the scale, ``m`` the current margin
+    (``margin_bits`` at the start), ``F = log2(65504)``. After each step::
+
+        if not finite:                       # as the TF rule: skipped, and the scale backs off
+            S = max(S / 2**m, min);  m = min(m + 1, max_margin_bits);  forget the window
+        elif sampled and amax == 0:          # everything flushed: search upwards
+            S = min(S * 2**search_bits, max)
+        elif sampled:
+            window <- log2(amax / S)         # last `window` samples, unscaled units
+            hi = floor(F - m - max(window))  # keep the largest gradient m bits below overflow
+            lo = ceil(-14 + underflow_bits - log2(rms_min / S))  # smallest tensor RMS b bits above the normal floor
+            if e < lo:  e = min(lo + 1, e + max_jump_bits)       # raise only when short of "enough"
+            e = min(e, hi)                   # lower at once when too close to overflow
+            S = clamp(2**e, min, max)
+        every relax_steps finite steps in a row:  m = max(m - 1, margin_bits)
+
+    The band ``[lo, hi]`` is the hysteresis: inside it the scale stays, so
+    the noise of the statistics does not move it. A scale above "enough"
+    changes no bit of the unscaled gradient (powers of two only move
+    exponents) and only spends headroom against the next spike, so the rule
+    does not climb to the edge as the TF rule does. Parameter gradients do
+    not bound the activation gradients inside the backward: an overflow can
+    still happen; it is skipped and backs off as above, and the margin grows
+    by a bit each time, learning the model's offset.
+
+    Without statistics (a binding that has none yet) it runs the TF rule from
+    :meth:`rule_params`: ``initial_loss_scale``, doubling after 2000 finite
+    steps, halving on overflow, within ``[min, max]``.
+
+    Args:
+        initial_loss_scale: the scale at step 0 (2**15).
+        min_loss_scale, max_loss_scale: the floor (1) and the ceiling (None:
+            2**126, float32's largest power of two with a finite reciprocal).
+        margin_bits: ``m`` at the start and its floor (4).
+        max_margin_bits: ``m``'s ceiling (10).
+        window: samples of ``amax`` remembered for ``hi`` (16).
+        underflow_bits: ``b``, bits between the smallest tensor RMS and
+            float16's smallest normal (8).
+        relax_steps: finite steps in a row after which ``m`` shrinks by one (1000).
+        search_bits: the jump when every sampled gradient is zero (12).
+        max_jump_bits: the largest rise in one sample (16). Lowering is not capped.
+
+    >>> AutoLossScale(margin_bits=6).get_config()
+    {'initial_loss_scale': 32768.0, 'margin_bits': 6}
+    """
+
+    initial_loss_scale: float = 2.0**15
+    _: KW_ONLY
+    min_loss_scale: float = 1.0
+    max_loss_scale: float | None = None
+    margin_bits: int = 4
+    max_margin_bits: int = 10
+    window: int = 16
+    underflow_bits: int = 8
+    relax_steps: int = 1000
+    search_bits: int = 12
+    max_jump_bits: int = 16
+
+    def __post_init__(self) -> None:
+        min_scale = _n.scale("min_loss_scale", self.min_loss_scale, example="1.0")
+        max_scale = self.max_loss_scale
+        if max_scale is not None:
+            max_scale = _n.scale("max_loss_scale", max_scale, at_least=min_scale, example="2**24")
+        initial = _n.scale("initial_loss_scale", self.initial_loss_scale)
+        top = 2.0**_MAX_EXPONENT if max_scale is None else max_scale
+        if not min_scale <= initial <= top:
+            raise ValueError(
+                f"initial_loss_scale={initial!r} is outside [min_loss_scale, max_loss_scale] = [{min_scale!r}, "
+                f"{top!r}]; pick an initial scale inside the bounds."
+            )
+        counts = {f.name: _n.count(f.name, getattr(self, f.name)) for f in fields(self) if f.name.endswith(("bits", "window", "steps"))}
+        if counts["max_margin_bits"] < counts["margin_bits"]:
+            raise ValueError(
+                f"max_margin_bits={counts['max_margin_bits']} is below margin_bits={counts['margin_bits']}; "
+                "raise max_margin_bits (the margin only grows from margin_bits)."
+            )
+        if counts["margin_bits"] > 15:
+            raise ValueError(
+                f"margin_bits={counts['margin_bits']} leaves no room below float16's max (2**16): use 1 to 15."
+            )
+        _set(self, initial_loss_scale=initial, min_loss_scale=min_scale, max_loss_scale=max_scale, **counts)
+
+    @property
+    def dynamic(self) -> bool:
+        return True
+
+    @property
+    def ceiling(self) -> float:
+        """``max_loss_scale``, or 2**126 when it is None."""
+        return 2.0**_MAX_EXPONENT if self.max_loss_scale is None else self.max_loss_scale
+
+    def rule_params(self) -> RuleParams:
+        """The TF rule used where no statistics are measured (see the class docstring)."""
+        return RuleParams(
+            dynamic=True,
+            initial_scale=self.initial_loss_scale,
+            growth_interval=2000,
+            growth_factor=2.0,
+            backoff_divisor=2.0,
+            min_scale=self.min_loss_scale,
+            max_scale=self.ceiling,
+        )
+
+    def get_config(self) -> dict[str, Any]:
+        config: dict[str, Any] = {"initial_loss_scale": self.initial_loss_scale}
+        for f in fields(self):
+            if f.kw_only and getattr(self, f.name) != f.default:
+                config[f.name] = getattr(self, f.name)
+        return config
+
+
+class AutoState(NamedTuple):
+    """The state :class:`AutoLossScale` keeps beside the :class:`~lossscale.LossScaleState`.
+
+    Attributes:
+        margin: float32, the current margin ``m`` in bits.
+        window: float32 ``(window,)``, recent ``log2(amax / S)`` (unscaled),
+            ``-inf`` where empty.
+        calm_steps: int32, finite steps since the margin last changed or the
+            last overflow.
+        lo, hi: float32, the last sample's bounds on ``log2 S`` (NaN before
+            one): ``hi < lo`` means the gradients span more than float16's
+            range at any single scale.
+    """
+
+    margin: Any
+    window: Any
+    calm_steps: Any
+    lo: Any
+    hi: Any
+
+
+def initial_auto_state(policy: AutoLossScale, xp: Any, **array_kwargs: Any) -> AutoState:
+    """The :class:`AutoState` at step 0 (``array_kwargs`` go to ``xp.asarray``/``xp.full``, e.g. ``device=``)."""
+    def f32(value: float) -> Any:
+        return xp.asarray(value, dtype=xp.float32, **array_kwargs)
+
+    return AutoState(
+        margin=f32(float(policy.margin_bits)),
+        window=xp.full((policy.window,), -math.inf, dtype=xp.float32, **array_kwargs),
+        calm_steps=xp.asarray(0, dtype=xp.int32, **array_kwargs),
+        lo=f32(math.nan),
+        hi=f32(math.nan),
+    )
+
+
+def _pow2(e: Any, xp: Any) -> Any:
+    """``2**e`` for an integral float32 ``e``, exact (``exp2`` is not exact under XLA)."""
+    one = xp.ones_like(e)
+    return xp.ldexp(one, xp.asarray(e, dtype=xp.int32))
+
+
+def next_auto_state(
+    policy: AutoLossScale,
+    state: LossScaleState,
+    auto: AutoState,
+    finite: Any,
+    stats: GradientStats | None,
+    sampled: Any,
+    xp: Any,
+) -> tuple[LossScaleState, AutoState]:
+    """The states after one step (the rule is in :class:`AutoLossScale`'s docstring).
+
+    Args:
+        policy: the :class:`AutoLossScale`.
+        state: the :class:`~lossscale.LossScaleState` (its ``loss_scale`` is
+            the scale this step's gradients were computed at).
+        auto: the :class:`AutoState`.
+        finite: as in :func:`lossscale.next_state`.
+        stats: this step's :class:`~lossscale._stats.GradientStats` (of the
+            scaled gradients), or None when the binding measured nothing.
+        sampled: a 0-d bool array (or Python bool): whether ``stats`` was
+            measured on this step. Ignored (False) when ``stats`` is None.
+        xp: the array namespace.
+
+    Returns ``(state, auto)``. The skip counters move exactly as in
+    :func:`lossscale.next_state`; ``bad_steps`` stays 0; ``good_steps``
+    counts finite steps since the scale last changed.
+
+    Cost: about 45 scalar ops plus three on the ``(window,)`` array; no host sync.
+    """
+    finite = _finite_flag(finite, state.loss_scale, xp)
+    if stats is None:
+        sampled = xp.full_like(finite, False)
+    elif isinstance(sampled, bool):
+        sampled = xp.full_like(finite, sampled)
+    scale, good, bad, skipped, streak = state
+    skipped, streak = next_skip_counters(skipped, streak, finite, xp)
+    m = auto.margin
+    e = xp.floor(xp.log2(scale))  # integral; exact for the powers of two the rule produces
+
+    # Overflow: back off by the margin and widen it; forget the window.
+    backed = xp.where(scale / _pow2(m, xp) < policy.min_loss_scale, policy.min_loss_scale, scale / _pow2(m, xp))
+    wider = xp.where(m + 1 > policy.max_margin_bits, float(policy.max_margin_bits), m + 1)
+
+    lo, hi, window, target = auto.lo, auto.hi, auto.window, e
+    if stats is not None:
+        amax, rms_min = stats.amax, stats.rms_min
+        seen = sampled & finite & (amax > 0)
+        log_s = xp.log2(scale)
+        x = xp.log2(xp.where(amax > 0, amax, 1.0)) - log_s
+        pushed = xp.where(xp.arange(window.shape[0]) == 0, x, xp.roll(window, 1))
+        window = xp.where(seen, pushed, window)
+        hi_new = xp.floor(LOG2_FLOAT16_MAX - m - xp.max(window))
+        r = xp.log2(xp.where(rms_min > 0, rms_min, 1.0)) - log_s
+        lo_new = xp.where(rms_min > 0, xp.ceil(_LOG2_TINY + policy.underflow_bits - r), -math.inf)
+        raised = xp.where(e + policy.max_jump_bits < lo_new + 1, e + policy.max_jump_bits, lo_new + 1)
+        measured = xp.where(e < lo_new, raised, e)
+        measured = xp.where(measured > hi_new, hi_new, measured)
+        searched = e + policy.search_bits
+        target = xp.where(seen, measured, xp.where(sampled & finite, searched, e))
+        lo = xp.where(seen, lo_new, lo)
+        hi = xp.where(seen, hi_new, hi)
+    target = xp.where(target > _MAX_EXPONENT, _MAX_EXPONENT, target)
+    moved = _pow2(target, xp)
+    moved = xp.where(moved < policy.min_loss_scale, policy.min_loss_scale, moved)
+    moved = xp.where(moved > policy.ceiling, policy.ceiling, moved)
+    new_scale = xp.where(finite, xp.where(target != e, moved, scale), backed)
+
+    calm = auto.calm_steps + 1
+    relax = finite & (calm >= policy.relax_steps)
+    new_m = xp.where(finite, xp.where(relax & (m - 1 >= policy.margin_bits), m - 1, m), wider)
+    return (
+        LossScaleState(
+            loss_scale=new_scale,
+            good_steps=xp.where(finite & (new_scale == scale), good + (good < 2**31 - 1), 0),
+            bad_steps=bad,
+            skipped_steps=skipped,
+            consecutive_skips=streak,
+        ),
+        AutoState(
+            margin=new_m,
+            window=xp.where(finite, window, xp.full_like(window, -math.inf)),
+            calm_steps=xp.where(finite & ~relax, calm, 0),
+            lo=lo,
+            hi=hi,
+        ),
+    )

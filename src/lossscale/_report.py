@@ -1,0 +1,103 @@
+"""``underflow_report``: which tensors float16 flushes, from one sample of ``gradient_stats``.
+
+The dual of the torch binding's overflow report: that one names the tensors
+that held Inf/NaN on a skipped step, this one the tensors that lose the most
+to the other edge, on any binding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = ["UnderflowReport", "underflow_report"]
+
+
+@dataclass(frozen=True)
+class UnderflowReport:
+    """The tensors of one sample, worst first.
+
+    Attributes:
+        step: the step the sample was taken at.
+        zero_fraction, subnormal_fraction, headroom_bits: the overall values.
+        rows: ``(name, zero_fraction, subnormal_fraction, headroom_bits)``
+            per tensor, sorted by zero share, then subnormal share, largest first.
+    """
+
+    step: int
+    zero_fraction: float
+    subnormal_fraction: float
+    headroom_bits: float
+    rows: tuple[tuple[str, float, float, float], ...]
+
+    def __str__(self) -> str:
+        lines = [
+            (
+                f"gradient statistics at step {self.step}: {100 * self.zero_fraction:.2f}% exactly zero, "
+                f"{100 * self.subnormal_fraction:.2f}% below float16's smallest normal (2**-14), "
+                f"headroom {self.headroom_bits:.1f} bits below float16's max"
+            ),
+        ]
+        for name, zeros, subnormal, headroom in self.rows:
+            lines.append(f"  {name}: {100 * zeros:.2f}% zero, {100 * subnormal:.2f}% subnormal, headroom {headroom:.1f} bits")
+        if self.zero_fraction > 0.01:
+            lines.append(
+                "More than 1% of the gradients are zero: if these zeros are float16 underflow (compare a float32 "
+                "run), raise the loss scale, or use loss_scale='auto' (experimental)."
+            )
+        return "\n".join(lines)
+
+
+def _host(value: Any) -> np.ndarray:
+    if hasattr(value, "detach"):  # torch
+        value = value.detach().cpu()
+    return np.asarray(value, dtype=np.float64)
+
+
+def underflow_report(stats: Mapping[str, Any], top: int = 10, names: Sequence[str] | None = None) -> UnderflowReport:
+    """The ``top`` tensors that lose the most to underflow in ``stats`` (an optimizer's ``gradient_stats``).
+
+    Args:
+        stats: the ``gradient_stats`` mapping of any binding (torch
+            ``LossScaleOptimizer``/``GradScaler``, a JAX state).
+        top: how many tensors to list.
+        names: tensor names, overriding ``stats["per_tensor"]["names"]``
+            (e.g. ``lossscale.jax.tensor_names(params)``).
+
+    Cost: one transfer of the sample to the host (a host sync); call it when
+    you look, not every step.
+
+    >>> import numpy as np
+    >>> from lossscale._stats import as_mapping, gradient_stats
+    >>> g = [np.array([0.0, 0.0, 1.0], np.float16), np.array([1.0, 2.0**-20], np.float16)]
+    >>> report = underflow_report(as_mapping(gradient_stats(g, np), ["w", "b"]))
+    >>> ", ".join(row[0] for row in report.rows)
+    'w, b'
+    """
+    if not isinstance(stats, Mapping) or "per_tensor" not in stats:
+        raise TypeError(
+            "stats must be an optimizer's gradient_stats mapping (with 'per_tensor'); got "
+            f"{type(stats).__name__}. Pass stats_every=N to the optimizer to record it."
+        )
+    if isinstance(top, bool) or not isinstance(top, int) or top < 1:
+        raise ValueError(f"top must be a positive int, got {top!r}.")
+    per = stats["per_tensor"]
+    zeros, subnormal, headroom = (_host(per[k]) for k in ("zero_fraction", "subnormal_fraction", "headroom_bits"))
+    labels = tuple(per["names"] if names is None else names)
+    if len(labels) != len(zeros):
+        raise ValueError(f"names must name each of the {len(zeros)} tensors, got {len(labels)}.")
+    step = int(_host(stats["step"]))
+    if step < 0:
+        raise ValueError("stats holds no sample yet (step -1): take a training step first.")
+    order = sorted(range(len(zeros)), key=lambda i: (-zeros[i], -subnormal[i]))[:top]
+    return UnderflowReport(
+        step=step,
+        zero_fraction=float(_host(stats["zero_fraction"])),
+        subnormal_fraction=float(_host(stats["subnormal_fraction"])),
+        headroom_bits=float(_host(stats["headroom_bits"])),
+        rows=tuple((labels[i], float(zeros[i]), float(subnormal[i]), float(headroom[i])) for i in order),
+    )
+

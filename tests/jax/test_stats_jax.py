@@ -1,0 +1,126 @@
+"""``stats_every`` and ``loss_scale="auto"`` in lossscale.jax: numbers vs the numpy core, one compile, no host transfer."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import lossscale
+import lossscale.jax as lsj
+from lossscale._auto import initial_auto_state, next_auto_state
+from lossscale._stats import gradient_stats
+from lossscale.jax._stats import tensor_names
+
+
+def grads_at(scale):
+    rng = np.random.default_rng(0)
+    w = (rng.normal(size=(16, 8)) * 2.0**-20 * scale).astype(np.float16)
+    w[0, :3] = 0
+    b = (rng.normal(size=8) * 2.0**-8 * scale).astype(np.float32)
+    return {"b": jnp.asarray(b), "w": jnp.asarray(w)}
+
+
+def params():
+    return {"b": jnp.zeros(8, jnp.float32), "w": jnp.zeros((16, 8), jnp.float16)}
+
+
+def test_statistics_equal_the_numpy_core():
+    opt = lsj.loss_scale_optimizer(optax.sgd(0.1), 2.0**10, stats_every=1)
+    state = opt.init(params())
+    grads = grads_at(2.0**10)
+    _, state = jax.jit(opt.update)(grads, state, params())
+    got = state.gradient_stats
+    ref = gradient_stats([np.asarray(g) for g in jax.tree_util.tree_leaves(grads)], np)
+    for key in ("amax", "headroom_bits", "zero_fraction", "subnormal_fraction", "rms_min"):
+        np.testing.assert_allclose(np.asarray(got[key]), getattr(ref, key), rtol=1e-6, err_msg=key)
+    np.testing.assert_allclose(np.asarray(got["per_tensor"]["zero_fraction"]), ref.tensor_zero_fraction)
+    assert float(got["per_tensor"]["zero_fraction"][1]) >= 3 / 128  # "w" is the second leaf
+    assert tensor_names(params()) == ("['b']", "['w']")
+
+
+def test_off_by_default_and_validated():
+    state = lsj.loss_scale_optimizer(optax.sgd(0.1)).init(params())
+    assert state.stats is None and state.gradient_stats is None
+    with pytest.raises(TypeError, match="stats_every must be an int"):
+        lsj.loss_scale_optimizer(optax.sgd(0.1), stats_every=2.5)
+    with pytest.raises(ValueError, match="at least 1"):
+        lsj.loss_scale_optimizer(optax.sgd(0.1), stats_every=0)
+
+
+def test_sampled_every_n_compiled_once_without_host_transfers():
+    opt = lsj.loss_scale_optimizer(optax.adam(1e-3), stats_every=3)
+    traces = []
+
+    def step(g, s, p):
+        traces.append(1)
+        return opt.update(g, s, p)
+
+    step = jax.jit(step)
+    state = opt.init(params())
+    grads = jax.device_put(grads_at(2.0**15))
+    p = jax.device_put(params())
+    samples = []
+    with jax.transfer_guard("disallow"):
+        for _ in range(7):
+            _, state = step(grads, state, p)
+            samples.append(state.stats.sample.step)
+    assert len(traces) == 1
+    assert [int(s) for s in samples] == [0, 0, 0, 3, 3, 3, 6]
+
+
+def test_auto_follows_the_core_rule():
+    """The jitted step's scale trajectory equals the numpy core's on the same gradients."""
+    policy = lossscale.AutoLossScale(1.0)
+    opt = lsj.loss_scale_optimizer(optax.sgd(0.0), policy)  # stats_every defaults to 1
+    state = opt.init(params())
+    ref_state, ref_auto = lossscale.initial_state(policy, np), initial_auto_state(policy, np)
+    update = jax.jit(opt.update)
+    scales = []
+    for i in range(4):
+        scale = float(state.loss_scale)
+        grads = grads_at(scale)
+        if i == 2:
+            grads["b"] = grads["b"].at[0].set(jnp.inf)
+        _, state = update(grads, state, params())
+        leaves = [np.asarray(g) for g in jax.tree_util.tree_leaves(grads)]
+        finite = np.bool_(all(np.isfinite(g).all() for g in leaves))
+        with np.errstate(all="ignore"):
+            ref_state, ref_auto = next_auto_state(
+                policy, ref_state, ref_auto, finite, gradient_stats(leaves, np, i), True, np
+            )
+        assert float(state.loss_scale) == float(ref_state.loss_scale)
+        assert int(state.skipped_steps) == int(ref_state.skipped_steps)
+        scales.append(float(state.loss_scale))
+    assert scales[0] > 1.0 and int(state.skipped_steps) == 1
+    assert float(state.stats.auto.margin) == policy.margin_bits + 1
+
+
+def test_auto_from_2_30_settles_in_one_sample_on_float32_gradients():
+    opt = lsj.loss_scale_optimizer(optax.sgd(0.0), lossscale.AutoLossScale(2.0**30))
+    state = opt.init(params())
+    p = {"b": jnp.zeros(8, jnp.float32), "w": jnp.zeros((16, 8), jnp.float32)}
+    state = opt.init(p)
+    rng = np.random.default_rng(1)
+    true = {"b": jnp.asarray(rng.normal(size=8) * 2.0**-4, jnp.float32),
+            "w": jnp.asarray(rng.normal(size=(16, 8)) * 2.0**-22, jnp.float32)}
+    update = jax.jit(opt.update)
+    _, state = update(jax.tree_util.tree_map(lambda t: t * state.loss_scale, true), state, p)
+    scaled = jax.tree_util.tree_map(lambda t: (t * state.loss_scale).astype(jnp.float16), true)
+    after = gradient_stats([np.asarray(g) for g in jax.tree_util.tree_leaves(scaled)], np)
+    assert float(after.zero_fraction) == 0.0 and float(after.headroom_bits) >= 4
+    assert int(state.skipped_steps) == 0
+
+
+@pytest.mark.parametrize("bad", [jnp.nan, jnp.inf, -jnp.inf])
+def test_the_one_pass_check_skips_nan_and_inf(bad):
+    """With stats_every=1 the finite flag is read from the statistics' max |g|."""
+    opt = lsj.loss_scale_optimizer(optax.sgd(0.1), stats_every=1)
+    p = {"w": jnp.ones(3, jnp.float32), "h": jnp.ones(2, jnp.float16)}
+    state = opt.init(p)
+    grads = {"w": jnp.array([1.0, bad, 1.0]), "h": jnp.ones(2, jnp.float16)}
+    updates, state = jax.jit(opt.update)(grads, state, p)
+    assert int(state.skipped_steps) == 1 and float(state.loss_scale) == 2.0**14
+    assert not bool(jnp.any(updates["w"]))

@@ -1,0 +1,258 @@
+"""torch's gradient statistics and StatsSampler against the numpy core."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import lossscale
+from lossscale._auto import initial_auto_state, next_auto_state
+from lossscale._stats import gradient_stats as numpy_stats
+from lossscale.torch._sampler import StatsSampler, check_stats_every
+from lossscale.torch._stats import gradient_stats
+
+
+def tensors():
+    g = torch.Generator().manual_seed(0)
+    a = (torch.randn(64, 32, generator=g) * 2.0**-18).half().float()  # autocast-style: float16 values in float32
+    a[0, :5] = 0
+    return [
+        a,
+        torch.tensor([0.0, 2.0**-20, -(2.0**-14), 3.0]),
+        torch.zeros(0),
+        torch.tensor([float("inf"), 1.0]),
+        (torch.randn(7, generator=g) * 100).half(),
+    ]
+
+
+def test_equal_to_the_numpy_core():
+    grads = tensors()
+    got = gradient_stats(grads, step=3)
+    ref = numpy_stats([g.numpy() for g in grads], np, step=3)
+    for name in ref._fields:
+        np.testing.assert_allclose(
+            np.asarray(getattr(got, name), np.float64), np.asarray(getattr(ref, name), np.float64),
+            rtol=1e-5, err_msg=name,
+        )
+    assert math.isinf(float(got.amax)) and float(got.tensor_zero_fraction[1]) == 0.25
+
+
+def test_does_not_touch_the_gradients():
+    grads = tensors()
+    copies = [g.clone() for g in grads]
+    gradient_stats(grads)
+    for g, c in zip(grads, copies):
+        assert torch.equal(g, c)
+
+
+def test_stats_every_is_validated():
+    assert check_stats_every(None, lossscale.DynamicLossScale()) is None
+    assert check_stats_every(None, lossscale.AutoLossScale()) == 1
+    with pytest.raises(TypeError, match="stats_every must be an int"):
+        check_stats_every("4", lossscale.DynamicLossScale())
+    with pytest.raises(ValueError, match="at least 1"):
+        check_stats_every(0, lossscale.DynamicLossScale())
+
+
+def test_sampler_runs_the_core_auto_rule_in_place():
+    policy = lossscale.AutoLossScale(1.0)
+    sampler = StatsSampler(2, policy)
+    live = lossscale.initial_state(policy, torch)
+    ref, ref_auto = lossscale.initial_state(policy, np), initial_auto_state(policy, np)
+    g = torch.Generator().manual_seed(1)
+    true = [torch.randn(256, generator=g) * 2.0**-20, torch.randn(16, generator=g) * 2.0**-8]
+    for i in range(6):
+        scale = float(live.loss_scale)
+        grads = [(t * scale).half().float() for t in true]
+        if i == 4:
+            grads[1][0] = float("inf")
+        sampler.measure(grads, ["w", "b"], live)
+        found_inf = torch.tensor(float(not all(torch.isfinite(x).all() for x in grads)))
+        sampler.advance(live, found_inf)
+        with np.errstate(all="ignore"):
+            ref, ref_auto = next_auto_state(
+                policy, ref, ref_auto, np.bool_(float(found_inf) == 0),
+                numpy_stats([x.numpy() for x in grads], np, i), np.bool_(i % 2 == 0), np,
+            )
+        assert float(live.loss_scale) == float(ref.loss_scale), i
+        assert int(live.skipped_steps) == int(ref.skipped_steps)
+    assert float(live.loss_scale) > 1.0 and int(live.skipped_steps) == 1
+    assert sampler.gradient_stats["per_tensor"]["names"] == ("w", "b")
+    assert int(sampler.gradient_stats["step"]) == 4
+
+
+def test_sampler_checkpoint_round_trip():
+    policy = lossscale.AutoLossScale(2.0**4, window=4)
+    a = StatsSampler(1, policy)
+    state = lossscale.initial_state(policy, torch)
+    a.measure([torch.full((8,), 2.0**-3)], None, state)
+    a.advance(state, torch.tensor(0.0))
+    b = StatsSampler(1, policy)
+    b.load_state_dict(a.state_dict())
+    assert b.iteration == 1 and all(torch.equal(x, y) for x, y in zip(a.auto, b.auto))
+    with pytest.raises(ValueError, match="window"):
+        StatsSampler(1, lossscale.AutoLossScale(window=8)).load_state_dict(a.state_dict())
+    with pytest.raises(ValueError, match="no AutoLossScale state"):
+        StatsSampler(1, policy).load_state_dict({"iteration": 3})
+
+
+# ----------------------------------------------------------------------------- LossScaleOptimizer(stats_every=N)
+
+import lossscale.torch as lst
+from tests.torch.sync_counter import count_syncs
+
+
+def _model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.GELU(), torch.nn.Linear(8, 4))
+
+
+def _backward(opt, model, scale_of_loss=1e-6):
+    opt.zero_grad()
+    with torch.autocast("cpu", dtype=torch.float16):
+        out = model(torch.randn(32, 16, generator=torch.Generator().manual_seed(opt_calls(opt))))
+    opt.get_scaled_loss((out.float() ** 2).mean() * scale_of_loss).backward()
+
+
+def opt_calls(opt, _count={}):  # noqa: B006 - a per-optimizer batch counter
+    _count[id(opt)] = _count.get(id(opt), 0) + 1
+    return _count[id(opt)]
+
+
+def test_optimizer_samples_every_n_steps_on_the_scaled_gradients():
+    model = _model()
+    opt = lst.LossScaleOptimizer(torch.optim.SGD(model.parameters(), lr=0.01), stats_every=2)
+    assert opt.gradient_stats is None
+    for step in range(3):
+        _backward(opt, model)
+        scaled = [p.grad.clone() for p in model.parameters()]
+        opt.step()
+        if step % 2 == 0:
+            ref = numpy_stats([g.numpy() for g in scaled], np, step)
+            got = opt.gradient_stats
+            assert int(got["step"]) == step
+            np.testing.assert_allclose(float(got["amax"]), float(ref.amax), rtol=1e-6)
+            np.testing.assert_allclose(np.asarray(got["per_tensor"]["rms"]), ref.tensor_rms, rtol=1e-5)
+    assert int(opt.gradient_stats["step"]) == 2
+    assert opt.gradient_stats["per_tensor"]["names"][0] == "param_groups[0]['params'][0]"
+
+
+def test_unscale_before_step_still_measures_scaled_values():
+    model = _model()
+    opt = lst.LossScaleOptimizer(torch.optim.SGD(model.parameters(), lr=0.01), stats_every=1)
+    _backward(opt, model)
+    scaled = [p.grad.clone() for p in model.parameters()]
+    opt.unscale_()
+    opt.step()
+    ref = numpy_stats([g.numpy() for g in scaled], np)
+    np.testing.assert_allclose(float(opt.gradient_stats["amax"]), float(ref.amax), rtol=1e-6)
+
+
+def test_no_host_sync_added_on_unsampled_or_sampled_steps():
+    def run(**kwargs):
+        model = _model()
+        opt = lst.LossScaleOptimizer(torch.optim.SGD(model.parameters(), lr=0.01), **kwargs)
+        _backward(opt, model)
+        opt.step()  # the first step creates state
+        _backward(opt, model)
+        return count_syncs(opt.step)
+
+    plain = run()
+    assert run(stats_every=1000) == plain  # unsampled step
+    assert run(stats_every=1) == plain  # sampled step: the statistics stay tensors
+    assert run(loss_scale="auto") == plain  # and the auto rule too
+
+
+def test_auto_in_the_optimizer_follows_the_core_rule():
+    model = _model()
+    policy = lossscale.AutoLossScale(1.0)
+    opt = lst.LossScaleOptimizer(torch.optim.SGD(model.parameters(), lr=0.0), policy)
+    ref, ref_auto = lossscale.initial_state(policy, np), initial_auto_state(policy, np)
+    for step in range(4):
+        _backward(opt, model)
+        scaled = [p.grad.clone() for p in model.parameters()]
+        if step == 2:
+            next(iter(model.parameters())).grad[0, 0] = float("nan")
+            scaled[0][0, 0] = float("nan")
+        opt.step()
+        finite = np.bool_(all(torch.isfinite(g).all() for g in scaled))
+        with np.errstate(all="ignore"):
+            ref, ref_auto = next_auto_state(
+                policy, ref, ref_auto, finite, numpy_stats([g.numpy() for g in scaled], np, step), True, np
+            )
+        assert float(opt.loss_scale) == float(ref.loss_scale), step
+    assert int(opt.skipped_steps) == 1 and float(opt.loss_scale) > 1.0
+
+
+def test_auto_checkpoint_resumes_exactly():
+    def make():
+        model = _model()
+        return model, lst.LossScaleOptimizer(torch.optim.Adam(model.parameters(), lr=1e-3), "auto")
+
+    model_a, a = make()
+    for _ in range(3):
+        _backward(a, model_a)
+        a.step()
+    saved = a.state_dict()
+    model_b, b = make()
+    model_b.load_state_dict(model_a.state_dict())
+    b.load_state_dict(saved)
+    assert b._sampler.iteration == 3
+    assert all(torch.equal(x, y) for x, y in zip(a._sampler.auto, b._sampler.auto))
+    for _ in range(3):
+        batch = opt_calls(a)
+        for model, opt in ((model_a, a), (model_b, b)):
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=torch.float16):
+                out = model(torch.randn(32, 16, generator=torch.Generator().manual_seed(batch)))
+            opt.get_scaled_loss((out.float() ** 2).mean() * 1e-6).backward()
+            opt.step()
+        assert float(a.loss_scale) == float(b.loss_scale)
+
+
+def test_auto_refuses_a_shared_scale():
+    shared = lst.SharedLossScale("auto")
+    with pytest.raises(ValueError, match="SharedLossScale"):
+        lst.LossScaleOptimizer(torch.optim.SGD(_model().parameters(), lr=0.1), shared)
+
+
+def test_gradscaler_samples_the_scaled_gradients_without_syncs():
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    scaler = lst.GradScaler("cpu", stats_every=2)
+    plain = lst.GradScaler("cpu")
+
+    def iteration(s):
+        opt.zero_grad()
+        with torch.autocast("cpu", dtype=torch.float16):
+            out = model(torch.randn(8, 16, generator=torch.Generator().manual_seed(0)))
+        s.scale((out.float() ** 2).mean()).backward()
+        scaled = [p.grad.clone() for p in model.parameters()]
+        syncs = count_syncs(lambda: (s.step(opt), s.update()))
+        return scaled, syncs
+
+    _, base = iteration(plain)
+    _, base = iteration(plain)
+    for i in range(3):
+        scaled, syncs = iteration(scaler)
+        assert syncs == base
+        if i % 2 == 0:
+            ref = numpy_stats([g.numpy() for g in scaled], np)
+            np.testing.assert_allclose(float(scaler.gradient_stats["amax"]), float(ref.amax), rtol=1e-6)
+            assert int(scaler.gradient_stats["step"]) == i
+
+
+def test_history_gets_the_stats_columns_on_sampled_steps():
+    model = _model()
+    opt = lst.LossScaleOptimizer(torch.optim.SGD(model.parameters(), lr=0.01), stats_every=2, history=True)
+    for _ in range(4):
+        _backward(opt, model)
+        opt.step()
+    h = opt.history
+    assert len(h) == 4 and h.has_stats
+    zeros = h.stat("zero_fraction")
+    assert np.isfinite(zeros[[0, 2]]).all() and np.isnan(zeros[[1, 3]]).all()
+    assert float(h.stat("headroom_bits")[2]) == pytest.approx(float(opt.gradient_stats["headroom_bits"]))
