@@ -309,9 +309,8 @@ class SharedLossScale(ScaleOwner):
     """A loss scale that one or more optimizers share.
 
     Args:
-        loss_scale, dynamic, initial_scale, dynamic_growth_steps, min_loss_scale,
-            max_loss_scale, hysteresis: the policy, in either of TF's forms
-            (see :class:`LossScaleOptimizer` and :func:`lossscale.resolve_loss_scale`).
+        loss_scale, dynamic, initial_scale, dynamic_growth_steps, min_loss_scale, max_loss_scale, hysteresis: the
+            policy, in either of TF's forms (see :class:`LossScaleOptimizer` and :func:`lossscale.resolve_loss_scale`).
         device: where the state lives; by default the device of the first
             gradient it sees.
 
