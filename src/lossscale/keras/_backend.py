@@ -129,7 +129,9 @@ def on_host(fn: Callable[..., None], *args: Any) -> None:
         return
     import jax
 
-    jax.debug.callback(fn, *args, ordered=True)
+    # Ordered effects are refused for computations over several devices (keras.distribution, fit on a
+    # multi-device host); there one step's callback is still the only one of that step.
+    jax.debug.callback(fn, *args, ordered=jax.device_count() == 1)
 
 
 def no_grad() -> Any:

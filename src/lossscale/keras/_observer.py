@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from numbers import Integral
 from typing import Any
 
 import numpy as np
 from keras import ops
+from keras.backend import backend as keras_backend
 
 from .. import History, LossScaleError
 from ._backend import is_symbolic, on_host
@@ -44,10 +47,38 @@ class StepObserver:
         self.max_consecutive_skips = max_consecutive_skips
         self._step = 0
         self._loss: Any = None
+        self._defer = False
+        self._pending: LossScaleError | None = None
 
     @property
     def active(self) -> bool:
         return self.history is not None or self.max_consecutive_skips is not None
+
+    @contextlib.contextmanager
+    def deferred(self) -> Iterator[None]:
+        """Within the block the stall guard's error is held, and raised on leaving it, after the step's callbacks.
+
+        For an eager call that runs a compiled step (JAX ``apply``): raised from
+        a host callback inside the step, :class:`lossscale.LossScaleError`
+        would reach the caller wrapped in the framework's runtime error; held
+        and raised here, it reaches the caller as itself. Cost when on: waits
+        for the step's callbacks (one sync).
+        """
+        if not self.active:
+            yield
+            return
+        self._defer = True
+        try:
+            yield
+            if keras_backend() == "jax":
+                import jax
+
+                jax.effects_barrier()
+        finally:
+            self._defer = False
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            raise pending
 
     def note_loss(self, loss: Any) -> None:
         """Keeps a concrete (eager) 1-element loss for the next recorded step."""
@@ -67,7 +98,7 @@ class StepObserver:
             self.history.append(step, float(scale_used), not bool(finite), loss_value)
         limit = self.max_consecutive_skips
         if limit is not None and int(consecutive_skips) >= limit:
-            raise LossScaleError(
+            error = LossScaleError(
                 f"{int(consecutive_skips)} steps in a row were skipped because gradients held NaN or Inf (loss "
                 f"scale now {float(new_scale):g}; max_consecutive_skips={limit}). Lowering the scale has not helped, "
                 "so the cause is likely not an overflow of the scaled loss:\n"
@@ -79,3 +110,6 @@ class StepObserver:
                 "'Two gradient contracts').\n"
                 "Pass max_consecutive_skips=None to disable this check."
             )
+            if not self._defer:
+                raise error
+            self._pending = self._pending or error

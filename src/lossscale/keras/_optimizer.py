@@ -9,26 +9,19 @@ import keras
 import numpy as np
 from keras import ops
 
-from .. import LossScale, LossScaleState, initial_state
+from .. import LossScale
 from .._resolve import stable_form
 from ._args import loss_scale_from_config, policy_config, resolve_policy
-from ._backend import advance, no_grad
 from ._compat import no_automatic_dependency_tracking
 from ._grads import UnscaleStage, all_finite, unscale
 from ._observer import StepObserver
-from ._stateless import jax_apply, stateless_step
+from ._state import STATE_NAMES, ScaleState
+from ._distribute import in_replica_of_strategy, replica_apply
+from ._step import apply_step, jax_apply, stateless_step
 from ._tf_keras import inner_from_config, translate_config
 
 __all__ = ["LossScaleOptimizer"]
 
-# (variable name, attribute): Keras' own class names the first two so; the rest are lossscale's counters.
-_STATE = (
-    ("dynamic_scale", "dynamic_scale"),
-    ("step_counter", "step_counter"),
-    ("bad_steps", "_bad_steps_variable"),
-    ("skipped_steps", "_skipped_steps_variable"),
-    ("consecutive_skips", "_consecutive_skips_variable"),
-)
 
 
 @keras.saving.register_keras_serializable(package="lossscale")
@@ -113,6 +106,7 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         self._policy = policy
         self._params = policy.rule_params()
         self._observer = observer
+        self._scale = ScaleState(self._params, observer)
         self._stage = UnscaleStage()
         self._jax_steps: dict[bool, Any] = {}
 
@@ -148,52 +142,41 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
     @property
     def dynamic_counter(self) -> Any:
         """Finite steps since the scale last changed (0-d int32 tensor), or None if fixed."""
-        return self._read("step_counter", 0) if self.dynamic else None
+        return self._scale.value(1, 0) if self.dynamic else None
 
     @property
     def skipped_steps(self) -> Any:
         """Steps skipped so far, a 0-d int32 tensor (saturating; saved with the optimizer)."""
-        return self._read("_skipped_steps_variable", 0)
+        return self._scale.value(3, 0)
+
+    @property
+    def consecutive_skips(self) -> Any:
+        """Steps skipped in a row up to the last one, a 0-d int32 tensor (0 after a finite step)."""
+        return self._scale.value(4, 0)
 
     @property
     def last_step_skipped(self) -> Any:
         """Whether the last step was skipped, a 0-d bool tensor."""
-        return ops.greater(self._read("_consecutive_skips_variable", 0), 0)
+        return ops.greater(self.consecutive_skips, 0)
 
     @property
     def history(self) -> Any:
         """The :class:`lossscale.History` being recorded, or None."""
         return self._observer.history
 
-    def _read(self, name: str, before_build: Any) -> Any:
-        if not self.built:
-            return ops.convert_to_tensor(before_build, "int32")
-        return ops.convert_to_tensor(getattr(self, name))
-
     # ------------------------------------------------------------ variables
 
     @no_automatic_dependency_tracking
     def build(self, var_list: Sequence[Any]) -> None:
-        start = initial_state(self._params, np)
-        for (name, attribute), value in zip(_STATE, start):
-            variable = self.add_variable(
-                shape=(),
-                dtype=str(value.dtype),
-                initializer=keras.initializers.Constant(value.item()),
-                aggregation="none",
-                name=name,
-            )
-            setattr(self, attribute, variable)
+        # Keras' own class names its first two variables as attributes; kept for code that reads them.
+        self.dynamic_scale, self.step_counter = self._scale.build(self.add_variable)[:2]
         if not self.inner_optimizer.built:
             self.inner_optimizer.build(var_list)
         super(keras.optimizers.LossScaleOptimizer, self).build(var_list)
 
     def _state_variables(self) -> list[Any]:
-        return [getattr(self, attribute) for _, attribute in _STATE]
-
-    def _read_state(self) -> LossScaleState:
-        # Copies: a torch variable's tensor is updated in place, and a TF read may be deferred past the assign.
-        return LossScaleState(*(ops.copy(ops.convert_to_tensor(v)) for v in self._state_variables()))
+        """The scale state's variables, in :data:`STATE_NAMES` order (empty until built)."""
+        return list(self._scale.variables)
 
     # ------------------------------------------------------------ scaling
 
@@ -229,7 +212,14 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
     # ------------------------------------------------------------ applying
 
     def apply(self, grads: Sequence[Any], trainable_variables: Sequence[Any] | None = None) -> None:
-        """Unscales (unless already unscaled), checks, applies or skips, and updates the scale."""
+        """Unscales (unless already unscaled), checks, applies or skips, and updates the scale.
+
+        Under a ``tf.distribute`` strategy the gradients are summed over the
+        replicas first (see :meth:`apply_gradients`).
+        """
+        self._apply(grads, trainable_variables, aggregate=True)
+
+    def _apply(self, grads: Sequence[Any], trainable_variables: Sequence[Any] | None, aggregate: bool) -> None:
         grads = list(grads)
         if not grads:
             return
@@ -248,28 +238,16 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         if len(grads) != len(variables):
             raise ValueError(f"Got {len(grads)} gradients for {len(variables)} variables; pass one per variable.")
         already = self._stage.take(grads)
-        if keras.backend.backend() == "jax":
-            jax_apply(self, grads, variables, already)
-            return
-        with no_grad():
-            state = self._read_state()
-            unscaled, finite = self._unscale_and_check(grads, variables, state.loss_scale, already)
-            ops.cond(finite, lambda: self.inner_optimizer.apply(unscaled, variables), lambda: None)
-            self._finish(state, finite, self._state_variables())
-
-    def _unscale_and_check(
-        self, grads: list[Any], variables: list[Any], scale: Any, already: bool
-    ) -> tuple[list[Any], Any]:
-        keep = [getattr(v, "overwrite_with_gradient", False) for v in variables]
-        unscaled = grads if already else unscale(grads, scale, keep)
-        return unscaled, all_finite(unscaled)
-
-    def _finish(self, state: LossScaleState, finite: Any, targets: list[Any]) -> LossScaleState:
-        new = advance(self._params, state, finite)
-        for variable, value in zip(targets, new):
-            variable.assign(value)
-        self._observer.observe(state.loss_scale, finite, new.consecutive_skips, new.loss_scale)
-        return new
+        backend = keras.backend.backend()
+        if backend == "jax":
+            jax_apply(
+                self._scale, self.inner_optimizer, self._variables, self._trainable_variables, self._jax_steps,
+                grads, variables, already,
+            )  # fmt: skip
+        elif backend == "tensorflow" and in_replica_of_strategy():
+            replica_apply(self._scale, self.inner_optimizer, grads, variables, already, aggregate)
+        else:
+            apply_step(self._scale, self.inner_optimizer, grads, variables, already)
 
     def stateless_apply(
         self, optimizer_variables: Sequence[Any], grads: Sequence[Any], trainable_variables: Sequence[Any]
@@ -293,15 +271,31 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
                 f"({len(self._trainable_variables)}, got {len(trainable_variables)})."
             )
         grads = list(grads)
-        return stateless_step(self, optimizer_variables, grads, trainable_variables, self._stage.take(grads))
+        already = self._stage.take(grads)
+        return stateless_step(
+            self._scale, self.inner_optimizer, self._variables, self._trainable_variables,
+            optimizer_variables, grads, trainable_variables, already,
+        )  # fmt: skip
 
-    def apply_gradients(self, grads_and_vars: Any) -> Any:
-        """Applies ``(gradient, variable)`` pairs; returns ``iterations`` (not advanced on a skip)."""
+    def apply_gradients(
+        self, grads_and_vars: Any, name: str | None = None, experimental_aggregate_gradients: bool = True
+    ) -> Any:
+        """Applies ``(gradient, variable)`` pairs; returns ``iterations`` (not advanced on a skip).
+
+        The seeds' signature. Under a ``tf.distribute`` strategy,
+        ``experimental_aggregate_gradients=True`` sums the gradients over the
+        replicas before the check (so that a NaN or Inf on one replica skips
+        the step on all); with False the caller has summed them (e.g.
+        ``tf.distribute.get_replica_context().all_reduce("sum", grads)``) and
+        they are applied as given. Without a strategy both are the same.
+        ``name`` is accepted for the seeds' signature and unused (Keras 3
+        names its ops after the optimizer).
+        """
         pairs = list(grads_and_vars)
         if not pairs:
             raise ValueError("apply_gradients() got no (gradient, variable) pairs.")
         grads, variables = zip(*pairs)
-        self.apply(list(grads), list(variables))
+        self._apply(list(grads), list(variables), aggregate=bool(experimental_aggregate_gradients))
         return self.iterations
 
     def minimize(self, loss: Any, var_list: Sequence[Any], tape: Any = None) -> Any:
