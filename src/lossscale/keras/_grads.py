@@ -9,6 +9,7 @@ gradients that already went through ``get_unscaled_gradients``.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -91,26 +92,27 @@ class UnscaleStage:
     (clipping the scaled ones, a second ``tape.gradient``); those are taken
     as unscaled. Under ``tf.function`` and ``jit`` the decision is made when
     the step is traced, from the same Python calls.
+
+    The record is per thread, so per replica under ``tf.distribute``'s
+    ``MirroredStrategy`` (each replica runs its step in its own thread): one
+    replica's ``get_unscaled_gradients`` does not arm another's apply.
     """
 
     def __init__(self) -> None:
-        self._armed = False
-        self._inputs: tuple[Any, ...] = ()  # held so that their ids stay valid
+        self._local = threading.local()
 
     def note(self, scaled: Sequence[Any]) -> None:
-        """Records that ``scaled`` went through ``get_unscaled_gradients``."""
-        self._armed = True
-        self._inputs = tuple(g for g in scaled if g is not None)
+        """Records that ``scaled`` went through ``get_unscaled_gradients`` (in this thread)."""
+        self._local.inputs = tuple(g for g in scaled if g is not None)  # held so that their ids stay valid
 
     def forget(self) -> None:
-        self._armed = False
-        self._inputs = ()
+        self._local.inputs = None
 
     def take(self, grads: Sequence[Any]) -> bool:
         """Whether ``grads`` are already unscaled (see the class docstring); forgets the call either way."""
-        armed, inputs = self._armed, self._inputs
+        inputs = getattr(self._local, "inputs", None)
         self.forget()
-        if not armed:
+        if inputs is None:
             return False
         ids = {id(g) for g in inputs}
         given = [g for g in grads if g is not None]
