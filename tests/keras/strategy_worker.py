@@ -95,6 +95,9 @@ def data(x, y, global_batch=32):
 def fit_case() -> None:
     with strategy.scope():
         model, opt = build()
+    if CASE == "mwms_fit_plain":  # the control: Keras' fit with a plain optimizer
+        model.fit(data(X, Y), epochs=1, verbose=0)
+        return
     before = snapshot(model, opt)
     model.fit(data(BAD, Y), epochs=1, verbose=0)
     check_skipped(model, opt, before)
@@ -148,7 +151,7 @@ def loop_case(aggregate: bool) -> None:
             np.testing.assert_allclose(copy, theirs.numpy(), rtol=1e-5, atol=1e-6)
 
 
-if CASE.endswith("fit"):
+if CASE.endswith("fit") or CASE == "mwms_fit_plain":
     fit_case()
 elif CASE.endswith("loop"):
     loop_case(aggregate=True)
