@@ -12,6 +12,11 @@ import json
 import os
 import sys
 
+if __name__ != "__main__":  # pytest's --doctest-modules imports every module; this one is a script
+    import pytest
+
+    pytest.skip("a script run in a subprocess by test_keras_strategy.py", allow_module_level=True)
+
 os.environ["KERAS_BACKEND"] = "tensorflow"
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -129,9 +134,7 @@ def loop_case(aggregate: bool) -> None:
             grads = opt.get_unscaled_gradients(tape.gradient(scaled, model.trainable_variables))
             if not aggregate:  # seed 001's example: the user sums over the replicas
                 grads = tf.distribute.get_replica_context().all_reduce("sum", grads)
-            opt.apply_gradients(
-                zip(grads, model.trainable_variables), experimental_aggregate_gradients=aggregate
-            )
+            opt.apply_gradients(zip(grads, model.trainable_variables), experimental_aggregate_gradients=aggregate)
 
         strategy.run(step, args=(x, y))
 

@@ -2,26 +2,27 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from typing import Any
 
 import keras
-import numpy as np
 from keras import ops
 
 from .. import LossScale
 from .._resolve import stable_form
-from ._args import loss_scale_from_config, policy_config, resolve_policy
+from . import _tf_methods
+from ._args import resolve_policy
 from ._compat import no_automatic_dependency_tracking
-from ._grads import UnscaleStage, all_finite, unscale
-from ._observer import StepObserver
-from ._state import STATE_NAMES, ScaleState
+from ._config import read_config, values_record, write_config
 from ._distribute import in_replica_of_strategy, replica_apply
+from ._grads import UnscaleStage, all_finite, unscale
+from ._inner import INNER_SETTINGS, check_inner, claim, refuse_base_arguments
+from ._observer import StepObserver
+from ._state import ScaleState
 from ._step import apply_step, jax_apply, stateless_step
-from ._tf_keras import inner_from_config, translate_config
 
 __all__ = ["LossScaleOptimizer"]
-
 
 
 @keras.saving.register_keras_serializable(package="lossscale")
@@ -66,6 +67,11 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             scale and skip flag.
         name: the optimizer's name.
 
+    The base-optimizer settings (``clipnorm``, ``weight_decay``, ``use_ema``,
+    ...) are the inner optimizer's: passed here they raise a ``ValueError``
+    naming ``inner_optimizer``; as attributes they read and write the inner
+    optimizer's.
+
     Cost per step: one multiply per gradient element and one read pass for
     the check (fused under ``tf.function``/``jit``), about 20 scalar ops for
     the scale. Host syncs: none under ``tf.function`` and ``jit``; one per
@@ -88,8 +94,10 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         max_consecutive_skips: int | None = None,
         history: Any = None,
         name: str | None = None,
+        **kwargs: Any,
     ) -> None:
-        _check_inner(inner_optimizer)
+        refuse_base_arguments(kwargs)
+        check_inner(inner_optimizer)
         policy = resolve_policy(
             loss_scale,
             dynamic=dynamic,
@@ -102,25 +110,25 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         observer = StepObserver(history, max_consecutive_skips)
         # Keras' own __init__ rejects dynamic=False and takes no policy: initialise its base instead.
         super(keras.optimizers.LossScaleOptimizer, self).__init__(learning_rate=0.0, name=name)
+        claim(inner_optimizer, self)
         self.inner_optimizer = inner_optimizer
         self._policy = policy
-        self._params = policy.rule_params()
-        self._observer = observer
-        self._scale = ScaleState(self._params, observer)
+        self._scale = ScaleState(policy.rule_params(), observer)
         self._stage = UnscaleStage()
         self._jax_steps: dict[bool, Any] = {}
+        self._pending: dict[str, Any] | None = None  # variable values restored before build (pickle, deepcopy)
 
     # ------------------------------------------------------------ the seeds' attributes
 
     @property
     def dynamic(self) -> bool:
         """Whether the loss scale changes during training."""
-        return self._params.dynamic
+        return self._scale.params.dynamic
 
     @property
     def initial_scale(self) -> float:
         """The initial loss scale (the only one, when fixed)."""
-        return self._params.initial_scale
+        return self._scale.params.initial_scale
 
     @property
     def dynamic_growth_steps(self) -> int | None:
@@ -135,9 +143,7 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
     @property
     def loss_scale(self) -> Any:
         """The current loss scale, a 0-d float32 tensor (no sync until converted)."""
-        if not self.built:
-            return ops.convert_to_tensor(self.initial_scale, "float32")
-        return ops.convert_to_tensor(self.dynamic_scale)
+        return self._scale.value(0, self.initial_scale, "float32")
 
     @property
     def dynamic_counter(self) -> Any:
@@ -162,7 +168,7 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
     @property
     def history(self) -> Any:
         """The :class:`lossscale.History` being recorded, or None."""
-        return self._observer.history
+        return self._scale.observer.history
 
     # ------------------------------------------------------------ variables
 
@@ -173,6 +179,9 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         if not self.inner_optimizer.built:
             self.inner_optimizer.build(var_list)
         super(keras.optimizers.LossScaleOptimizer, self).build(var_list)
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            self.load_own_variables(pending)
 
     def _state_variables(self) -> list[Any]:
         """The scale state's variables, in :data:`STATE_NAMES` order (empty until built)."""
@@ -187,7 +196,7 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         """
         if callable(loss):
             return lambda: self.get_scaled_loss(loss())
-        self._observer.note_loss(loss)
+        self._scale.observer.note_loss(loss)
         loss = ops.convert_to_tensor(loss)
         dtype = keras.backend.standardize_dtype(loss.dtype)
         wide = "float32" if dtype in ("float16", "bfloat16") else dtype
@@ -201,15 +210,18 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
     def get_unscaled_gradients(self, grads: Sequence[Any]) -> list[Any]:
         """A new list: each gradient times ``1/loss_scale`` in its own dtype; None stays None.
 
-        The next apply takes what this returns (or tensors computed from it,
-        e.g. clipped) as already unscaled; see docs/keras.md, "Two gradient
+        The next apply (in this thread: per replica under ``tf.distribute``)
+        takes what this returns (or tensors computed from it, e.g. clipped or
+        all-reduced) as already unscaled; see docs/keras.md, "Two gradient
         contracts". Cost: one multiply per element; no sync.
         """
         grads = list(grads)
         self._stage.note(grads)
         return unscale(grads, self.loss_scale)
 
-    # ------------------------------------------------------------ applying
+    def check_finite(self, grads: Sequence[Any]) -> Any:
+        """True iff no gradient holds a NaN or an Inf (a 0-d bool tensor)."""
+        return all_finite(grads)
 
     def apply(self, grads: Sequence[Any], trainable_variables: Sequence[Any] | None = None) -> None:
         """Unscales (unless already unscaled), checks, applies or skips, and updates the scale.
@@ -240,10 +252,8 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         already = self._stage.take(grads)
         backend = keras.backend.backend()
         if backend == "jax":
-            jax_apply(
-                self._scale, self.inner_optimizer, self._variables, self._trainable_variables, self._jax_steps,
-                grads, variables, already,
-            )  # fmt: skip
+            own, trainable = self._variables, self._trainable_variables
+            jax_apply(self._scale, self.inner_optimizer, own, trainable, self._jax_steps, grads, variables, already)
         elif backend == "tensorflow" and in_replica_of_strategy():
             replica_apply(self._scale, self.inner_optimizer, grads, variables, already, aggregate)
         else:
@@ -272,10 +282,11 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             )
         grads = list(grads)
         already = self._stage.take(grads)
+        own, trainable = self._variables, self._trainable_variables
+        values = optimizer_variables
         return stateless_step(
-            self._scale, self.inner_optimizer, self._variables, self._trainable_variables,
-            optimizer_variables, grads, trainable_variables, already,
-        )  # fmt: skip
+            self._scale, self.inner_optimizer, own, trainable, values, grads, trainable_variables, already
+        )
 
     def apply_gradients(
         self, grads_and_vars: Any, name: str | None = None, experimental_aggregate_gradients: bool = True
@@ -298,66 +309,82 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         self._apply(list(grads), list(variables), aggregate=bool(experimental_aggregate_gradients))
         return self.iterations
 
+    # ------------------------------------------------------------ the seeds' TensorFlow methods
+
     def minimize(self, loss: Any, var_list: Sequence[Any], tape: Any = None) -> Any:
         """The seeds' ``minimize`` (TensorFlow backend): scale, differentiate, unscale, apply."""
-        if keras.backend.backend() != "tensorflow":
-            raise NotImplementedError(
-                f"minimize() needs tf.GradientTape (TensorFlow backend); on {keras.backend.backend()} compute the "
-                "gradients of get_scaled_loss(loss) and call apply(grads, variables)."
-            )
-        import tensorflow as tf
+        return _tf_methods.minimize(self, loss, var_list, tape)
 
-        variables = list(var_list)
-        tape = tape if tape is not None else tf.GradientTape()
-        with tape:
-            if callable(loss):
-                loss = loss()
-            scaled = self.get_scaled_loss(loss)
-        grads = tape.gradient(scaled, variables)
-        return self.apply_gradients(zip(self.get_unscaled_gradients(grads), variables))
+    def get_gradients(self, loss: Any, params: Sequence[Any]) -> list[Any]:
+        """The seeds' ``get_gradients``: unscaled gradients of the scaled loss (TensorFlow, in a tf.function)."""
+        return _tf_methods.get_gradients(self, loss, params)
 
-    def check_finite(self, grads: Sequence[Any]) -> Any:
-        """True iff no gradient holds a NaN or an Inf (a 0-d bool tensor)."""
-        return all_finite(grads)
+    def get_slot_names(self) -> list[str]:
+        """The inner optimizer's per-variable state names (Keras 3's: Adam's ``momentum``, ``velocity``)."""
+        return _tf_methods.get_slot_names(self.inner_optimizer, self._trainable_variables)
 
-    # ------------------------------------------------------------ config
+    def get_slot(self, var: Any, slot_name: str) -> Any:
+        """The inner optimizer's ``slot_name`` variable for ``var`` (Keras 3's or tf-keras's name: ``"m"``)."""
+        return _tf_methods.get_slot(self.inner_optimizer, var, slot_name)
+
+    def add_slot(self, var: Any, slot_name: str, initializer: Any = "zeros") -> Any:
+        """The inner optimizer's ``slot_name`` variable for ``var``, created if new."""
+        return _tf_methods.add_slot(self.inner_optimizer, var, slot_name, initializer)
+
+    # ------------------------------------------------------------ config and copies
 
     def get_config(self) -> dict[str, Any]:
         """tf-keras's keys (``inner_optimizer``, ``dynamic``, ``initial_scale``, ``dynamic_growth_steps``) and ours."""
-        config = {"name": self.name, "inner_optimizer": keras.saving.serialize_keras_object(self.inner_optimizer)}
-        config.update(policy_config(self._policy))
-        if self._observer.max_consecutive_skips is not None:
-            config["max_consecutive_skips"] = self._observer.max_consecutive_skips
-        return config
+        limit = self._scale.observer.max_consecutive_skips
+        return write_config(self.name, self.inner_optimizer, self._policy, limit)
 
     @classmethod
     def from_config(cls, config: dict[str, Any], custom_objects: Any = None) -> LossScaleOptimizer:
-        """Rebuilds from :meth:`get_config`, Keras 3's own config, or any tf-keras ``LossScaleOptimizer`` config."""
-        config = translate_config(config)
-        inner = inner_from_config(config.pop("inner_optimizer"), custom_objects)
-        if isinstance(config.get("loss_scale"), dict):
-            config["loss_scale"] = loss_scale_from_config(config["loss_scale"])
-        return cls(inner, **config)
+        """Rebuilds from :meth:`get_config`, Keras 3's own config, or any tf-keras ``LossScaleOptimizer`` config.
+
+        A custom :class:`lossscale.LossScale` subclass is found in
+        ``custom_objects`` (or Keras' registered objects), never imported.
+        """
+        inner, kwargs = read_config(config, custom_objects)
+        return cls(inner, **kwargs)
+
+    def __reduce__(self) -> Any:
+        """Pickling and ``copy.deepcopy``: the config and the variables' values, as a ``.keras`` file holds them."""
+        custom = {type(self._policy).__name__: type(self._policy)}
+        values = values_record(self.variables) if self.built else None
+        return _restore, (type(self), self.get_config(), custom, values, self.history)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> LossScaleOptimizer:
+        restore, args = self.__reduce__()
+        return restore(*copy.deepcopy(args, memo))
 
     def __repr__(self) -> str:
-        return f"<lossscale.keras.LossScaleOptimizer {self.name!r} {self._policy!r} inner={type(self.inner_optimizer).__name__}>"
+        inner = type(self.inner_optimizer).__name__
+        return f"<lossscale.keras.LossScaleOptimizer {self.name!r} {self._policy!r} inner={inner}>"
 
 
-def _check_inner(inner: Any) -> None:
-    if isinstance(inner, keras.optimizers.LossScaleOptimizer):
-        raise TypeError(
-            "inner_optimizer is already a LossScaleOptimizer; wrapping it again would scale twice. Use it as it "
-            "is, or wrap its inner_optimizer."
-        )
-    if not isinstance(inner, keras.optimizers.Optimizer):
-        raise TypeError(
-            f"inner_optimizer must be a keras.optimizers.Optimizer instance (Keras 3), got {type(inner).__name__}. "
-            "Build it first, e.g. LossScaleOptimizer(keras.optimizers.AdamW(1e-3)); for a serialized Keras 2 "
-            "optimizer use LossScaleOptimizer.from_config."
-        )
-    if inner.loss_scale_factor is not None:
-        raise ValueError(
-            f"inner_optimizer has loss_scale_factor={inner.loss_scale_factor!r}, a second, fixed loss scale. "
-            "Drop it from the inner optimizer and pass it here instead: "
-            f"LossScaleOptimizer(inner, loss_scale={inner.loss_scale_factor!r})."
-        )
+def _forward(name: str) -> property:
+    """A property reading and writing the inner optimizer's ``name`` (the base class's default until wrapped)."""
+
+    def read(self: Any) -> Any:
+        inner = self.__dict__.get("inner_optimizer")
+        return getattr(inner, name) if inner is not None else None
+
+    def write(self: Any, value: Any) -> None:
+        inner = self.__dict__.get("inner_optimizer")
+        if inner is not None:  # the base class's __init__ writes its defaults before the inner is set
+            setattr(inner, name, value)
+
+    return property(read, write, doc=f"The inner optimizer's ``{name}``.")
+
+
+for _name in INNER_SETTINGS:
+    setattr(LossScaleOptimizer, _name, _forward(_name))
+
+
+def _restore(cls: type, config: dict[str, Any], custom: dict[str, Any], values: Any, history: Any) -> Any:
+    config = dict(config)
+    opt = cls.from_config(config, custom_objects=custom)
+    opt._scale.observer.history = history
+    opt._pending = values
+    return opt
