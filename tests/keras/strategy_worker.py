@@ -20,7 +20,7 @@ if __name__ != "__main__":  # pytest's --doctest-modules imports every module; t
 os.environ["KERAS_BACKEND"] = "tensorflow"
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import tensorflow as tf  # noqa: E402
+import tensorflow as tf
 
 CASE = sys.argv[1]
 MULTI_WORKER = CASE.startswith("mwms")
@@ -28,10 +28,10 @@ if not MULTI_WORKER:
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
 
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
+import keras
+import numpy as np
 
-import lossscale.keras as lsk  # noqa: E402
+import lossscale.keras as lsk
 
 keras.config.disable_traceback_filtering()
 

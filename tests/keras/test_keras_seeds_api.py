@@ -10,8 +10,8 @@ from dataclasses import dataclass
 import keras
 import numpy as np
 import pytest
-from kutil import BACKEND, grad_for, numbers
 from keras import ops
+from kutil import BACKEND, grad_for, numbers
 
 import lossscale
 import lossscale.keras as lsk

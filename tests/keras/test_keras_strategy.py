@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from kutil import BACKEND
 
 pytestmark = pytest.mark.skipif(BACKEND != "tensorflow", reason="tf.distribute is the TensorFlow backend's")

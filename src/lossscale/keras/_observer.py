@@ -86,16 +86,25 @@ class StepObserver:
             self._loss = ops.stop_gradient(loss)
 
     def observe(self, scale_used: Any, finite: Any, consecutive_skips: Any, new_scale: Any) -> None:
-        """Called once per step with the scale the step used, its finite flag and the new state."""
-        if self.active:
-            on_host(self._on_host, scale_used, finite, consecutive_skips, new_scale)
+        """Called once per step with the scale the step used, its finite flag and the new state.
 
-    def _on_host(self, scale_used: Any, finite: Any, consecutive_skips: Any, new_scale: Any) -> None:
-        step, self._step = self._step, self._step + 1
+        Two host calls: the record (never raises) and the guard (stateless, so
+        that on several JAX devices each device's copy can run it and raise
+        together instead of leaving the others waiting in a collective).
+        """
         if self.history is not None:
-            loss, self._loss = self._loss, None
-            loss_value = None if loss is None else float(np.asarray(ops.convert_to_numpy(loss), np.float64).reshape(()))
+            on_host(self._record, scale_used, finite)
+        if self.max_consecutive_skips is not None:
+            on_host(self._guard, consecutive_skips, new_scale, every_device=True)
+
+    def _record(self, scale_used: Any, finite: Any) -> None:
+        step, self._step = self._step, self._step + 1
+        loss, self._loss = self._loss, None
+        loss_value = None if loss is None else float(np.asarray(ops.convert_to_numpy(loss), np.float64).reshape(()))
+        if self.history is not None:
             self.history.append(step, float(scale_used), not bool(finite), loss_value)
+
+    def _guard(self, consecutive_skips: Any, new_scale: Any) -> None:
         limit = self.max_consecutive_skips
         if limit is not None and int(consecutive_skips) >= limit:
             error = LossScaleError(
