@@ -112,7 +112,7 @@ def fit_case() -> None:
     copies = snapshot(model, opt)
     for c in copies:
         assert all(np.array_equal(c[0], other) for other in c[1:]), "replicas disagree after a finite step"
-    reference, ref_opt = build()
+    reference, _ = build()
     reference.fit(X, Y, batch_size=32, epochs=1, verbose=0, shuffle=False)
     if not MULTI_WORKER:
         for mine, theirs in zip(model.trainable_variables, reference.trainable_variables):
