@@ -19,7 +19,7 @@ from .. import LossScale, get
 from ._args import policy_config
 from ._tf_keras import inner_from_config, translate_config
 
-__all__ = ["policy_from_config", "read_config", "values_record", "write_config"]
+__all__ = ["policy_from_config", "read_config", "restore", "values_record", "write_config"]
 
 
 def write_config(name: str, inner: Any, policy: LossScale, max_consecutive_skips: int | None) -> dict[str, Any]:
@@ -64,3 +64,14 @@ def _merged(custom_objects: Any) -> dict[str, Any]:
 def values_record(variables: list[Any]) -> dict[str, Any]:
     """``save_own_variables``'s store: ``{"0": array, ...}`` for ``variables`` in order."""
     return {str(i): ops.convert_to_numpy(v) for i, v in enumerate(variables)}
+
+
+def restore(cls: type, config: dict[str, Any], custom: dict[str, Any], values: Any, history: Any) -> Any:
+    """The optimizer of a pickled record: ``from_config``, then ``values`` loaded when it is built.
+
+    The optimizer cannot build before it is given the model's variables; the
+    values wait for :meth:`build` (through ``load_own_variables``).
+    """
+    opt = cls.from_config(dict(config), custom_objects=custom)
+    opt.restore_on_build(values, history)
+    return opt

@@ -16,7 +16,7 @@ from typing import Any
 import keras
 from keras import ops
 
-__all__ = ["UnscaleStage", "all_finite", "reciprocal", "unscale"]
+__all__ = ["UnscaleStage", "all_finite", "reciprocal", "scale_loss", "unscale"]
 
 _NARROW = ("float16", "bfloat16")
 
@@ -35,6 +35,15 @@ def reciprocal(scale: Any, dtype: str = "float32") -> Any:
     TF's ``get_unscaled_gradients`` multiplies by this reciprocal too.
     """
     return ops.divide(ops.ones((), dtype), ops.cast(scale, dtype))
+
+
+def scale_loss(loss: Any, scale: Any) -> Any:
+    """``loss * scale``, computed in at least float32 and returned in ``loss``'s dtype. Cost: one multiply."""
+    loss = ops.convert_to_tensor(loss)
+    dtype = keras.backend.standardize_dtype(loss.dtype)
+    wide = _compute_dtype(dtype)
+    scaled = ops.multiply(ops.cast(loss, wide), ops.cast(scale, wide))
+    return scaled if wide == dtype else ops.cast(scaled, dtype)
 
 
 def unscale(grads: Sequence[Any], scale: Any, keep: Sequence[bool] | None = None) -> list[Any]:

@@ -15,7 +15,7 @@ from typing import Any
 
 import keras
 
-__all__ = ["INNER_SETTINGS", "check_inner", "claim", "refuse_base_arguments"]
+__all__ = ["INNER_SETTINGS", "check_inner", "claim", "forward_inner_settings", "refuse_base_arguments"]
 
 #: Base-optimizer settings that are the inner optimizer's (read and written through the wrapper).
 INNER_SETTINGS = (
@@ -85,3 +85,25 @@ def refuse_base_arguments(kwargs: dict[str, Any]) -> None:
             + (" (a loss scale goes in loss_scale= here instead)." if "loss_scale_factor" in kwargs else ".")
         )
     raise TypeError(f"LossScaleOptimizer() got unexpected keyword arguments: {', '.join(sorted(kwargs))}.")
+
+
+def _forward(name: str) -> property:
+    """A property reading and writing the inner optimizer's ``name`` (the base class's default until wrapped)."""
+
+    def read(self: Any) -> Any:
+        inner = self.__dict__.get("inner_optimizer")
+        return getattr(inner, name) if inner is not None else None
+
+    def write(self: Any, value: Any) -> None:
+        inner = self.__dict__.get("inner_optimizer")
+        if inner is not None:  # the base class's __init__ writes its defaults before the inner is set
+            setattr(inner, name, value)
+
+    return property(read, write, doc=f"The inner optimizer's ``{name}``.")
+
+
+def forward_inner_settings(cls: type) -> type:
+    """Class decorator: each of :data:`INNER_SETTINGS` becomes a property of the inner optimizer's value."""
+    for name in INNER_SETTINGS:
+        setattr(cls, name, _forward(name))
+    return cls

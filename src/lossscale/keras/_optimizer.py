@@ -7,25 +7,30 @@ from collections.abc import Sequence
 from typing import Any
 
 import keras
-from keras import ops
 
 from .. import LossScale
 from .._resolve import stable_form
 from . import _tf_methods
 from ._args import resolve_policy
 from ._compat import no_automatic_dependency_tracking
-from ._config import read_config, values_record, write_config
+from ._config import read_config, restore, values_record, write_config
 from ._distribute import in_replica_of_strategy, replica_apply
-from ._grads import UnscaleStage, all_finite, unscale
-from ._inner import INNER_SETTINGS, check_inner, claim, refuse_base_arguments
+from ._grads import UnscaleStage, all_finite, scale_loss, unscale
+from ._inner import check_inner, claim, forward_inner_settings, refuse_base_arguments
 from ._observer import StepObserver
 from ._state import ScaleState
-from ._step import apply_step, jax_apply, stateless_step
+from ._step import apply_step, check_stateless_args, jax_apply, stateless_step
 
 __all__ = ["LossScaleOptimizer"]
 
 
+def _state(name: str, doc: str) -> property:
+    """A read-only attribute of the scale state (:class:`ScaleState`'s property ``name``)."""
+    return property(lambda self: getattr(self._scale, name), doc=doc)
+
+
 @keras.saving.register_keras_serializable(package="lossscale")
+@forward_inner_settings
 class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
     """An optimizer that applies loss scaling; the seeds' ``LossScaleOptimizer`` for Keras 3.
 
@@ -45,11 +50,8 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
     (Keras 3's convention; tf-keras advanced it).
 
     A subclass of ``keras.optimizers.LossScaleOptimizer``, so that under the
-    ``mixed_float16`` policy ``model.compile`` keeps it as it is. Every piece
-    of changing state is a Keras variable (``dynamic_scale``,
-    ``step_counter`` = TF's ``dynamic_counter``, ``bad_steps``,
-    ``skipped_steps``, ``consecutive_skips``): ``fit`` on JAX carries them
-    through ``stateless_apply``, and ``.keras`` files save them.
+    ``mixed_float16`` policy ``model.compile`` keeps it as it is. The state is
+    five Keras variables (see ``_state.py``); ``.keras`` files save them.
 
     Args:
         inner_optimizer: the ``keras.optimizers.Optimizer`` instance to wrap.
@@ -67,10 +69,8 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             scale and skip flag.
         name: the optimizer's name.
 
-    The base-optimizer settings (``clipnorm``, ``weight_decay``, ``use_ema``,
-    ...) are the inner optimizer's: passed here they raise a ``ValueError``
-    naming ``inner_optimizer``; as attributes they read and write the inner
-    optimizer's.
+    Base-optimizer settings (``clipnorm``, ``use_ema``, ...) are the inner
+    optimizer's: refused here, read and written through as attributes.
 
     Cost per step: one multiply per gradient element and one read pass for
     the check (fused under ``tf.function``/``jit``), about 20 scalar ops for
@@ -140,30 +140,13 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         """The :class:`lossscale.LossScale` followed."""
         return self._policy
 
-    @property
-    def loss_scale(self) -> Any:
-        """The current loss scale, a 0-d float32 tensor (no sync until converted)."""
-        return self._scale.value(0, self.initial_scale, "float32")
-
-    @property
-    def dynamic_counter(self) -> Any:
-        """Finite steps since the scale last changed (0-d int32 tensor), or None if fixed."""
-        return self._scale.value(1, 0) if self.dynamic else None
-
-    @property
-    def skipped_steps(self) -> Any:
-        """Steps skipped so far, a 0-d int32 tensor (saturating; saved with the optimizer)."""
-        return self._scale.value(3, 0)
-
-    @property
-    def consecutive_skips(self) -> Any:
-        """Steps skipped in a row up to the last one, a 0-d int32 tensor (0 after a finite step)."""
-        return self._scale.value(4, 0)
-
-    @property
-    def last_step_skipped(self) -> Any:
-        """Whether the last step was skipped, a 0-d bool tensor."""
-        return ops.greater(self.consecutive_skips, 0)
+    loss_scale = _state("loss_scale", "The current loss scale, a 0-d float32 tensor (no sync until converted).")
+    dynamic_counter = _state(
+        "dynamic_counter", "Finite steps since the scale last changed (0-d int32), or None if fixed."
+    )
+    skipped_steps = _state("skipped_steps", "Steps skipped so far, a 0-d int32 tensor (saturating; saved).")
+    consecutive_skips = _state("consecutive_skips", "Steps skipped in a row up to the last one (0-d int32).")
+    last_step_skipped = _state("last_step_skipped", "Whether the last step was skipped, a 0-d bool tensor.")
 
     @property
     def history(self) -> Any:
@@ -183,6 +166,11 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         if pending is not None:
             self.load_own_variables(pending)
 
+    def restore_on_build(self, values: dict[str, Any] | None, history: Any = None) -> None:
+        """Loads ``values`` (``save_own_variables``'s store) when :meth:`build` runs; sets the history record."""
+        self._pending = values
+        self._scale.observer.history = history
+
     def _state_variables(self) -> list[Any]:
         """The scale state's variables, in :data:`STATE_NAMES` order (empty until built)."""
         return list(self._scale.variables)
@@ -197,11 +185,7 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         if callable(loss):
             return lambda: self.get_scaled_loss(loss())
         self._scale.observer.note_loss(loss)
-        loss = ops.convert_to_tensor(loss)
-        dtype = keras.backend.standardize_dtype(loss.dtype)
-        wide = "float32" if dtype in ("float16", "bfloat16") else dtype
-        scaled = ops.multiply(ops.cast(loss, wide), ops.cast(self.loss_scale, wide))
-        return scaled if wide == dtype else ops.cast(scaled, dtype)
+        return scale_loss(loss, self.loss_scale)
 
     def scale_loss(self, loss: Any) -> Any:
         """Keras 3's name for :meth:`get_scaled_loss` (what ``fit`` calls)."""
@@ -235,6 +219,19 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         grads = list(grads)
         if not grads:
             return
+        variables = self._variables_for(grads, trainable_variables)
+        already = self._stage.take(grads)
+        backend = keras.backend.backend()
+        if backend == "jax":
+            own, trainable = self._variables, self._trainable_variables
+            jax_apply(self._scale, self.inner_optimizer, own, trainable, self._jax_steps, grads, variables, already)
+        elif backend == "tensorflow" and in_replica_of_strategy():
+            replica_apply(self._scale, self.inner_optimizer, grads, variables, already, aggregate)
+        else:
+            apply_step(self._scale, self.inner_optimizer, grads, variables, already)
+
+    def _variables_for(self, grads: list[Any], trainable_variables: Sequence[Any] | None) -> list[Any]:
+        """The variables an apply updates (building on first use), checked against the gradients."""
         if trainable_variables is None:
             if not self.built:
                 raise ValueError(
@@ -249,15 +246,7 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
                     self.build(variables)
         if len(grads) != len(variables):
             raise ValueError(f"Got {len(grads)} gradients for {len(variables)} variables; pass one per variable.")
-        already = self._stage.take(grads)
-        backend = keras.backend.backend()
-        if backend == "jax":
-            own, trainable = self._variables, self._trainable_variables
-            jax_apply(self._scale, self.inner_optimizer, own, trainable, self._jax_steps, grads, variables, already)
-        elif backend == "tensorflow" and in_replica_of_strategy():
-            replica_apply(self._scale, self.inner_optimizer, grads, variables, already, aggregate)
-        else:
-            apply_step(self._scale, self.inner_optimizer, grads, variables, already)
+        return variables
 
     def stateless_apply(
         self, optimizer_variables: Sequence[Any], grads: Sequence[Any], trainable_variables: Sequence[Any]
@@ -268,18 +257,9 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
                 "stateless_apply is not supported with the TensorFlow backend (as it is incompatible with "
                 "tf.distribute): use apply() or apply_gradients()."
             )
-        if not self.built:
-            raise ValueError(
-                "stateless_apply needs a built optimizer: call optimizer.build(model.trainable_variables) first."
-            )
-        if len(optimizer_variables) != len(self.variables) or len(trainable_variables) != len(
-            self._trainable_variables
-        ):
-            raise ValueError(
-                f"stateless_apply takes one value per optimizer variable ({len(self.variables)}, got "
-                f"{len(optimizer_variables)}) and per trainable variable it was built with "
-                f"({len(self._trainable_variables)}, got {len(trainable_variables)})."
-            )
+        check_stateless_args(
+            self.built, optimizer_variables, self.variables, trainable_variables, self._trainable_variables
+        )
         grads = list(grads)
         already = self._stage.take(grads)
         own, trainable = self._variables, self._trainable_variables
@@ -352,7 +332,7 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         """Pickling and ``copy.deepcopy``: the config and the variables' values, as a ``.keras`` file holds them."""
         custom = {type(self._policy).__name__: type(self._policy)}
         values = values_record(self.variables) if self.built else None
-        return _restore, (type(self), self.get_config(), custom, values, self.history)
+        return restore, (type(self), self.get_config(), custom, values, self.history)
 
     def __deepcopy__(self, memo: dict[int, Any]) -> LossScaleOptimizer:
         restore, args = self.__reduce__()
@@ -361,30 +341,3 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
     def __repr__(self) -> str:
         inner = type(self.inner_optimizer).__name__
         return f"<lossscale.keras.LossScaleOptimizer {self.name!r} {self._policy!r} inner={inner}>"
-
-
-def _forward(name: str) -> property:
-    """A property reading and writing the inner optimizer's ``name`` (the base class's default until wrapped)."""
-
-    def read(self: Any) -> Any:
-        inner = self.__dict__.get("inner_optimizer")
-        return getattr(inner, name) if inner is not None else None
-
-    def write(self: Any, value: Any) -> None:
-        inner = self.__dict__.get("inner_optimizer")
-        if inner is not None:  # the base class's __init__ writes its defaults before the inner is set
-            setattr(inner, name, value)
-
-    return property(read, write, doc=f"The inner optimizer's ``{name}``.")
-
-
-for _name in INNER_SETTINGS:
-    setattr(LossScaleOptimizer, _name, _forward(_name))
-
-
-def _restore(cls: type, config: dict[str, Any], custom: dict[str, Any], values: Any, history: Any) -> Any:
-    config = dict(config)
-    opt = cls.from_config(config, custom_objects=custom)
-    opt._scale.observer.history = history
-    opt._pending = values
-    return opt

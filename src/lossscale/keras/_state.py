@@ -59,6 +59,28 @@ class ScaleState:
             return ops.convert_to_tensor(before_build, dtype)
         return ops.convert_to_tensor(self.variables[index])
 
+    @property
+    def loss_scale(self) -> Any:
+        """The current loss scale (0-d float32; the initial one until built)."""
+        return self.value(0, self.params.initial_scale, "float32")
+
+    @property
+    def dynamic_counter(self) -> Any:
+        """Finite steps since the scale last changed (0-d int32), or None for a fixed scale."""
+        return self.value(1, 0) if self.params.dynamic else None
+
+    @property
+    def skipped_steps(self) -> Any:
+        return self.value(3, 0)
+
+    @property
+    def consecutive_skips(self) -> Any:
+        return self.value(4, 0)
+
+    @property
+    def last_step_skipped(self) -> Any:
+        return ops.greater(self.consecutive_skips, 0)
+
     def read(self) -> LossScaleState:
         """The state now, as copies (a torch variable is updated in place; a TF read may be deferred)."""
         return LossScaleState(*(ops.copy(ops.convert_to_tensor(v)) for v in self.variables))

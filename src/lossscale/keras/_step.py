@@ -21,7 +21,7 @@ from ._backend import no_grad
 from ._grads import all_finite, unscale
 from ._state import ScaleState
 
-__all__ = ["apply_step", "jax_apply", "stateless_step", "unscale_and_check"]
+__all__ = ["apply_step", "check_stateless_args", "jax_apply", "stateless_step", "unscale_and_check"]
 
 
 def _keep(variables: Sequence[Any]) -> list[bool]:
@@ -45,6 +45,21 @@ def apply_step(state: ScaleState, inner: Any, grads: list[Any], variables: list[
         unscaled, finite = unscale_and_check(grads, variables, current.loss_scale, already)
         ops.cond(finite, lambda: inner.apply(unscaled, variables), lambda: None)
         state.finish(current, finite)
+
+
+def check_stateless_args(
+    built: bool, values: Sequence[Any], variables: Sequence[Any], weights: Sequence[Any], trainable: Sequence[Any]
+) -> None:
+    """Raises unless ``stateless_apply`` got one value per optimizer variable and per trainable variable."""
+    if not built:
+        raise ValueError(
+            "stateless_apply needs a built optimizer: call optimizer.build(model.trainable_variables) first."
+        )
+    if len(values) != len(variables) or len(weights) != len(trainable):
+        raise ValueError(
+            f"stateless_apply takes one value per optimizer variable ({len(variables)}, got {len(values)}) and "
+            f"per trainable variable it was built with ({len(trainable)}, got {len(weights)})."
+        )
 
 
 def stateless_step(
