@@ -12,7 +12,7 @@ from .. import LossScale
 from .._resolve import stable_form
 from . import _tf_methods
 from ._args import resolve_policy
-from ._compat import no_automatic_dependency_tracking
+from ._compat import HIDDEN_FROM_DIR, checkpoint_children, checkpoint_node, no_automatic_dependency_tracking
 from ._config import read_config, restore, values_record, write_config
 from ._distribute import in_replica_of_strategy, replica_apply
 from ._grads import UnscaleStage, all_finite, scale_loss, unscale
@@ -117,6 +117,7 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         self._stage = UnscaleStage()
         self._jax_steps: dict[bool, Any] = {}
         self._pending: dict[str, Any] | None = None  # variable values restored before build (pickle, deepcopy)
+        self._checkpoint_node = checkpoint_node()
 
     # ------------------------------------------------------------ the seeds' attributes
 
@@ -158,7 +159,11 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
     @no_automatic_dependency_tracking
     def build(self, var_list: Sequence[Any]) -> None:
         # Keras' own class names its first two variables as attributes; kept for code that reads them.
-        self.dynamic_scale, self.step_counter = self._scale.build(self.add_variable)[:2]
+        variables = self._scale.build(self.add_variable)
+        self.dynamic_scale, self.step_counter = variables[:2]
+        if self._checkpoint_node is not None:
+            for variable in variables:
+                setattr(self._checkpoint_node, variable.name, variable)
         if not self.inner_optimizer.built:
             self.inner_optimizer.build(var_list)
         super(keras.optimizers.LossScaleOptimizer, self).build(var_list)
@@ -170,6 +175,13 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         """Loads ``values`` (``save_own_variables``'s store) when :meth:`build` runs; sets the history record."""
         self._pending = values
         self._scale.observer.history = history
+
+    def _trackable_children(self, save_type: str = "checkpoint", **kwargs: Any) -> dict[str, Any]:
+        # tf.train.Checkpoint: the inner optimizer's graph plus "loss_scale" (see _compat.checkpoint_children).
+        return checkpoint_children(self.inner_optimizer, self._checkpoint_node, save_type, **kwargs)
+
+    def __dir__(self) -> list[str]:
+        return [name for name in super().__dir__() if name not in HIDDEN_FROM_DIR]
 
     def _state_variables(self) -> list[Any]:
         """The scale state's variables, in :data:`STATE_NAMES` order (empty until built)."""
