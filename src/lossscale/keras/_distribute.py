@@ -68,7 +68,7 @@ def replica_apply(
     if aggregate:
         grads = _all_reduce_sum(context, grads)
     scale = ops.convert_to_tensor(state.variables[0])
-    unscaled, finite = unscale_and_check(grads, variables, scale, already)
+    unscaled, finite = unscale_and_check(grads, variables, scale, already, state.at_least_one)
     if not aggregate:
         bad = context.all_reduce(tf.distribute.ReduceOp.SUM, tf.cast(tf.logical_not(finite), tf.float32))
         finite = tf.equal(bad, 0.0)

@@ -35,6 +35,12 @@ class ScaleState:
         self.variables: list[Any] = []
 
     @property
+    def at_least_one(self) -> bool:
+        """Whether the policy keeps the scale at 1 or above (its floor, or its fixed value)."""
+        p = self.params
+        return p.initial_scale >= 1 and (p.min_scale >= 1 if p.dynamic else True)
+
+    @property
     def built(self) -> bool:
         return bool(self.variables)
 

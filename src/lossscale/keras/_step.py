@@ -28,10 +28,19 @@ def _keep(variables: Sequence[Any]) -> list[bool]:
     return [getattr(v, "overwrite_with_gradient", False) for v in variables]
 
 
-def unscale_and_check(grads: list[Any], variables: Sequence[Any], scale: Any, already: bool) -> tuple[list[Any], Any]:
-    """The gradients times ``1/scale`` (unless ``already`` unscaled) and whether all are finite (0-d bool)."""
+def unscale_and_check(
+    grads: list[Any], variables: Sequence[Any], scale: Any, already: bool, scale_at_least_one: bool = False
+) -> tuple[list[Any], Any]:
+    """The gradients times ``1/scale`` (unless ``already`` unscaled) and whether all are finite (0-d bool).
+
+    With ``scale_at_least_one`` (the policy keeps ``S >= 1``) the check reads
+    the scaled gradients instead: ``0 < 1/S <= 1`` in float32, so ``g * (1/S)``
+    is finite exactly when ``g`` is (no overflow, NaN and Inf stay), and the
+    check no longer waits for the multiply (under ``jit`` the multiply then
+    happens only inside the update).
+    """
     unscaled = grads if already else unscale(grads, scale, _keep(variables))
-    return unscaled, all_finite(unscaled)
+    return unscaled, all_finite(grads if scale_at_least_one else unscaled)
 
 
 def apply_step(state: ScaleState, inner: Any, grads: list[Any], variables: list[Any], already: bool) -> None:
@@ -42,7 +51,7 @@ def apply_step(state: ScaleState, inner: Any, grads: list[Any], variables: list[
     """
     with no_grad():
         current = state.read()
-        unscaled, finite = unscale_and_check(grads, variables, current.loss_scale, already)
+        unscaled, finite = unscale_and_check(grads, variables, current.loss_scale, already, state.at_least_one)
         ops.cond(finite, lambda: inner.apply(unscaled, variables), lambda: None)
         state.finish(current, finite)
 
@@ -84,7 +93,7 @@ def stateless_step(
     mapping = list(zip(list(own_variables) + list(inner.variables), optimizer_values))
     with keras.StatelessScope(state_mapping=mapping) as scope:
         current = state.read()
-        _, finite = unscale_and_check(grads, trainable_variables, current.loss_scale, already)
+        _, finite = unscale_and_check(grads, trainable_variables, current.loss_scale, already, state.at_least_one)
         state.finish(current, finite)
     new_own = [scope.get_current_value(v) for v in own_variables]
     inner_values = [ops.convert_to_tensor(x, v.dtype) for x, v in zip(optimizer_values[own:], inner.variables)]
