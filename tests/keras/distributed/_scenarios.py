@@ -73,13 +73,16 @@ def make_model():
     )
 
 
-def data(bad_rows: int = 0, rows: int = GLOBAL_BATCH):
-    """``rows`` rows of x and y; the first ``bad_rows`` rows of x hold an Inf (the first replica's shard)."""
+def data(bad_replica: int | None = None, rows: int = GLOBAL_BATCH, replicas: int = 2):
+    """``rows`` rows of x and y; the rows of replica ``bad_replica``'s shard (rows split evenly, in order)
+    hold an Inf in x."""
     import numpy as np
 
     x = np.linspace(-1.0, 1.0, 2 * rows, dtype=np.float32).reshape(rows, 2)
     y = (x @ np.array([[0.5], [-1.5]], np.float32)).astype(np.float32)
-    x[:bad_rows, 0] = np.inf
+    if bad_replica is not None:
+        part = rows // replicas
+        x[bad_replica * part : (bad_replica + 1) * part, 0] = np.inf
     return x, y
 
 
@@ -296,16 +299,17 @@ def skip_scenario(strategy, cls: str, mode: str, shards, multi_worker: bool = Fa
 # ---------------------------------------------------------------------------------------------- TF scenarios
 
 
-def tf_mirrored(cls: str, mode: str) -> dict:
-    """MirroredStrategy over two logical CPU devices; ``mode`` is ``fit`` or ``loop``."""
+def tf_mirrored(cls: str, mode: str, bad: str = "0") -> dict:
+    """MirroredStrategy over two logical CPU devices; ``mode`` is ``fit`` or ``loop``; replica ``bad``'s
+    shard holds the Inf."""
     setup("tensorflow", 2)
     import tensorflow as tf
 
     strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
     half = GLOBAL_BATCH // 2
 
-    def shards(bad: bool):
-        x, y = data(bad_rows=half if bad else 0)
+    def shards(bad_step: bool):
+        x, y = data(bad_replica=int(bad) if bad_step else None)
         if mode == "fit":
             return x, y
         return [x[:half], x[half:]], [y[:half], y[half:]]
@@ -313,9 +317,9 @@ def tf_mirrored(cls: str, mode: str) -> dict:
     return skip_scenario(strategy, cls, mode, shards)
 
 
-def tf_mwms_worker(cls: str, mode: str, index: str, ports: str) -> dict:
-    """One worker of MultiWorkerMirroredStrategy (two processes on 127.0.0.1, one CPU replica each). Worker 0's
-    data hold the Inf, worker 1's are clean. ``ports`` is "p0,p1", chosen free by the runner."""
+def tf_mwms_worker(cls: str, mode: str, bad: str, index: str, ports: str) -> dict:
+    """One worker of MultiWorkerMirroredStrategy (two processes on 127.0.0.1, one CPU replica each). Worker
+    ``bad``'s data hold the Inf, the other's are clean. ``ports`` is "p0,p1", chosen free by the runner."""
     index_ = int(index)
     workers = [f"127.0.0.1:{p}" for p in ports.split(",")]
     os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": index_}})
@@ -328,18 +332,18 @@ def tf_mwms_worker(cls: str, mode: str, index: str, ports: str) -> dict:
     strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
     half = GLOBAL_BATCH // 2
 
-    def shards(bad: bool):
-        # Each worker's rows are all bad or all clean, so whichever part of its batch a worker keeps, only
-        # worker 0's replica sees an Inf.
-        x, y = data(bad_rows=GLOBAL_BATCH if (bad and index_ == 0) else 0)
+    def shards(bad_step: bool):
         if mode == "fit":
+            # Each worker's rows are all bad or all clean, so whichever part of its batch a worker keeps, only
+            # worker ``bad``'s replica sees an Inf.
+            x, y = data(bad_replica=0 if (bad_step and index_ == int(bad)) else None, replicas=1)
             dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(GLOBAL_BATCH)
             options = tf.data.Options()
             options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
             return dataset.with_options(options), None
-        # Indexed by the global replica id: worker i's replica runs shard i, so worker 0 gets the Inf.
-        clean_x, clean_y = data()
-        return [x[:half], clean_x[half:]], [y[:half], clean_y[half:]]
+        # Indexed by the global replica id: worker i's replica runs shard i.
+        x, y = data(bad_replica=int(bad) if bad_step else None)
+        return [x[:half], x[half:]], [y[:half], y[half:]]
 
     result = skip_scenario(strategy, cls, mode, shards, multi_worker=True)
     result["worker"] = index_
@@ -365,7 +369,7 @@ def tf_checkpoint_save(cls: str, directory: str) -> dict:
             state["model"] = model = make_model()
             state["opt"] = opt = make_optimizer(cls, growth_steps=2)
             _compile(model, opt)
-        tf_fit_step(model, *data(bad_rows=GLOBAL_BATCH // 2))
+        tf_fit_step(model, *data(bad_replica=0))
         tf_fit_step(model, *data())
         return snapshot(model, opt)
 
@@ -384,24 +388,25 @@ def tf_checkpoint_save(cls: str, directory: str) -> dict:
     return result
 
 
-def tf_checkpoint_load(cls: str, directory: str, how: str) -> dict:
-    """Loads what :func:`tf_checkpoint_save` wrote, ``how`` = ``keras1``/``ckpt1`` (one device, no strategy)
-    or ``keras3``/``ckpt3`` (MirroredStrategy over three logical CPUs), then fits one clean step."""
-    devices = 3 if how.endswith("3") else 1
-    setup("tensorflow", devices)
+def tf_checkpoint_load(cls: str, directory: str, devices: str) -> dict:
+    """Loads what :func:`tf_checkpoint_save` wrote, on one device without a strategy (``devices`` = 1) or
+    under MirroredStrategy over that many logical CPUs, from the ``.keras`` file (result key ``keras``) and
+    from the tf.train.Checkpoint (``ckpt``), each into its own model; each then fits one clean step (the
+    save's batch on one device, 6 rows otherwise)."""
+    count = int(devices)
+    setup("tensorflow", count)
     import keras
     import tensorflow as tf
 
-    if devices > 1:
-        strategy = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(devices)])
+    if count > 1:
+        strategy = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(count)])
     else:
         strategy = tf.distribute.get_strategy()
-    result: dict = {"scenario": "checkpoint_load", "class": cls, "how": how, "replicas": devices}
-    state: dict = {}
+    result: dict = {"scenario": "checkpoint_load", "class": cls, "replicas": count}
 
-    def load():
+    def load(how: str, state: dict):
         with strategy.scope():
-            if how.startswith("keras"):
+            if how == "keras":
                 if cls == "lossscale":
                     import lossscale.keras  # noqa: F401 - registers the class for deserialization
                 model = keras.models.load_model(os.path.join(directory, "model.keras"))
@@ -416,13 +421,17 @@ def tf_checkpoint_load(cls: str, directory: str, how: str) -> dict:
         state["model"], state["opt"] = model, opt
         return snapshot(model, opt)
 
-    def cont():
-        rows = GLOBAL_BATCH if devices == 1 else 6
-        tf_fit_step(state["model"], *data(rows=rows), batch_size=rows)
+    def cont(state: dict):
+        rows = GLOBAL_BATCH if count == 1 else 6
+        tf_fit_step(state["model"], *data(rows=rows, replicas=count), batch_size=rows)
         return snapshot(state["model"], state["opt"])
 
-    if phase(result, "loaded", load):
-        phase(result, "continued", cont)
+    for how in ("keras", "ckpt"):
+        part: dict = {}
+        state: dict = {}
+        if phase(part, "loaded", lambda how=how, state=state: load(how, state)):
+            phase(part, "continued", lambda state=state: cont(state))
+        result[how] = part
     return result
 
 
@@ -459,7 +468,7 @@ def jax_distribution(cls: str, kind: str) -> dict:
 
     def step(bad: bool):
         def go():
-            tf_fit_step(state["model"], *data(bad_rows=GLOBAL_BATCH // 2 if bad else 0))
+            tf_fit_step(state["model"], *data(bad_replica=0 if bad else None))
             return snapshot(state["model"], state["opt"])
 
         return go

@@ -63,6 +63,18 @@ def run_workers(*args: str) -> list[dict]:
     return _runner.run_workers(*args)
 
 
+# Keras 3.15.1's _tf_apply under a merge_call strategy takes the finite flag of the FIRST replica's own
+# gradients ("Each replica computed the same `finite` value, since `grads` is all-reduced ... Arbitrarily take
+# `finite` from the first replica"), but the gradients are not all-reduced yet. An Inf on replica 0 is caught;
+# an Inf on replica 1 alone is applied. Deterministic (12 of 12 runs with the Inf on replica 0 were correct);
+# this is the issue's "one of two trials" failure.
+KERAS_MIRRORED_SECOND = pytest.mark.xfail(
+    strict=True,
+    reason="Keras 3.15 LossScaleOptimizer under MirroredStrategy checks only replica 0's gradients: an Inf on "
+    "replica 1 alone is applied (weights become NaN, scale not halved, iterations advance)",
+)
+
+
 def classes(control_marks=()):
     return [pytest.param("lossscale", id="lossscale"), pytest.param("keras", id="keras", marks=control_marks)]
 
@@ -71,12 +83,21 @@ def classes(control_marks=()):
 
 
 @pytest.mark.parametrize("mode", ["fit", "loop"])
-@pytest.mark.parametrize("cls", classes())
-def test_mirrored_inf_on_one_replica_skips_everywhere(cls, mode):
+@pytest.mark.parametrize(
+    ("cls", "bad"),
+    [
+        pytest.param("lossscale", "0", id="lossscale-inf_on_replica0"),
+        pytest.param("lossscale", "1", id="lossscale-inf_on_replica1"),
+        pytest.param("keras", "0", id="keras-inf_on_replica0"),
+        pytest.param("keras", "1", id="keras-inf_on_replica1", marks=KERAS_MIRRORED_SECOND),
+    ],
+)
+def test_mirrored_inf_on_one_replica_skips_everywhere(cls, bad, mode):
     """MirroredStrategy over 2 logical CPUs: model.fit, and the seeds' loop (strategy.run of get_scaled_loss ->
-    tape.gradient -> get_unscaled_gradients -> apply_gradients in a tf.function)."""
+    tape.gradient -> get_unscaled_gradients -> apply_gradients in a tf.function); the Inf in replica ``bad``'s
+    half of the batch only."""
     need("tensorflow")
-    _checks.check_skip_then_step([run("tf_mirrored", cls, mode)], cls, replica_count=2)
+    _checks.check_skip_then_step([run("tf_mirrored", cls, mode, bad)], cls, replica_count=2)
 
 
 @pytest.mark.slow
@@ -84,9 +105,9 @@ def test_mirrored_inf_on_one_replica_skips_everywhere(cls, mode):
 @pytest.mark.parametrize("cls", classes(KERAS_MWMS))
 def test_multi_worker_inf_on_one_worker_skips_everywhere(cls, mode):
     """MultiWorkerMirroredStrategy, two worker processes on 127.0.0.1 (TF_CONFIG), one CPU replica each;
-    worker 0's data hold the Inf. The workers' records are compared with each other."""
+    worker 1's data (not the chief's) hold the Inf. The workers' records are compared with each other."""
     need("tensorflow")
-    results = run_workers("tf_mwms_worker", cls, mode)
+    results = run_workers("tf_mwms_worker", cls, mode, "1")
     _checks.check_skip_then_step(results, cls, replica_count=2)
 
 
@@ -107,13 +128,19 @@ def checkpoint_dirs(tmp_path_factory):
     return {cls: str(tmp_path_factory.mktemp(f"ckpt_{cls}")) for cls in ("lossscale", "keras")}
 
 
-@pytest.mark.parametrize("how", ["keras1", "ckpt1", "keras3", "ckpt3"])
+@functools.cache
+def loaded(cls: str, directory: str, devices: str) -> dict:
+    return _runner.run("tf_checkpoint_load", cls, directory, devices)
+
+
+@pytest.mark.parametrize("devices", ["1", "3"])
+@pytest.mark.parametrize("how", ["keras", "ckpt"])
 @pytest.mark.parametrize("cls", classes())
-def test_checkpoint_from_mirrored_loads_elsewhere(cls, how, checkpoint_dirs):
+def test_checkpoint_from_mirrored_loads_elsewhere(cls, how, devices, checkpoint_dirs):
     """Written under MirroredStrategy(2) after one skipped and one clean step (dynamic_growth_steps=2): a
-    ``.keras`` file (``keras*``) and a tf.train.Checkpoint (``ckpt*``) load on one device (``*1``) and under
-    MirroredStrategy(3) (``*3``) with every weight, slot and scale-state value as saved, and the next clean
-    step grows the scale, as it does in the saving process; on one device its weights match that process's."""
+    ``.keras`` file (``keras``) and a tf.train.Checkpoint (``ckpt``) load on one device and under
+    MirroredStrategy(3) with every weight, slot and scale-state value as saved, and the next clean step grows
+    the scale, as it does in the saving process; on one device its weights match that process's."""
     need("tensorflow")
     directory = checkpoint_dirs[cls]
     save = saved(cls, directory)
@@ -122,10 +149,13 @@ def test_checkpoint_from_mirrored_loads_elsewhere(cls, how, checkpoint_dirs):
     reference = _checks.phase(save, "continued")[0]
     assert written[0]["scale"] == INITIAL_SCALE / 2 and written[0]["step_counter"] == 1, _checks.state_of(written[0])
 
-    load = run("tf_checkpoint_load", cls, directory, how)
-    loaded = _checks.phase(load, "loaded")
-    assert len(loaded) == (1 if how.endswith("1") else 3)
-    for i, record in enumerate(loaded):
+    result = loaded(cls, directory, devices)
+    if "error" in result:
+        raise AssertionError(f"loading process failed: {result['error']}")
+    load = result[how]
+    records = _checks.phase(load, "loaded")
+    assert len(records) == int(devices)
+    for i, record in enumerate(records):
         assert record["weights"] == written[0]["weights"], f"replica {i}: weights differ from the saved ones"
         # In variable order: a .keras file renames the slots (drops the model's name from them).
         assert list(record["slots"].values()) == list(written[0]["slots"].values()), (
@@ -141,8 +171,8 @@ def test_checkpoint_from_mirrored_loads_elsewhere(cls, how, checkpoint_dirs):
             f"after one clean step: {_checks.state_of(record)} != saving process's {_checks.state_of(reference)}"
         )
         assert record["scale"] == INITIAL_SCALE, "the restored growth counter did not carry the scale up"
-    if how.endswith("1"):
-        # Same data, but one device sums one batch where two replicas summed halves: equal up to rounding.
+    if devices == "1":
+        # Same batch; one device reduces it where two replicas summed halves: equal up to rounding.
         for got, want in zip(_floats(continued[0]["weights"]), _floats(reference["weights"])):
             np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
 
