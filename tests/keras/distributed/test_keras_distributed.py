@@ -27,15 +27,15 @@ from _scenarios import INITIAL_SCALE
 
 pytestmark = pytest.mark.distributed
 
-# Keras 3.15.1 (measured 2026-11-26). Under MultiWorkerMirroredStrategy its class checks the gradients of
-# each worker's replica before they are all-reduced: the worker with the Inf skips (scale halved), the clean
-# worker takes the apply branch and waits in an all-reduce that its peer never joins, until the collective
-# timeout (30 s here).
+# Keras 3.15.1 (measured 2026-11-26, with the Inf on worker 0 and on worker 1). Under MultiWorkerMirroredStrategy
+# its class checks the gradients of each worker's own replica before they are all-reduced: the worker with the
+# Inf skips (scale halved), the clean worker takes the apply branch and waits in an all-reduce that its peer never
+# joins, until the collective timeout (30 s here).
 KERAS_MWMS = pytest.mark.xfail(
     strict=True,
     reason="Keras 3.15 LossScaleOptimizer under MultiWorkerMirroredStrategy: each worker decides finite on its "
-    "own gradients; worker 0 (Inf) skips and halves its scale, worker 1 enters the all-reduce of the apply and "
-    "hangs: DeadlineExceededError 'Collective has timed out during execution' on both workers",
+    "own gradients; the worker with the Inf skips and halves its scale, the clean one enters the apply's "
+    "all-reduce and hangs: DeadlineExceededError 'Collective has timed out during execution'",
 )
 
 
