@@ -13,7 +13,7 @@ the MSE loss carries it into every gradient of that replica) and ``after_good`` 
 holds each weight's and each inner optimizer variable's raw bytes (hex) and the scale state as numbers.
 
 Optimizer settings: Adam(0.01) (so slots move on a clean step), initial_scale=1024, dynamic_growth_steps as
-the scenario needs. Models: Dense(2, 3) -> Dense(1), a batch of 4 rows (2 per replica).
+the scenario needs. Models: Dense(2 -> 4, tanh) -> Dense(1), a batch of 4 rows (2 per replica).
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def make_model():
 
     keras.utils.set_random_seed(7)
     return keras.Sequential(
-        [keras.Input((2,)), keras.layers.Dense(3, activation="tanh", name="hidden"), keras.layers.Dense(1, name="out")]
+        [keras.Input((2,)), keras.layers.Dense(4, activation="tanh", name="hidden"), keras.layers.Dense(1, name="out")]
     )
 
 
@@ -451,8 +451,8 @@ def jax_distribution(cls: str, kind: str) -> dict:
     else:
         mesh = keras.distribution.DeviceMesh((1, 2), ["batch", "model"], devices=devices)
         layout_map = keras.distribution.LayoutMap(mesh)
-        layout_map["hidden/kernel"] = (None, "model")
-        layout_map["hidden/bias"] = ("model",)
+        layout_map[".*hidden/kernel"] = (None, "model")
+        layout_map[".*hidden/bias"] = ("model",)
         distribution = keras.distribution.ModelParallel(layout_map=layout_map, batch_dim_name="batch")
     keras.distribution.set_distribution(distribution)
     result: dict = {"scenario": f"jax_{kind}", "class": cls, "replicas": len(devices)}

@@ -186,4 +186,7 @@ def test_jax_distribution_inf_on_one_shard_skips_everywhere(cls, kind):
     """keras.distribution on 2 CPU devices: DataParallel (device 0's half of the batch holds the Inf), and
     ModelParallel with a LayoutMap splitting the hidden layer over a 'model' axis of a (1, 2) mesh."""
     need("jax")
-    _checks.check_skip_then_step([run("jax_distribution", cls, kind)], cls, replica_count=2)
+    result = run("jax_distribution", cls, kind)
+    _checks.check_skip_then_step([result], cls, replica_count=2)
+    split = result.get("split_variables", [])
+    assert bool(split) == (kind == "model"), f"variables split over devices: {split}"
