@@ -1,4 +1,4 @@
-"""One tf.distribute scenario per process (run by test_keras_strategy.py): ``python strategy_worker.py CASE``.
+"""One tf.distribute scenario per process (run by test_keras_strategy.py; the fit and mwms cases by hand): ``python strategy_worker.py CASE``.
 
 TensorFlow is split into two logical CPUs before it starts (MirroredStrategy), or joins a two-worker cluster
 from TF_CONFIG (MultiWorkerMirroredStrategy, one CPU per worker). An Inf is put into one replica's share of the
@@ -53,15 +53,9 @@ BAD[20, 3] = np.inf  # in the second half of the batch: replica 1's share (worke
 def build(batch_in_replica: int = 16):
     keras.utils.set_random_seed(0)
     model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4), keras.layers.Dense(1)])
-    inner = keras.optimizers.Adam(1e-2)
-    opt = inner if CASE == "mwms_fit_plain" else lsk.LossScaleOptimizer(inner, initial_scale=2.0**10)
+    opt = lsk.LossScaleOptimizer(keras.optimizers.Adam(1e-2), initial_scale=2.0**10)
     model.compile(optimizer=opt, loss="mse")
     opt.build(model.trainable_variables)
-    if MULTI_WORKER and tf.distribute.has_strategy():
-        # Keras 3.15's fit first reduces one (x, y) batch with strategy.reduce to build the metrics, which
-        # MultiWorkerMirroredStrategy cannot do for a tuple (a Keras bug, with any optimizer); build them here.
-        model._symbolic_build(data_batch=(X[:2], Y[:2]))
-        model._maybe_symbolic_build = lambda iterator=None, data_batch=None: None
     return model, opt
 
 
@@ -100,9 +94,6 @@ def data(x, y, global_batch=32):
 def fit_case() -> None:
     with strategy.scope():
         model, opt = build()
-    if CASE == "mwms_fit_plain":  # the control: Keras' fit with a plain optimizer
-        model.fit(data(X, Y), epochs=1, verbose=0)
-        return
     before = snapshot(model, opt)
     model.fit(data(BAD, Y), epochs=1, verbose=0)
     check_skipped(model, opt, before)
@@ -154,7 +145,7 @@ def loop_case(aggregate: bool) -> None:
             np.testing.assert_allclose(copy, theirs.numpy(), rtol=1e-5, atol=1e-6)
 
 
-if CASE.endswith("fit") or CASE == "mwms_fit_plain":
+if CASE.endswith("fit"):
     fit_case()
 elif CASE.endswith("loop"):
     loop_case(aggregate=True)
