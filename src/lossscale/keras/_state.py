@@ -88,8 +88,22 @@ class ScaleState:
         return ops.greater(self.consecutive_skips, 0)
 
     def read(self) -> LossScaleState:
-        """The state now, as copies (a torch variable is updated in place; a TF read may be deferred)."""
-        return LossScaleState(*(ops.copy(ops.convert_to_tensor(v)) for v in self.variables))
+        """The state now (copies on torch, whose variables are updated in place; TF/JAX reads are values)."""
+        values = (ops.convert_to_tensor(v) for v in self.variables)
+        if keras.backend.backend() == "torch":
+            values = (ops.copy(v) for v in values)
+        return LossScaleState(*values)
+
+    def _moving(self) -> tuple[bool, ...]:
+        """Which variables the rule can change under these parameters (the others are not assigned).
+
+        A fixed scale keeps the scale and its two counters; with hysteresis 1
+        the overflow counter stays 0 (``b + 1 >= 1`` resets it at every
+        overflow). The two skip counters always move. Saves up to three
+        variable writes per step.
+        """
+        p = self.params
+        return (p.dynamic, p.dynamic, p.dynamic and p.hysteresis > 1, True, True)
 
     def finish(self, state: LossScaleState, finite: Any) -> LossScaleState:
         """Advances ``state`` by the rule with ``finite``, assigns the variables and tells the observer.
@@ -97,7 +111,8 @@ class ScaleState:
         Cost: about 20 scalar ops, no host sync (the observer adds one transfer when on).
         """
         new = advance(self.params, state, finite)
-        for variable, value in zip(self.variables, new):
-            variable.assign(value)
+        for variable, value, moving in zip(self.variables, new, self._moving()):
+            if moving:
+                variable.assign(value)
         self.observer.observe(state.loss_scale, finite, new.consecutive_skips, new.loss_scale)
         return new
