@@ -17,7 +17,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from .. import LossScaleState, initial_state
+from .. import LossScaleState, initial_state, next_state
 from ._backend import advance
 from ._observer import StepObserver
 
@@ -104,6 +104,23 @@ class ScaleState:
         """
         p = self.params
         return (p.dynamic, p.dynamic, p.dynamic and p.hysteresis > 1, True, True)
+
+    def read_host(self) -> LossScaleState:
+        """The state now as numpy values (torch: host reads of five scalars; free on CPU)."""
+        return LossScaleState(*(np.array(ops.convert_to_numpy(v)) for v in self.variables))
+
+    def finish_host(self, state: LossScaleState, finite: bool) -> None:
+        """:meth:`finish` with the rule run in numpy on the host, for an eager step that already synced on ``finite``.
+
+        On torch the branch is a Python ``if`` (one sync), after which about
+        20 scalar numpy ops cost less than 20 small torch ops; the new values
+        are written back (up to four small host-to-device copies).
+        """
+        new = next_state(self.params, state, np.asarray(finite), np)
+        for variable, value, old, moving in zip(self.variables, new, state, self._moving()):
+            if moving and value != old:
+                variable.assign(value)
+        self.observer.observe(state.loss_scale, np.asarray(finite), new.consecutive_skips, new.loss_scale)
 
     def finish(self, state: LossScaleState, finite: Any) -> LossScaleState:
         """Advances ``state`` by the rule with ``finite``, assigns the variables and tells the observer.

@@ -47,9 +47,18 @@ def apply_step(state: ScaleState, inner: Any, grads: list[Any], variables: list[
     """The stateful step (TensorFlow without a strategy, torch): ``inner.apply`` in the taken branch only.
 
     Cost: one multiply and one read pass over the gradients; host syncs: none
-    under ``tf.function``, one in eager code (the branch).
+    under ``tf.function``, one in eager code (the branch). On torch, where
+    the branch is a Python ``if`` anyway, the scale rule then runs on the host.
     """
     with no_grad():
+        if keras.backend.backend() == "torch":
+            scale = ops.convert_to_tensor(state.variables[0])
+            unscaled, finite = unscale_and_check(grads, variables, scale, already, state.at_least_one)
+            taken = bool(finite)
+            if taken:
+                inner.apply(unscaled, variables)
+            state.finish_host(state.read_host(), taken)
+            return
         current = state.read()
         unscaled, finite = unscale_and_check(grads, variables, current.loss_scale, already, state.at_least_one)
         ops.cond(finite, lambda: inner.apply(unscaled, variables), lambda: None)
