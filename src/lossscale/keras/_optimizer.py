@@ -19,7 +19,7 @@ from ._grads import UnscaleStage, all_finite, scale_loss, unscale
 from ._inner import check_inner, claim, forward_inner_settings, refuse_base_arguments
 from ._observer import StepObserver
 from ._state import ScaleState
-from ._step import apply_step, check_stateless_args, jax_apply, stateless_step
+from ._step import apply_step, check_apply_args, check_stateless_args, jax_apply, stateless_step
 
 __all__ = ["LossScaleOptimizer"]
 
@@ -231,7 +231,10 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         grads = list(grads)
         if not grads:
             return
-        variables = self._variables_for(grads, trainable_variables)
+        if trainable_variables is not None and not self.built:
+            with keras.name_scope(self.name, caller=self):
+                self.build(list(trainable_variables))
+        variables = check_apply_args(grads, trainable_variables, self.built, self._trainable_variables)
         already = self._stage.take(grads)
         backend = keras.backend.backend()
         if backend == "jax":
@@ -241,24 +244,6 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             replica_apply(self._scale, self.inner_optimizer, grads, variables, already, aggregate)
         else:
             apply_step(self._scale, self.inner_optimizer, grads, variables, already)
-
-    def _variables_for(self, grads: list[Any], trainable_variables: Sequence[Any] | None) -> list[Any]:
-        """The variables an apply updates (building on first use), checked against the gradients."""
-        if trainable_variables is None:
-            if not self.built:
-                raise ValueError(
-                    "apply(grads) without trainable_variables needs a built optimizer: pass the variables, "
-                    "or call optimizer.build(model.trainable_variables) first."
-                )
-            variables = list(self._trainable_variables)
-        else:
-            variables = list(trainable_variables)
-            if not self.built:
-                with keras.name_scope(self.name, caller=self):
-                    self.build(variables)
-        if len(grads) != len(variables):
-            raise ValueError(f"Got {len(grads)} gradients for {len(variables)} variables; pass one per variable.")
-        return variables
 
     def stateless_apply(
         self, optimizer_variables: Sequence[Any], grads: Sequence[Any], trainable_variables: Sequence[Any]

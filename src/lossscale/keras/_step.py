@@ -21,7 +21,7 @@ from ._backend import no_grad
 from ._grads import all_finite, unscale
 from ._state import ScaleState
 
-__all__ = ["apply_step", "check_stateless_args", "jax_apply", "stateless_step", "unscale_and_check"]
+__all__ = ["apply_step", "check_apply_args", "check_stateless_args", "jax_apply", "stateless_step", "unscale_and_check"]
 
 
 def _keep(variables: Sequence[Any]) -> list[bool]:
@@ -63,6 +63,19 @@ def apply_step(state: ScaleState, inner: Any, grads: list[Any], variables: list[
         unscaled, finite = unscale_and_check(grads, variables, current.loss_scale, already, state.at_least_one)
         ops.cond(finite, lambda: inner.apply(unscaled, variables), lambda: None)
         state.finish(current, finite)
+
+
+def check_apply_args(grads: list[Any], given: Sequence[Any] | None, built: bool, trainable: Sequence[Any]) -> list[Any]:
+    """The variables an ``apply`` updates (``given``, else those built with), checked against the gradients."""
+    if given is None and not built:
+        raise ValueError(
+            "apply(grads) without trainable_variables needs a built optimizer: pass the variables, "
+            "or call optimizer.build(model.trainable_variables) first."
+        )
+    variables = list(trainable if given is None else given)
+    if len(grads) != len(variables):
+        raise ValueError(f"Got {len(grads)} gradients for {len(variables)} variables; pass one per variable.")
+    return variables
 
 
 def check_stateless_args(
