@@ -88,9 +88,14 @@ class ScaleState:
         return ops.greater(self.consecutive_skips, 0)
 
     def read(self) -> LossScaleState:
-        """The state now (copies on torch, whose variables are updated in place; TF/JAX reads are values)."""
+        """The state now: copies, except on JAX (whose values are immutable).
+
+        A torch variable's tensor is updated in place, and on TensorFlow
+        ``convert_to_tensor`` may hand over the variable itself, read only when
+        used (after this step's assign, e.g. by the history's ``py_function``).
+        """
         values = (ops.convert_to_tensor(v) for v in self.variables)
-        if keras.backend.backend() == "torch":
+        if keras.backend.backend() != "jax":
             values = (ops.copy(v) for v in values)
         return LossScaleState(*values)
 
