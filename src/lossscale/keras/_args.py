@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
-from .. import DynamicLossScale, FixedLossScale, LossScale, get, resolve_loss_scale, serialize
+from .. import DynamicLossScale, FixedLossScale, LossScale, resolve_loss_scale, serialize
 
-__all__ = ["loss_scale_from_config", "policy_config", "resolve_policy"]
+__all__ = ["policy_config", "resolve_policy"]
 
 _EXTRAS = ("min_loss_scale", "max_loss_scale", "hysteresis")
 
@@ -59,13 +58,3 @@ def policy_config(policy: LossScale) -> dict[str, Any]:
     """
     stable = _stable(policy)
     return stable if stable is not None else {"loss_scale": serialize(policy)}
-
-
-def loss_scale_from_config(value: Any) -> LossScale:
-    """A ``loss_scale`` config entry (ours, or TF's ``{"class_name", "config"}`` with Keras' extra keys)."""
-    if isinstance(value, Mapping):
-        value = {k: v for k, v in value.items() if k in ("class_name", "config")}
-    policy = get(value)
-    if policy is None:
-        raise ValueError("loss_scale=None in a config: drop the key for the default dynamic scale.")
-    return policy
