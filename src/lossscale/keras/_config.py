@@ -66,7 +66,7 @@ def values_record(variables: list[Any]) -> dict[str, Any]:
     return {str(i): ops.convert_to_numpy(v) for i, v in enumerate(variables)}
 
 
-def restore(cls: type, config: dict[str, Any], custom: dict[str, Any], values: Any, history: Any) -> Any:
+def restore(cls: Any, config: dict[str, Any], custom: dict[str, Any], values: Any, history: Any) -> Any:
     """The optimizer of a pickled record: ``from_config``, then ``values`` loaded when it is built.
 
     The optimizer cannot build before it is given the model's variables; the

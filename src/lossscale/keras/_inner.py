@@ -63,9 +63,10 @@ def claim(inner: Any, wrapper: Any) -> None:
     if owner is not None and owner() is not None:
         gc.collect()  # a wrapper kept only by a reference cycle is gone after this
         owner = _OWNERS.get(inner)
-    if owner is not None and owner() is not None and owner() is not wrapper:
+    holder = owner() if owner is not None else None
+    if holder is not None and holder is not wrapper:
         raise ValueError(
-            f"inner_optimizer {inner.name!r} is already wrapped by another LossScaleOptimizer ({owner().name!r}): "
+            f"inner_optimizer {inner.name!r} is already wrapped by another LossScaleOptimizer ({holder.name!r}): "
             "two wrappers would share its slots and iterations but keep two loss scales. Use that wrapper, or "
             "wrap a new inner optimizer (e.g. keras.optimizers.Adam.from_config(inner.get_config()))."
         )
