@@ -58,8 +58,7 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         inner_optimizer: the ``keras.optimizers.Optimizer`` instance to wrap.
         loss_scale: the experimental form: a number (fixed), ``"dynamic"``, a
             :class:`lossscale.LossScale` (contrib's managers included) or its
-            ``lossscale.serialize`` dict; not ``"auto"`` (``AutoLossScale`` and
-            ``stats_every`` are the torch and JAX bindings' only: ValueError).
+            ``lossscale.serialize`` dict; not ``"auto"`` (torch and JAX only).
         dynamic, initial_scale, dynamic_growth_steps: the stable form
             (default: dynamic, 2**15, 2000).
         min_loss_scale, max_loss_scale, hysteresis: refine the stable form's
@@ -176,11 +175,7 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             self.load_own_variables(pending)
 
     def load_own_variables(self, store: Any) -> None:
-        """Keras' loader (``.keras`` files, ``load_weights``, pickle), after the core's check of the scale's values.
-
-        A scale or counter no step could have produced raises ValueError or
-        TypeError naming it, and no variable is assigned.
-        """
+        """Keras' loader (``.keras``, ``load_weights``, pickle) after the core's check: a bad value assigns nothing."""
         check_store(self, self._scale.variables, store)
         super().load_own_variables(store)
 
@@ -262,18 +257,12 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         self, optimizer_variables: Sequence[Any], grads: Sequence[Any], trainable_variables: Sequence[Any]
     ) -> tuple[list[Any], list[Any]]:
         """The pure form of :meth:`apply` (what ``fit`` on JAX calls): new weights and optimizer variables."""
-        if keras.backend.backend() == "tensorflow":
-            raise ValueError(
-                "stateless_apply is not supported with the TensorFlow backend (as it is incompatible with "
-                "tf.distribute): use apply() or apply_gradients()."
-            )
         check_stateless_args(
             self.built, optimizer_variables, self.variables, trainable_variables, self._trainable_variables
         )
         grads = list(grads)
         already = self._stage.take(grads)
-        own, trainable = self._variables, self._trainable_variables
-        values = optimizer_variables
+        own, trainable, values = self._variables, self._trainable_variables, optimizer_variables
         return stateless_step(
             self._scale, self.inner_optimizer, own, trainable, values, grads, trainable_variables, already
         )

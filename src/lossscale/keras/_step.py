@@ -81,7 +81,12 @@ def check_apply_args(grads: list[Any], given: Sequence[Any] | None, built: bool,
 def check_stateless_args(
     built: bool, values: Sequence[Any], variables: Sequence[Any], weights: Sequence[Any], trainable: Sequence[Any]
 ) -> None:
-    """Raises unless ``stateless_apply`` got one value per optimizer variable and per trainable variable."""
+    """Raises unless ``stateless_apply`` runs off TensorFlow, with one value per optimizer and trainable variable."""
+    if keras.backend.backend() == "tensorflow":
+        raise ValueError(
+            "stateless_apply is not supported with the TensorFlow backend (as it is incompatible with "
+            "tf.distribute): use apply() or apply_gradients()."
+        )
     if not built:
         raise ValueError(
             "stateless_apply needs a built optimizer: call optimizer.build(model.trainable_variables) first."
