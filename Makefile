@@ -22,7 +22,7 @@ KERAS_BACKENDS := tensorflow jax torch
 KERAS_PATHS := $(wildcard tests/keras src/lossscale/keras)
 MAIN_IGNORES := --ignore=tests/keras --ignore=src/lossscale/keras
 
-.PHONY: demo test test-main test-keras test-fast test-core lint ci bench clean docs docs-check wheel-check typecheck
+.PHONY: demo test test-main test-keras test-keras-distributed test-fast test-core lint ci bench clean docs docs-check wheel-check typecheck
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -68,6 +68,14 @@ ifneq ($(KERAS_PATHS),)
 	    if [ $$rc -ne 0 ] && [ $$rc -ne 5 ]; then exit $$rc; fi; \
 	done
 endif
+
+# The Keras distributed scenarios alone (tf.distribute on the TF pass, keras.distribution on the JAX pass);
+# `make test-keras` runs them too, as part of tests/keras.
+test-keras-distributed: $(VENV)/.installed
+	@set -e; for backend in tensorflow jax; do \
+	    echo "KERAS_BACKEND=$$backend pytest tests/keras/distributed"; \
+	    KERAS_BACKEND=$$backend $(PY) -m pytest -q tests/keras/distributed $(ARGS); \
+	done
 
 # Without the slow tests, for a quick loop while developing (CI runs them all).
 test-fast: $(VENV)/.installed

@@ -5,9 +5,6 @@ and ``lossscale.keras.LossScaleOptimizer``, must take the same keywords with the
 attributes on a built instance (on JAX: on the optimizer state, ``history`` being the keyword's object), and raise
 the same error type for the same bad value, naming the keyword. The probe of each binding runs in its own
 process for Keras (one backend per process: ``KERAS_BACKEND``, default ``torch`` here), in this one otherwise.
-
-Parametrizations that fail until the jaxmp / keras19 branches merge are marked ``xfail(strict=True)``, so they
-turn into failures (to flip) as soon as they pass.
 """
 
 from __future__ import annotations
@@ -158,29 +155,16 @@ def probed(binding: str) -> dict[str, Any]:
     return _CACHE[binding]
 
 
-# ------------------------------------------------------------ expected failures until the other branches merge
-
-_PENDING = pytest.mark.xfail(strict=True, reason="pending jaxmp/keras19 merge")
-_JAX_PENDING_KEYWORDS: set[str] = set()
-_KERAS_PENDING_ATTRIBUTES = {"consecutive_skips"}
-
-
-def _cases(items: Any, pending: dict[str, set]) -> list[Any]:
-    cases = []
-    for binding in BINDINGS:
-        for item in items:
-            marks = [_PENDING] if item in pending.get(binding, set()) else []
-            cases.append(pytest.param(binding, item, marks=marks, id=f"{binding}-{item}"))
-    return cases
+def _cases(items: Any) -> list[Any]:
+    return [pytest.param(binding, item, id=f"{binding}-{item}") for binding in BINDINGS for item in items]
 
 
 _BAD_IDS = [f"{k}={v!r}" for k, v, _ in BAD]
-_JAX_PENDING_ERRORS = {i for i in _BAD_IDS if i.split("=")[0] in _JAX_PENDING_KEYWORDS}
 
 # ------------------------------------------------------------ the tests
 
 
-@pytest.mark.parametrize("binding, keyword", _cases(KEYWORDS, {"jax": _JAX_PENDING_KEYWORDS}))
+@pytest.mark.parametrize("binding, keyword", _cases(KEYWORDS))
 def test_every_binding_takes_the_keyword_with_default_none(binding, keyword):
     info = probed(binding)
     assert keyword in info["signature"], f"{binding} lacks the keyword {keyword}"
@@ -191,7 +175,7 @@ def test_every_binding_takes_the_keyword_with_default_none(binding, keyword):
         assert info["second"] == "loss_scale"  # right after the wrapped optimizer
 
 
-@pytest.mark.parametrize("binding, attribute", _cases(ATTRIBUTES, {"keras": _KERAS_PENDING_ATTRIBUTES}))
+@pytest.mark.parametrize("binding, attribute", _cases(ATTRIBUTES))
 def test_every_binding_has_the_attribute_with_the_same_fresh_value(binding, attribute):
     value = probed(binding)["attributes"][attribute]
     assert value != "<missing>", f"{binding} has no attribute {attribute}"
@@ -202,7 +186,7 @@ def test_every_binding_has_the_attribute_with_the_same_fresh_value(binding, attr
         assert value == expected
 
 
-@pytest.mark.parametrize("binding, case", _cases(_BAD_IDS, {"jax": _JAX_PENDING_ERRORS}))
+@pytest.mark.parametrize("binding, case", _cases(_BAD_IDS))
 def test_every_binding_raises_the_same_error_type_naming_the_keyword(binding, case):
     expected = {f"{k}={v!r}": e for k, v, e in BAD}[case]
     info = probed(binding)

@@ -90,6 +90,6 @@ def test_counters_are_int32_variables_and_saturate_like_the_core():
     w = keras.Variable(np.zeros(2, np.float32))
     opt.build([w])
     assert [keras.backend.standardize_dtype(v.dtype) for v in opt._state_variables()] == ["float32"] + ["int32"] * 4
-    opt._skipped_steps_variable.assign(2**31 - 1)
+    opt._state_variables()[3].assign(2**31 - 1)
     opt.apply([ops.convert_to_tensor(grad_for(False))], [w])
     assert numbers(opt)[3] == 2**31 - 1

@@ -208,3 +208,16 @@ def test_every_state_variable_with_every_bad_value():
                 continue
             assert name != "dynamic_scale" and value in (0, 0.0), (name, value)  # only a count of 0 is valid
             target.opt.load_own_variables(store)
+
+
+def test_pickled_record_with_a_nan_scale_is_refused_at_build():
+    """pickle/deepcopy restore through load_own_variables at build: the same check, nothing assigned."""
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    opt = lsk.LossScaleOptimizer(keras.optimizers.SGD(0.1), initial_scale=2.0**10)
+    opt.build(model.trainable_variables)
+    restore, (cls, config, custom, values, history) = opt.__reduce__()
+    key = str(next(i for i, v in enumerate(opt.variables) if v is opt.dynamic_scale))
+    copy = restore(cls, config, custom, {**values, key: np.float32(np.nan)}, history)
+    with pytest.raises(ValueError, match=r"saved variables\['loss_scale'\] must be finite in float32 .*got nan"):
+        copy.build(model.trainable_variables)
+    assert float(ops.convert_to_numpy(copy.loss_scale)) == 2.0**10  # the initial value, not the NaN

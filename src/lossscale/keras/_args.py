@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
-from .. import DynamicLossScale, FixedLossScale, LossScale, get, resolve_loss_scale, serialize
+from .. import AutoLossScale, DynamicLossScale, FixedLossScale, LossScale, resolve_loss_scale, serialize
 
-__all__ = ["loss_scale_from_config", "policy_config", "resolve_policy"]
+__all__ = ["policy_config", "refuse_stats_every", "resolve_policy"]
 
 _EXTRAS = ("min_loss_scale", "max_loss_scale", "hysteresis")
 
@@ -27,10 +26,31 @@ def resolve_policy(
     >>> resolve_policy(dynamic_growth_steps=500, min_loss_scale=0.5) == DynamicLossScale(2**15, 500, min_loss_scale=0.5)
     True
     """
-    return resolve_loss_scale(
+    policy = resolve_loss_scale(
         loss_scale, dynamic=dynamic, initial_scale=initial_scale, dynamic_growth_steps=dynamic_growth_steps,
         min_loss_scale=min_loss_scale, max_loss_scale=max_loss_scale, hysteresis=hysteresis,
     )
+    if isinstance(policy, AutoLossScale):  # a valid policy, just not one this binding runs: ValueError
+        raise ValueError(  # noqa: TRY004
+            f"loss_scale={loss_scale!r} (lossscale.AutoLossScale, experimental) is not supported by the Keras "
+            "binding: it sets the scale from sampled gradient statistics, which only lossscale.torch "
+            "(LossScaleOptimizer) and lossscale.jax (loss_scale_optimizer) measure. On Keras use the default dynamic "
+            'rule: drop loss_scale= (or pass loss_scale="dynamic").'
+        )
+    return policy
+
+
+def refuse_stats_every(stats_every: Any) -> None:
+    """Raises for ``stats_every`` other than None: the Keras binding samples no gradient statistics (yet).
+
+    >>> refuse_stats_every(None)
+    """
+    if stats_every is not None:
+        raise ValueError(
+            f"stats_every={stats_every!r} is not supported by the Keras binding: sampled gradient statistics are "
+            "measured by lossscale.torch (LossScaleOptimizer, GradScaler) and lossscale.jax (loss_scale_optimizer) "
+            "only (docs/gradient_stats.md). Drop stats_every= (or pass None) on Keras."
+        )
 
 
 def _stable(policy: LossScale) -> dict[str, Any] | None:
@@ -59,13 +79,3 @@ def policy_config(policy: LossScale) -> dict[str, Any]:
     """
     stable = _stable(policy)
     return stable if stable is not None else {"loss_scale": serialize(policy)}
-
-
-def loss_scale_from_config(value: Any) -> LossScale:
-    """A ``loss_scale`` config entry (ours, or TF's ``{"class_name", "config"}`` with Keras' extra keys)."""
-    if isinstance(value, Mapping):
-        value = {k: v for k, v in value.items() if k in ("class_name", "config")}
-    policy = get(value)
-    if policy is None:
-        raise ValueError("loss_scale=None in a config: drop the key for the default dynamic scale.")
-    return policy

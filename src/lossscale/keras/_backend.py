@@ -108,12 +108,13 @@ def is_symbolic(x: Any) -> bool:
     return False
 
 
-def on_host(fn: Callable[..., None], *args: Any) -> None:
+def on_host(fn: Callable[..., None], *args: Any, every_device: bool = False) -> None:
     """Calls ``fn`` with ``args`` as numpy values: now when they are concrete, else from the compiled step.
 
     Inside ``tf.function`` it is a ``tf.py_function`` op; under ``jax.jit`` an
     ordered ``jax.debug.callback``. Either way one device-to-host transfer
-    per call, after the step's values are known.
+    per call, after the step's values are known. With ``every_device`` on
+    several JAX devices, ``fn`` runs once per device.
     """
     if not any(is_symbolic(a) for a in args):
         fn(*(ops.convert_to_numpy(a) for a in args))
@@ -129,7 +130,12 @@ def on_host(fn: Callable[..., None], *args: Any) -> None:
         return
     import jax
 
-    jax.debug.callback(fn, *args, ordered=True)
+    if jax.device_count() == 1:
+        jax.debug.callback(fn, *args, ordered=True)
+    elif every_device:  # once per device (``fn`` must be stateless): a raise stops every device's program
+        jax.debug.callback(fn, *args, partitioned=True)
+    else:  # ordered effects are refused over several devices; this runs once per step
+        jax.debug.callback(fn, *args)
 
 
 def no_grad() -> Any:

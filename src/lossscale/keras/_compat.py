@@ -5,10 +5,20 @@ Everything else in :mod:`lossscale.keras` uses Keras 3's public API only.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
-__all__ = ["before_tf_restore", "no_automatic_dependency_tracking"]
+import keras
+
+__all__ = [
+    "HIDDEN_FROM_DIR",
+    "before_tf_restore",
+    "checkpoint_children",
+    "checkpoint_node",
+    "inner_aggregation_off",
+    "no_automatic_dependency_tracking",
+]
 
 
 def no_automatic_dependency_tracking(method: Callable[..., Any]) -> Callable[..., Any]:
@@ -48,3 +58,57 @@ def before_tf_restore(variable: Any, check: Callable[[Any], None]) -> bool:
 
     variable._restore_from_tensors = checked_restore
     return True
+
+
+@contextlib.contextmanager
+def inner_aggregation_off(inner: Any) -> Iterator[None]:
+    """Within the block, Keras' TensorFlow optimizer ``inner`` does not all-reduce the gradients it applies.
+
+    Keras 3's ``TFOptimizer._all_reduce_sum_gradients`` (private) sums the
+    gradients over the replicas inside every ``apply``; the loss-scale
+    optimizer has already summed them (``experimental_aggregate_gradients=True``)
+    or the user has (``False``), so a second sum would multiply them by the
+    number of replicas. Public replacement: none (Keras 3's ``apply`` has no
+    ``experimental_aggregate_gradients``). The instance attribute shadows the
+    method for the block only (trace time under ``tf.function``).
+    """
+    object.__setattr__(inner, "_all_reduce_sum_gradients", list)
+    try:
+        yield
+    finally:
+        object.__delattr__(inner, "_all_reduce_sum_gradients")
+
+
+def checkpoint_node() -> Any:
+    """A TensorFlow ``AutoTrackable`` to hang the scale variables on for ``tf.train.Checkpoint``, else None.
+
+    Variables set on it as attributes after a restore started (restore before
+    ``build``) receive their checkpointed values then (TF's deferred
+    restoration). Public replacement: ``tf.Module`` would do, but also tracks
+    itself by name; ``tf.__internal__.tracking.AutoTrackable`` is the bare one.
+    """
+    if keras.backend.backend() != "tensorflow":
+        return None
+    import tensorflow as tf
+
+    return tf.__internal__.tracking.AutoTrackable()
+
+
+def checkpoint_children(inner: Any, node: Any, save_type: str, **kwargs: Any) -> dict[str, Any]:
+    """The wrapper's children in a ``tf.train.Checkpoint``: the inner optimizer's own, plus ``loss_scale``.
+
+    So a checkpoint of the plain inner optimizer restores into the wrapper and
+    the reverse (tf-keras's behaviour), before or after ``build``: the
+    wrapper's graph is the inner's with one extra child. TensorFlow's private
+    ``Trackable._trackable_children``; public replacement: none.
+    """
+    children = dict(inner._trackable_children(save_type, **kwargs))
+    children["loss_scale"] = node
+    return children
+
+
+#: Names hidden from ``dir()``: TensorFlow's checkpoint writer (``checkpoint/util.py``) takes any object whose
+#: ``dir()`` lists ``get_slot_names`` for a tf-keras optimizer and saves what ``get_slot`` returns a second time,
+#: as slot variables; Keras 3 already saves these variables as the inner optimizer's, and TF refuses the
+#: duplicate. Public replacement: none.
+HIDDEN_FROM_DIR = ("get_slot_names",)

@@ -9,13 +9,14 @@ gradients that already went through ``get_unscaled_gradients``.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import Any
 
 import keras
 from keras import ops
 
-__all__ = ["UnscaleStage", "all_finite", "reciprocal", "unscale"]
+__all__ = ["UnscaleStage", "all_finite", "reciprocal", "scale_loss", "unscale"]
 
 _NARROW = ("float16", "bfloat16")
 
@@ -34,6 +35,15 @@ def reciprocal(scale: Any, dtype: str = "float32") -> Any:
     TF's ``get_unscaled_gradients`` multiplies by this reciprocal too.
     """
     return ops.divide(ops.ones((), dtype), ops.cast(scale, dtype))
+
+
+def scale_loss(loss: Any, scale: Any) -> Any:
+    """``loss * scale``, computed in at least float32 and returned in ``loss``'s dtype. Cost: one multiply."""
+    loss = ops.convert_to_tensor(loss)
+    dtype = keras.backend.standardize_dtype(loss.dtype)
+    wide = _compute_dtype(dtype)
+    scaled = ops.multiply(ops.cast(loss, wide), ops.cast(scale, wide))
+    return scaled if wide == dtype else ops.cast(scaled, dtype)
 
 
 def unscale(grads: Sequence[Any], scale: Any, keep: Sequence[bool] | None = None) -> list[Any]:
@@ -91,26 +101,27 @@ class UnscaleStage:
     (clipping the scaled ones, a second ``tape.gradient``); those are taken
     as unscaled. Under ``tf.function`` and ``jit`` the decision is made when
     the step is traced, from the same Python calls.
+
+    The record is per thread, so per replica under ``tf.distribute``'s
+    ``MirroredStrategy`` (each replica runs its step in its own thread): one
+    replica's ``get_unscaled_gradients`` does not arm another's apply.
     """
 
     def __init__(self) -> None:
-        self._armed = False
-        self._inputs: tuple[Any, ...] = ()  # held so that their ids stay valid
+        self._local = threading.local()
 
     def note(self, scaled: Sequence[Any]) -> None:
-        """Records that ``scaled`` went through ``get_unscaled_gradients``."""
-        self._armed = True
-        self._inputs = tuple(g for g in scaled if g is not None)
+        """Records that ``scaled`` went through ``get_unscaled_gradients`` (in this thread)."""
+        self._local.inputs = tuple(g for g in scaled if g is not None)  # held so that their ids stay valid
 
     def forget(self) -> None:
-        self._armed = False
-        self._inputs = ()
+        self._local.inputs = None
 
     def take(self, grads: Sequence[Any]) -> bool:
         """Whether ``grads`` are already unscaled (see the class docstring); forgets the call either way."""
-        armed, inputs = self._armed, self._inputs
+        inputs = getattr(self._local, "inputs", None)
         self.forget()
-        if not armed:
+        if inputs is None:
             return False
         ids = {id(g) for g in inputs}
         given = [g for g in grads if g is not None]

@@ -1,9 +1,10 @@
-"""The core's check of loaded state for the Keras optimizer: ``.keras`` files, ``load_weights`` and tf.train.Checkpoint.
+"""The core's check of loaded state for the Keras optimizer: ``.keras`` files, ``load_weights``, pickle, tf.train.Checkpoint.
 
-The optimizer's five state variables map to :class:`lossscale.LossScaleState`'s
-fields; their saved values are checked by :func:`lossscale._validate.check_state`
-(finite, positive, normal-float32 scale within the policy's bounds; int32
-counters in ``[0, 2**31 - 1]``) *before* any variable is assigned.
+The optimizer's five scale variables (``_state.STATE_NAMES``) map to
+:class:`lossscale.LossScaleState`'s fields; their saved values are checked by
+:func:`lossscale._validate.check_state` (finite, positive, normal-float32
+scale within the policy's bounds; int32 counters in ``[0, 2**31 - 1]``)
+*before* any variable is assigned.
 """
 
 from __future__ import annotations
@@ -16,34 +17,31 @@ import numpy as np
 
 from .._validate import check_state
 from ._compat import before_tf_restore
+from ._state import STATE_NAMES
 
 __all__ = ["check_store", "guard_restores"]
 
-#: Keras variable name -> LossScaleState field.
-FIELDS = {
-    "dynamic_scale": "loss_scale",
-    "step_counter": "good_steps",
-    "bad_steps": "bad_steps",
-    "skipped_steps": "skipped_steps",
-    "consecutive_skips": "consecutive_skips",
-}
+#: Keras variable name -> LossScaleState field, in ``STATE_NAMES`` order.
+FIELDS = dict(zip(STATE_NAMES, ("loss_scale", "good_steps", "bad_steps", "skipped_steps", "consecutive_skips")))
 
 
 def _check(optimizer: Any, values: dict[str, Any], where: str) -> None:
-    check_state({FIELDS[name]: value for name, value in values.items()}, optimizer._policy, where=where, required=())
+    fields = {FIELDS[name]: value for name, value in values.items()}
+    check_state(fields, optimizer.loss_scale_policy, where=where, required=())
 
 
-def check_store(optimizer: Any, state: Sequence[tuple[str, str]], store: Any) -> None:
+def check_store(optimizer: Any, state: Sequence[Any], store: Any) -> None:
     """Checks the loss scale's values in a Keras weights ``store`` (``load_own_variables``); assigns nothing.
 
-    ``state`` is the optimizer's ``(variable name, attribute)`` list. A store
-    of the wrong length is left to Keras, which then loads nothing (and warns).
+    ``state`` is the optimizer's scale variables, in ``STATE_NAMES`` order. A
+    store of the wrong length is left to Keras, which then loads nothing (and
+    warns).
     """
     variables = list(optimizer.variables)
     if not optimizer.built or len(store.keys()) != len(variables):
         return
     index = {id(v): i for i, v in enumerate(variables)}
-    values = {name: np.asarray(store[str(index[id(getattr(optimizer, attribute))])]) for name, attribute in state}
+    values = {name: np.asarray(store[str(index[id(v)])]) for name, v in zip(STATE_NAMES, state)}
     for name, value in values.items():
         if value.shape != ():
             raise ValueError(
@@ -60,18 +58,19 @@ def _checker(optimizer: Any, name: str) -> Callable[[Any], None]:
     return check
 
 
-def guard_restores(optimizer: Any, state: Sequence[tuple[str, str]]) -> None:
-    """After ``build``: tf.train.Checkpoint restores of the state variables are checked first (TensorFlow backend).
+def guard_restores(optimizer: Any, state: Sequence[Any]) -> None:
+    """After the scale variables exist: tf.train.Checkpoint restores of them are checked first (TensorFlow backend).
 
-    A restore deferred until ``build`` has already assigned the values when
-    this runs: they are checked here, and a bad one raises.
+    A restore deferred until ``build`` (the variables hung on the checkpoint
+    node) has already assigned the values when this runs: they are checked
+    here, and a bad one raises.
     """
     if keras.backend.backend() != "tensorflow":
         return
     import tensorflow as tf
 
-    for name, attribute in state:
-        before_tf_restore(getattr(optimizer, attribute), _checker(optimizer, name))
-    if tf.executing_eagerly():  # a deferred restore ran inside add_variable
-        values = {name: getattr(optimizer, attribute).numpy() for name, attribute in state}
+    for name, variable in zip(STATE_NAMES, state):
+        before_tf_restore(variable, _checker(optimizer, name))
+    if tf.executing_eagerly():  # a deferred restore ran when the variables were hung on the checkpoint node
+        values = {name: variable.numpy() for name, variable in zip(STATE_NAMES, state)}
         _check(optimizer, values, f"optimizer {optimizer.name!r}: its variables after a deferred restore")

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from numbers import Integral
 from typing import Any
 
 import numpy as np
 from keras import ops
+from keras.backend import backend as keras_backend
 
 from .. import History, LossScaleError
 from ._backend import is_symbolic, on_host
@@ -44,10 +47,38 @@ class StepObserver:
         self.max_consecutive_skips = max_consecutive_skips
         self._step = 0
         self._loss: Any = None
+        self._defer = False
+        self._pending: LossScaleError | None = None
 
     @property
     def active(self) -> bool:
         return self.history is not None or self.max_consecutive_skips is not None
+
+    @contextlib.contextmanager
+    def deferred(self) -> Iterator[None]:
+        """Within the block the stall guard's error is held, and raised on leaving it, after the step's callbacks.
+
+        For an eager call that runs a compiled step (JAX ``apply``): raised from
+        a host callback inside the step, :class:`lossscale.LossScaleError`
+        would reach the caller wrapped in the framework's runtime error; held
+        and raised here, it reaches the caller as itself. Cost when on: waits
+        for the step's callbacks (one sync).
+        """
+        if not self.active:
+            yield
+            return
+        self._defer = True
+        try:
+            yield
+            if keras_backend() == "jax":
+                import jax
+
+                jax.effects_barrier()
+        finally:
+            self._defer = False
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            raise pending
 
     def note_loss(self, loss: Any) -> None:
         """Keeps a concrete (eager) 1-element loss for the next recorded step."""
@@ -55,19 +86,28 @@ class StepObserver:
             self._loss = ops.stop_gradient(loss)
 
     def observe(self, scale_used: Any, finite: Any, consecutive_skips: Any, new_scale: Any) -> None:
-        """Called once per step with the scale the step used, its finite flag and the new state."""
-        if self.active:
-            on_host(self._on_host, scale_used, finite, consecutive_skips, new_scale)
+        """Called once per step with the scale the step used, its finite flag and the new state.
 
-    def _on_host(self, scale_used: Any, finite: Any, consecutive_skips: Any, new_scale: Any) -> None:
-        step, self._step = self._step, self._step + 1
+        Two host calls: the record (never raises) and the guard (stateless, so
+        that on several JAX devices each device's copy can run it and raise
+        together instead of leaving the others waiting in a collective).
+        """
         if self.history is not None:
-            loss, self._loss = self._loss, None
-            loss_value = None if loss is None else float(np.asarray(ops.convert_to_numpy(loss), np.float64).reshape(()))
+            on_host(self._record, scale_used, finite)
+        if self.max_consecutive_skips is not None:
+            on_host(self._guard, consecutive_skips, new_scale, every_device=True)
+
+    def _record(self, scale_used: Any, finite: Any) -> None:
+        step, self._step = self._step, self._step + 1
+        loss, self._loss = self._loss, None
+        loss_value = None if loss is None else float(np.asarray(ops.convert_to_numpy(loss), np.float64).reshape(()))
+        if self.history is not None:
             self.history.append(step, float(scale_used), not bool(finite), loss_value)
+
+    def _guard(self, consecutive_skips: Any, new_scale: Any) -> None:
         limit = self.max_consecutive_skips
         if limit is not None and int(consecutive_skips) >= limit:
-            raise LossScaleError(
+            error = LossScaleError(
                 f"{int(consecutive_skips)} steps in a row were skipped because gradients held NaN or Inf (loss "
                 f"scale now {float(new_scale):g}; max_consecutive_skips={limit}). Lowering the scale has not helped, "
                 "so the cause is likely not an overflow of the scaled loss:\n"
@@ -79,3 +119,6 @@ class StepObserver:
                 "'Two gradient contracts').\n"
                 "Pass max_consecutive_skips=None to disable this check."
             )
+            if not self._defer:
+                raise error
+            self._pending = self._pending or error

@@ -2,37 +2,36 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from typing import Any
 
 import keras
-import numpy as np
-from keras import ops
 
-from .. import LossScale, LossScaleState, initial_state
+from .. import LossScale
 from .._resolve import stable_form
-from ._args import loss_scale_from_config, policy_config, resolve_policy
-from ._backend import advance, no_grad
-from ._compat import no_automatic_dependency_tracking
-from ._grads import UnscaleStage, all_finite, unscale
+from . import _tf_methods
+from ._args import refuse_stats_every, resolve_policy
+from ._compat import HIDDEN_FROM_DIR, checkpoint_children, checkpoint_node, no_automatic_dependency_tracking
+from ._config import read_config, restore, values_record, write_config
+from ._distribute import in_replica_of_strategy, replica_apply
+from ._grads import UnscaleStage, all_finite, scale_loss, unscale
+from ._inner import check_inner, claim, forward_inner_settings, refuse_base_arguments
 from ._loaded import check_store, guard_restores
 from ._observer import StepObserver
-from ._stateless import jax_apply, stateless_step
-from ._tf_keras import inner_from_config, translate_config
+from ._state import ScaleState
+from ._step import apply_step, check_apply_args, check_stateless_args, jax_apply, stateless_step
 
 __all__ = ["LossScaleOptimizer"]
 
-# (variable name, attribute): Keras' own class names the first two so; the rest are lossscale's counters.
-_STATE = (
-    ("dynamic_scale", "dynamic_scale"),
-    ("step_counter", "step_counter"),
-    ("bad_steps", "_bad_steps_variable"),
-    ("skipped_steps", "_skipped_steps_variable"),
-    ("consecutive_skips", "_consecutive_skips_variable"),
-)
+
+def _state(name: str, doc: str) -> property:
+    """A read-only attribute of the scale state (:class:`ScaleState`'s property ``name``)."""
+    return property(lambda self: getattr(self._scale, name), doc=doc)
 
 
 @keras.saving.register_keras_serializable(package="lossscale")
+@forward_inner_settings
 class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
     """An optimizer that applies loss scaling; the seeds' ``LossScaleOptimizer`` for Keras 3.
 
@@ -52,17 +51,14 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
     (Keras 3's convention; tf-keras advanced it).
 
     A subclass of ``keras.optimizers.LossScaleOptimizer``, so that under the
-    ``mixed_float16`` policy ``model.compile`` keeps it as it is. Every piece
-    of changing state is a Keras variable (``dynamic_scale``,
-    ``step_counter`` = TF's ``dynamic_counter``, ``bad_steps``,
-    ``skipped_steps``, ``consecutive_skips``): ``fit`` on JAX carries them
-    through ``stateless_apply``, and ``.keras`` files save them.
+    ``mixed_float16`` policy ``model.compile`` keeps it as it is. The state is
+    five Keras variables (see ``_state.py``); ``.keras`` files save them.
 
     Args:
         inner_optimizer: the ``keras.optimizers.Optimizer`` instance to wrap.
         loss_scale: the experimental form: a number (fixed), ``"dynamic"``, a
             :class:`lossscale.LossScale` (contrib's managers included) or its
-            ``lossscale.serialize`` dict.
+            ``lossscale.serialize`` dict; not ``"auto"`` (torch and JAX only).
         dynamic, initial_scale, dynamic_growth_steps: the stable form
             (default: dynamic, 2**15, 2000).
         min_loss_scale, max_loss_scale, hysteresis: refine the stable form's
@@ -73,6 +69,9 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         history: True or a :class:`lossscale.History` to record each step's
             scale and skip flag.
         name: the optimizer's name.
+
+    Base-optimizer settings (``clipnorm``, ``use_ema``, ...) are the inner
+    optimizer's: refused here, read and written through as attributes.
 
     Cost per step: one multiply per gradient element and one read pass for
     the check (fused under ``tf.function``/``jit``), about 20 scalar ops for
@@ -96,8 +95,11 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         max_consecutive_skips: int | None = None,
         history: Any = None,
         name: str | None = None,
+        **kwargs: Any,
     ) -> None:
-        _check_inner(inner_optimizer)
+        refuse_stats_every(kwargs.pop("stats_every", None))  # torch's and JAX's keyword; None is portable
+        refuse_base_arguments(kwargs)
+        check_inner(inner_optimizer)
         policy = resolve_policy(
             loss_scale,
             dynamic=dynamic,
@@ -110,24 +112,26 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         observer = StepObserver(history, max_consecutive_skips)
         # Keras' own __init__ rejects dynamic=False and takes no policy: initialise its base instead.
         super(keras.optimizers.LossScaleOptimizer, self).__init__(learning_rate=0.0, name=name)
+        claim(inner_optimizer, self)
         self.inner_optimizer = inner_optimizer
         self._policy = policy
-        self._params = policy.rule_params()
-        self._observer = observer
+        self._scale = ScaleState(policy.rule_params(), observer)
         self._stage = UnscaleStage()
         self._jax_steps: dict[bool, Any] = {}
+        self._pending: dict[str, Any] | None = None  # variable values restored before build (pickle, deepcopy)
+        self._checkpoint_node = checkpoint_node()
 
     # ------------------------------------------------------------ the seeds' attributes
 
     @property
     def dynamic(self) -> bool:
         """Whether the loss scale changes during training."""
-        return self._params.dynamic
+        return self._scale.params.dynamic
 
     @property
     def initial_scale(self) -> float:
         """The initial loss scale (the only one, when fixed)."""
-        return self._params.initial_scale
+        return self._scale.params.initial_scale
 
     @property
     def dynamic_growth_steps(self) -> int | None:
@@ -139,72 +143,57 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         """The :class:`lossscale.LossScale` followed."""
         return self._policy
 
-    @property
-    def loss_scale(self) -> Any:
-        """The current loss scale, a 0-d float32 tensor (no sync until converted)."""
-        if not self.built:
-            return ops.convert_to_tensor(self.initial_scale, "float32")
-        return ops.convert_to_tensor(self.dynamic_scale)
-
-    @property
-    def dynamic_counter(self) -> Any:
-        """Finite steps since the scale last changed (0-d int32 tensor), or None if fixed."""
-        return self._read("step_counter", 0) if self.dynamic else None
-
-    @property
-    def skipped_steps(self) -> Any:
-        """Steps skipped so far, a 0-d int32 tensor (saturating; saved with the optimizer)."""
-        return self._read("_skipped_steps_variable", 0)
-
-    @property
-    def last_step_skipped(self) -> Any:
-        """Whether the last step was skipped, a 0-d bool tensor."""
-        return ops.greater(self._read("_consecutive_skips_variable", 0), 0)
+    loss_scale = _state("loss_scale", "The current loss scale, a 0-d float32 tensor (no sync until converted).")
+    dynamic_counter = _state(
+        "dynamic_counter", "Finite steps since the scale last changed (0-d int32), or None if fixed."
+    )
+    skipped_steps = _state("skipped_steps", "Steps skipped so far, a 0-d int32 tensor (saturating; saved).")
+    consecutive_skips = _state("consecutive_skips", "Steps skipped in a row up to the last one (0-d int32).")
+    last_step_skipped = _state("last_step_skipped", "Whether the last step was skipped, a 0-d bool tensor.")
 
     @property
     def history(self) -> Any:
         """The :class:`lossscale.History` being recorded, or None."""
-        return self._observer.history
-
-    def _read(self, name: str, before_build: Any) -> Any:
-        if not self.built:
-            return ops.convert_to_tensor(before_build, "int32")
-        return ops.convert_to_tensor(getattr(self, name))
+        return self._scale.observer.history
 
     # ------------------------------------------------------------ variables
 
     @no_automatic_dependency_tracking
     def build(self, var_list: Sequence[Any]) -> None:
-        start = initial_state(self._params, np)
-        for (name, attribute), value in zip(_STATE, start):
-            variable = self.add_variable(
-                shape=(),
-                dtype=str(value.dtype),
-                initializer=keras.initializers.Constant(value.item()),
-                aggregation="none",
-                name=name,
-            )
-            setattr(self, attribute, variable)
+        # Keras' own class names its first two variables as attributes; kept for code that reads them.
+        variables = self._scale.build(self.add_variable)
+        self.dynamic_scale, self.step_counter = variables[:2]
+        if self._checkpoint_node is not None:
+            for variable in variables:
+                setattr(self._checkpoint_node, variable.name, variable)
         if not self.inner_optimizer.built:
             self.inner_optimizer.build(var_list)
         super(keras.optimizers.LossScaleOptimizer, self).build(var_list)
-        guard_restores(self, _STATE)
+        guard_restores(self, self._scale.variables)
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            self.load_own_variables(pending)
 
     def load_own_variables(self, store: Any) -> None:
-        """Keras' loader (``.keras`` files, ``load_weights``), after the core's check of the loss scale's values.
-
-        A scale or counter no step could have produced raises ValueError or
-        TypeError naming it, and no variable is assigned.
-        """
-        check_store(self, _STATE, store)
+        """Keras' loader (``.keras``, ``load_weights``, pickle) after the core's check: a bad value assigns nothing."""
+        check_store(self, self._scale.variables, store)
         super().load_own_variables(store)
 
-    def _state_variables(self) -> list[Any]:
-        return [getattr(self, attribute) for _, attribute in _STATE]
+    def restore_on_build(self, values: dict[str, Any] | None, history: Any = None) -> None:
+        """Loads ``values`` (``save_own_variables``'s store) when :meth:`build` runs; sets the history record."""
+        self._pending = values
+        self._scale.observer.history = history
 
-    def _read_state(self) -> LossScaleState:
-        # Copies: a torch variable's tensor is updated in place, and a TF read may be deferred past the assign.
-        return LossScaleState(*(ops.copy(ops.convert_to_tensor(v)) for v in self._state_variables()))
+    def _trackable_children(self, save_type: str = "checkpoint", **kwargs: Any) -> dict[str, Any]:
+        # tf.train.Checkpoint: the inner optimizer's graph plus "loss_scale" (see _compat.checkpoint_children).
+        return checkpoint_children(self.inner_optimizer, self._checkpoint_node, save_type, **kwargs)
+
+    def __dir__(self) -> list[str]:
+        return [name for name in super().__dir__() if name not in HIDDEN_FROM_DIR]
+
+    def _state_variables(self) -> list[Any]:
+        """The scale state's variables, in :data:`STATE_NAMES` order (empty until built)."""
+        return list(self._scale.variables)
 
     # ------------------------------------------------------------ scaling
 
@@ -215,12 +204,8 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         """
         if callable(loss):
             return lambda: self.get_scaled_loss(loss())
-        self._observer.note_loss(loss)
-        loss = ops.convert_to_tensor(loss)
-        dtype = keras.backend.standardize_dtype(loss.dtype)
-        wide = "float32" if dtype in ("float16", "bfloat16") else dtype
-        scaled = ops.multiply(ops.cast(loss, wide), ops.cast(self.loss_scale, wide))
-        return scaled if wide == dtype else ops.cast(scaled, dtype)
+        self._scale.observer.note_loss(loss)
+        return scale_loss(loss, self.loss_scale)
 
     def scale_loss(self, loss: Any) -> Any:
         """Keras 3's name for :meth:`get_scaled_loss` (what ``fit`` calls)."""
@@ -229,152 +214,129 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
     def get_unscaled_gradients(self, grads: Sequence[Any]) -> list[Any]:
         """A new list: each gradient times ``1/loss_scale`` in its own dtype; None stays None.
 
-        The next apply takes what this returns (or tensors computed from it,
-        e.g. clipped) as already unscaled; see docs/keras.md, "Two gradient
+        The next apply (in this thread: per replica under ``tf.distribute``)
+        takes what this returns (or tensors computed from it, e.g. clipped or
+        all-reduced) as already unscaled; see docs/keras.md, "Two gradient
         contracts". Cost: one multiply per element; no sync.
         """
         grads = list(grads)
         self._stage.note(grads)
         return unscale(grads, self.loss_scale)
 
-    # ------------------------------------------------------------ applying
+    def check_finite(self, grads: Sequence[Any]) -> Any:
+        """True iff no gradient holds a NaN or an Inf (a 0-d bool tensor)."""
+        return all_finite(grads)
 
     def apply(self, grads: Sequence[Any], trainable_variables: Sequence[Any] | None = None) -> None:
-        """Unscales (unless already unscaled), checks, applies or skips, and updates the scale."""
+        """Unscales (unless already unscaled), checks, applies or skips, and updates the scale.
+
+        Under a ``tf.distribute`` strategy the gradients are summed over the
+        replicas first (see :meth:`apply_gradients`).
+        """
+        self._apply(grads, trainable_variables, aggregate=True)
+
+    def _apply(self, grads: Sequence[Any], trainable_variables: Sequence[Any] | None, aggregate: bool) -> None:
         grads = list(grads)
         if not grads:
             return
-        if trainable_variables is None:
-            if not self.built:
-                raise ValueError(
-                    "apply(grads) without trainable_variables needs a built optimizer: pass the variables, "
-                    "or call optimizer.build(model.trainable_variables) first."
-                )
-            variables = list(self._trainable_variables)
-        else:
-            variables = list(trainable_variables)
-            if not self.built:
-                with keras.name_scope(self.name, caller=self):
-                    self.build(variables)
-        if len(grads) != len(variables):
-            raise ValueError(f"Got {len(grads)} gradients for {len(variables)} variables; pass one per variable.")
+        if trainable_variables is not None and not self.built:
+            with keras.name_scope(self.name, caller=self):
+                self.build(list(trainable_variables))
+        variables = check_apply_args(grads, trainable_variables, self.built, self._trainable_variables)
         already = self._stage.take(grads)
-        if keras.backend.backend() == "jax":
-            jax_apply(self, grads, variables, already)
-            return
-        with no_grad():
-            state = self._read_state()
-            unscaled, finite = self._unscale_and_check(grads, variables, state.loss_scale, already)
-            ops.cond(finite, lambda: self.inner_optimizer.apply(unscaled, variables), lambda: None)
-            self._finish(state, finite, self._state_variables())
-
-    def _unscale_and_check(
-        self, grads: list[Any], variables: list[Any], scale: Any, already: bool
-    ) -> tuple[list[Any], Any]:
-        keep = [getattr(v, "overwrite_with_gradient", False) for v in variables]
-        unscaled = grads if already else unscale(grads, scale, keep)
-        return unscaled, all_finite(unscaled)
-
-    def _finish(self, state: LossScaleState, finite: Any, targets: list[Any]) -> LossScaleState:
-        new = advance(self._params, state, finite)
-        for variable, value in zip(targets, new):
-            variable.assign(value)
-        self._observer.observe(state.loss_scale, finite, new.consecutive_skips, new.loss_scale)
-        return new
+        backend = keras.backend.backend()
+        if backend == "jax":
+            own, trainable = self._variables, self._trainable_variables
+            jax_apply(self._scale, self.inner_optimizer, own, trainable, self._jax_steps, grads, variables, already)
+        elif backend == "tensorflow" and in_replica_of_strategy():
+            replica_apply(self._scale, self.inner_optimizer, grads, variables, already, aggregate)
+        else:
+            apply_step(self._scale, self.inner_optimizer, grads, variables, already)
 
     def stateless_apply(
         self, optimizer_variables: Sequence[Any], grads: Sequence[Any], trainable_variables: Sequence[Any]
     ) -> tuple[list[Any], list[Any]]:
         """The pure form of :meth:`apply` (what ``fit`` on JAX calls): new weights and optimizer variables."""
-        if keras.backend.backend() == "tensorflow":
-            raise ValueError(
-                "stateless_apply is not supported with the TensorFlow backend (as it is incompatible with "
-                "tf.distribute): use apply() or apply_gradients()."
-            )
-        if not self.built:
-            raise ValueError(
-                "stateless_apply needs a built optimizer: call optimizer.build(model.trainable_variables) first."
-            )
-        if len(optimizer_variables) != len(self.variables) or len(trainable_variables) != len(
-            self._trainable_variables
-        ):
-            raise ValueError(
-                f"stateless_apply takes one value per optimizer variable ({len(self.variables)}, got "
-                f"{len(optimizer_variables)}) and per trainable variable it was built with "
-                f"({len(self._trainable_variables)}, got {len(trainable_variables)})."
-            )
+        check_stateless_args(
+            self.built, optimizer_variables, self.variables, trainable_variables, self._trainable_variables
+        )
         grads = list(grads)
-        return stateless_step(self, optimizer_variables, grads, trainable_variables, self._stage.take(grads))
+        already = self._stage.take(grads)
+        own, trainable, values = self._variables, self._trainable_variables, optimizer_variables
+        return stateless_step(
+            self._scale, self.inner_optimizer, own, trainable, values, grads, trainable_variables, already
+        )
 
-    def apply_gradients(self, grads_and_vars: Any) -> Any:
-        """Applies ``(gradient, variable)`` pairs; returns ``iterations`` (not advanced on a skip)."""
+    def apply_gradients(
+        self, grads_and_vars: Any, name: str | None = None, experimental_aggregate_gradients: bool = True
+    ) -> Any:
+        """Applies ``(gradient, variable)`` pairs; returns ``iterations`` (not advanced on a skip).
+
+        The seeds' signature. Under a ``tf.distribute`` strategy,
+        ``experimental_aggregate_gradients=True`` sums the gradients over the
+        replicas before the check (so that a NaN or Inf on one replica skips
+        the step on all); with False the caller has summed them (e.g.
+        ``tf.distribute.get_replica_context().all_reduce("sum", grads)``) and
+        they are applied as given. Without a strategy both are the same.
+        ``name`` is accepted for the seeds' signature and unused (Keras 3
+        names its ops after the optimizer).
+        """
         pairs = list(grads_and_vars)
         if not pairs:
             raise ValueError("apply_gradients() got no (gradient, variable) pairs.")
         grads, variables = zip(*pairs)
-        self.apply(list(grads), list(variables))
+        self._apply(list(grads), list(variables), aggregate=bool(experimental_aggregate_gradients))
         return self.iterations
+
+    # ------------------------------------------------------------ the seeds' TensorFlow methods
 
     def minimize(self, loss: Any, var_list: Sequence[Any], tape: Any = None) -> Any:
         """The seeds' ``minimize`` (TensorFlow backend): scale, differentiate, unscale, apply."""
-        if keras.backend.backend() != "tensorflow":
-            raise NotImplementedError(
-                f"minimize() needs tf.GradientTape (TensorFlow backend); on {keras.backend.backend()} compute the "
-                "gradients of get_scaled_loss(loss) and call apply(grads, variables)."
-            )
-        import tensorflow as tf
+        return _tf_methods.minimize(self, loss, var_list, tape)
 
-        variables = list(var_list)
-        tape = tape if tape is not None else tf.GradientTape()
-        with tape:
-            if callable(loss):
-                loss = loss()
-            scaled = self.get_scaled_loss(loss)
-        grads = tape.gradient(scaled, variables)
-        return self.apply_gradients(zip(self.get_unscaled_gradients(grads), variables))
+    def get_gradients(self, loss: Any, params: Sequence[Any]) -> list[Any]:
+        """The seeds' ``get_gradients``: unscaled gradients of the scaled loss (TensorFlow, in a tf.function)."""
+        return _tf_methods.get_gradients(self, loss, params)
 
-    def check_finite(self, grads: Sequence[Any]) -> Any:
-        """True iff no gradient holds a NaN or an Inf (a 0-d bool tensor)."""
-        return all_finite(grads)
+    def get_slot_names(self) -> list[str]:
+        """The inner optimizer's per-variable state names (Keras 3's: Adam's ``momentum``, ``velocity``)."""
+        return _tf_methods.get_slot_names(self.inner_optimizer, self._trainable_variables)
 
-    # ------------------------------------------------------------ config
+    def get_slot(self, var: Any, slot_name: str) -> Any:
+        """The inner optimizer's ``slot_name`` variable for ``var`` (Keras 3's or tf-keras's name: ``"m"``)."""
+        return _tf_methods.get_slot(self.inner_optimizer, var, slot_name)
+
+    def add_slot(self, var: Any, slot_name: str, initializer: Any = "zeros") -> Any:
+        """The inner optimizer's ``slot_name`` variable for ``var``, created if new."""
+        return _tf_methods.add_slot(self.inner_optimizer, var, slot_name, initializer)
+
+    # ------------------------------------------------------------ config and copies
 
     def get_config(self) -> dict[str, Any]:
         """tf-keras's keys (``inner_optimizer``, ``dynamic``, ``initial_scale``, ``dynamic_growth_steps``) and ours."""
-        config = {"name": self.name, "inner_optimizer": keras.saving.serialize_keras_object(self.inner_optimizer)}
-        config.update(policy_config(self._policy))
-        if self._observer.max_consecutive_skips is not None:
-            config["max_consecutive_skips"] = self._observer.max_consecutive_skips
-        return config
+        limit = self._scale.observer.max_consecutive_skips
+        return write_config(self.name, self.inner_optimizer, self._policy, limit)
 
     @classmethod
     def from_config(cls, config: dict[str, Any], custom_objects: Any = None) -> LossScaleOptimizer:
-        """Rebuilds from :meth:`get_config`, Keras 3's own config, or any tf-keras ``LossScaleOptimizer`` config."""
-        config = translate_config(config)
-        inner = inner_from_config(config.pop("inner_optimizer"), custom_objects)
-        if isinstance(config.get("loss_scale"), dict):
-            config["loss_scale"] = loss_scale_from_config(config["loss_scale"])
-        return cls(inner, **config)
+        """Rebuilds from :meth:`get_config`, Keras 3's own config, or any tf-keras ``LossScaleOptimizer`` config.
+
+        A custom :class:`lossscale.LossScale` subclass is found in
+        ``custom_objects`` (or Keras' registered objects), never imported.
+        """
+        inner, kwargs = read_config(config, custom_objects)
+        return cls(inner, **kwargs)
+
+    def __reduce__(self) -> Any:
+        """Pickling and ``copy.deepcopy``: the config and the variables' values, as a ``.keras`` file holds them."""
+        custom = {type(self._policy).__name__: type(self._policy)}
+        values = values_record(self.variables) if self.built else None
+        return restore, (type(self), self.get_config(), custom, values, self.history)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> LossScaleOptimizer:
+        restore, args = self.__reduce__()
+        return restore(*copy.deepcopy(args, memo))
 
     def __repr__(self) -> str:
-        return f"<lossscale.keras.LossScaleOptimizer {self.name!r} {self._policy!r} inner={type(self.inner_optimizer).__name__}>"
-
-
-def _check_inner(inner: Any) -> None:
-    if isinstance(inner, keras.optimizers.LossScaleOptimizer):
-        raise TypeError(
-            "inner_optimizer is already a LossScaleOptimizer; wrapping it again would scale twice. Use it as it "
-            "is, or wrap its inner_optimizer."
-        )
-    if not isinstance(inner, keras.optimizers.Optimizer):
-        raise TypeError(
-            f"inner_optimizer must be a keras.optimizers.Optimizer instance (Keras 3), got {type(inner).__name__}. "
-            "Build it first, e.g. LossScaleOptimizer(keras.optimizers.AdamW(1e-3)); for a serialized Keras 2 "
-            "optimizer use LossScaleOptimizer.from_config."
-        )
-    if inner.loss_scale_factor is not None:
-        raise ValueError(
-            f"inner_optimizer has loss_scale_factor={inner.loss_scale_factor!r}, a second, fixed loss scale. "
-            "Drop it from the inner optimizer and pass it here instead: "
-            f"LossScaleOptimizer(inner, loss_scale={inner.loss_scale_factor!r})."
-        )
+        inner = type(self.inner_optimizer).__name__
+        return f"<lossscale.keras.LossScaleOptimizer {self.name!r} {self._policy!r} inner={inner}>"

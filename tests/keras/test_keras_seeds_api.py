@@ -1,0 +1,127 @@
+"""The seeds' remaining methods and signatures, the tf-keras behaviours of issue 19 item 8, and one record for
+config, pickling and deepcopy (issue 23 defect 2). Every backend unless marked."""
+
+from __future__ import annotations
+
+import copy
+import pickle
+from dataclasses import dataclass
+
+import keras
+import numpy as np
+import pytest
+from keras import ops
+from kutil import BACKEND, grad_for, numbers
+
+import lossscale
+import lossscale.keras as lsk
+
+
+def built(**kwargs):
+    opt = lsk.LossScaleOptimizer(keras.optimizers.Adam(0.1), **kwargs)
+    w = keras.Variable(np.ones(2, np.float32), name="w")
+    opt.build([w])
+    return opt, w
+
+
+def test_apply_gradients_takes_the_seeds_signature():
+    opt, w = built(initial_scale=4.0)
+    g = ops.convert_to_tensor(np.array([4.0, 8.0], np.float32))
+    iterations = opt.apply_gradients([(g, w)], name="step", experimental_aggregate_gradients=False)
+    assert int(iterations) == 1
+    # One Adam step from gradients [1, 2] (the given ones divided by the scale 4): each weight moves by lr.
+    np.testing.assert_allclose(ops.convert_to_numpy(w), [0.9, 0.9], rtol=1e-5)
+
+
+def test_slots_map_onto_keras3_variables():
+    opt, w = built()
+    assert opt.get_slot_names() == ["momentum", "velocity"]
+    opt.apply([ops.convert_to_tensor(np.array([1.0, 2.0], np.float32) * float(opt.loss_scale))], [w])
+    m = opt.get_slot(w, "m")  # tf-keras's name
+    assert m is opt.get_slot(w, "momentum")  # Keras 3's
+    np.testing.assert_allclose(ops.convert_to_numpy(m), [0.1, 0.2], rtol=1e-5)  # (1 - beta_1) * g
+    with pytest.raises(KeyError, match="get_slot_names"):
+        opt.get_slot(w, "nope")
+    extra = opt.add_slot(w, "mine")
+    assert opt.add_slot(w, "mine") is extra and extra.shape == (2,)
+    assert opt.add_slot(w, "v") is opt.get_slot(w, "velocity")
+
+
+def test_get_gradients_is_tensorflow_graph_mode_only():
+    opt, w = built(initial_scale=8.0)
+    if BACKEND != "tensorflow":
+        with pytest.raises(NotImplementedError, match="apply\\(grads, variables\\)"):
+            opt.get_gradients(ops.sum(w), [w])
+        return
+    import tensorflow as tf
+
+    with pytest.raises(RuntimeError, match="tf.function"):
+        opt.get_gradients(ops.sum(w), [w])
+    grads = tf.function(lambda: opt.get_gradients(lambda: tf.reduce_sum(w * w), [w]))()
+    np.testing.assert_array_equal(grads[0].numpy(), [2.0, 2.0])
+
+
+def test_inner_settings_read_and_write_through_the_wrapper():
+    inner = keras.optimizers.Adam(0.1, clipnorm=2.0)
+    opt = lsk.LossScaleOptimizer(inner)
+    assert opt.clipnorm == 2.0 and opt.use_ema is False
+    opt.use_ema = True
+    opt.weight_decay = 0.01
+    assert inner.use_ema is True and inner.weight_decay == 0.01
+    w = keras.Variable(np.ones(2, np.float32))
+    opt.build([w])
+    assert any("average" in v.name for v in inner.variables)  # the inner built its EMA
+
+
+@pytest.mark.parametrize("arg", ["clipnorm", "weight_decay", "use_ema", "global_clipnorm", "loss_scale_factor"])
+def test_base_optimizer_arguments_are_refused_naming_inner_optimizer(arg):
+    with pytest.raises(ValueError, match=f"{arg}=.*inner_optimizer"):
+        lsk.LossScaleOptimizer(keras.optimizers.SGD(0.1), **{arg: 1.0 if arg != "use_ema" else True})
+    with pytest.raises(TypeError, match="unexpected keyword arguments: bogus"):
+        lsk.LossScaleOptimizer(keras.optimizers.SGD(0.1), bogus=1)
+
+
+def test_an_inner_optimizer_has_one_wrapper():
+    inner = keras.optimizers.SGD(0.1)
+    first = lsk.LossScaleOptimizer(inner)
+    with pytest.raises(ValueError, match="already wrapped by another LossScaleOptimizer"):
+        lsk.LossScaleOptimizer(inner)
+    del first
+    lsk.LossScaleOptimizer(inner)  # the first wrapper is gone
+
+
+@dataclass(frozen=True)
+class Quartering(lossscale.DynamicLossScale):
+    """A LossScale subclass of the user's own (found only through custom_objects)."""
+
+
+def test_from_config_resolves_a_custom_loss_scale_through_custom_objects():
+    opt = lsk.LossScaleOptimizer(keras.optimizers.SGD(0.1), Quartering(64.0, 3))
+    config = opt.get_config()
+    with pytest.raises(ValueError, match="custom_objects"):
+        lsk.LossScaleOptimizer.from_config(config)
+    again = lsk.LossScaleOptimizer.from_config(config, custom_objects={"Quartering": Quartering})
+    assert again.loss_scale_policy == Quartering(64.0, 3)
+
+
+@pytest.mark.parametrize("how", ["pickle", "deepcopy"])
+def test_pickle_and_deepcopy_go_through_config_and_values(how):
+    opt, w = built(loss_scale=Quartering(64.0, 3), max_consecutive_skips=5)
+    opt.apply([ops.convert_to_tensor(grad_for(False))], [w])
+    opt.apply([ops.convert_to_tensor(grad_for(True))], [w])
+    clone = pickle.loads(pickle.dumps(opt)) if how == "pickle" else copy.deepcopy(opt)
+    assert clone.loss_scale_policy == Quartering(64.0, 3) and clone.get_config() == opt.get_config()
+    assert clone.inner_optimizer is not opt.inner_optimizer
+    w2 = keras.Variable(np.ones(2, np.float32))
+    clone.build([w2])
+    assert numbers(clone) == numbers(opt) == (32.0, 1, 0, 1, 0)
+    for mine, theirs in zip(clone.variables, opt.variables):
+        np.testing.assert_array_equal(ops.convert_to_numpy(mine), ops.convert_to_numpy(theirs))
+
+
+def test_stall_guard_raises_lossscale_error_from_an_eager_apply():
+    opt, w = built(max_consecutive_skips=2)
+    bad = ops.convert_to_tensor(grad_for(False))
+    opt.apply([bad], [w])
+    with pytest.raises(lossscale.LossScaleError, match="2 steps in a row"):
+        opt.apply([bad], [w])
