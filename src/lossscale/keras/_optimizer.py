@@ -11,7 +11,7 @@ import keras
 from .. import LossScale
 from .._resolve import stable_form
 from . import _tf_methods
-from ._args import refuse_stats_every, resolve_policy
+from ._args import resolve_policy
 from ._compat import HIDDEN_FROM_DIR, checkpoint_children, checkpoint_node, no_automatic_dependency_tracking
 from ._config import read_config, restore, values_record, write_config
 from ._distribute import in_replica_of_strategy, replica_apply
@@ -58,7 +58,7 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         inner_optimizer: the ``keras.optimizers.Optimizer`` instance to wrap.
         loss_scale: the experimental form: a number (fixed), ``"dynamic"``, a
             :class:`lossscale.LossScale` (contrib's managers included) or its
-            ``lossscale.serialize`` dict; not ``"auto"`` (torch and JAX only).
+            ``lossscale.serialize`` dict.
         dynamic, initial_scale, dynamic_growth_steps: the stable form
             (default: dynamic, 2**15, 2000).
         min_loss_scale, max_loss_scale, hysteresis: refine the stable form's
@@ -97,7 +97,6 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         name: str | None = None,
         **kwargs: Any,
     ) -> None:
-        refuse_stats_every(kwargs.pop("stats_every", None))  # torch's and JAX's keyword; None is portable
         refuse_base_arguments(kwargs)
         check_inner(inner_optimizer)
         policy = resolve_policy(
