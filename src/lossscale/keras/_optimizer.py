@@ -9,6 +9,7 @@ from typing import Any
 import keras
 
 from .. import LossScale
+from .._auto import AutoLossScale
 from .._resolve import stable_form
 from . import _tf_methods
 from ._args import resolve_policy
@@ -20,6 +21,7 @@ from ._inner import check_inner, claim, forward_inner_settings, refuse_base_argu
 from ._loaded import check_store, guard_restores
 from ._observer import StepObserver
 from ._state import ScaleState
+from ._stats import StatsVariables, check_stats_every
 from ._step import apply_step, check_apply_args, check_stateless_args, jax_apply, stateless_step
 
 __all__ = ["LossScaleOptimizer"]
@@ -68,6 +70,10 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             this many skipped steps in a row (default None: never).
         history: True or a :class:`lossscale.History` to record each step's
             scale and skip flag.
+        stats_every: measure the scaled gradients every ``N``-th apply
+            (default None: never; 1 with ``loss_scale="auto"``), read as
+            :attr:`gradient_stats`; ``lossscale.AutoLossScale`` sets the
+            scale from them (see docs/gradient_stats.md).
         name: the optimizer's name.
 
     Base-optimizer settings (``clipnorm``, ``use_ema``, ...) are the inner
@@ -94,6 +100,7 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         hysteresis: int | None = None,
         max_consecutive_skips: int | None = None,
         history: Any = None,
+        stats_every: int | None = None,
         name: str | None = None,
         **kwargs: Any,
     ) -> None:
@@ -109,12 +116,14 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             hysteresis=hysteresis,
         )
         observer = StepObserver(history, max_consecutive_skips)
+        every = check_stats_every(stats_every, policy)
         # Keras' own __init__ rejects dynamic=False and takes no policy: initialise its base instead.
         super(keras.optimizers.LossScaleOptimizer, self).__init__(learning_rate=0.0, name=name)
         claim(inner_optimizer, self)
         self.inner_optimizer = inner_optimizer
         self._policy = policy
         self._scale = ScaleState(policy.rule_params(), observer)
+        self._scale.stats = None if every is None else StatsVariables(every, policy)
         self._stage = UnscaleStage()
         self._jax_steps: dict[bool, Any] = {}
         self._pending: dict[str, Any] | None = None  # variable values restored before build (pickle, deepcopy)
@@ -151,6 +160,21 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
     last_step_skipped = _state("last_step_skipped", "Whether the last step was skipped, a 0-d bool tensor.")
 
     @property
+    def stats_every(self) -> int | None:
+        """Measure the gradients every N-th apply (None: off)."""
+        return None if self._scale.stats is None else self._scale.stats.every
+
+    @property
+    def gradient_stats(self) -> dict[str, Any] | None:
+        """The latest sample of ``stats_every`` (None when off or before build): 0-d and ``(T,)`` tensors.
+
+        Keys ``step`` (-1 before the first sample), ``amax``, ``headroom_bits``,
+        ``zero_fraction``, ``subnormal_fraction``, ``rms_min`` and ``per_tensor``
+        (``names``: the variables' paths). No copy, no host sync.
+        """
+        return None if self._scale.stats is None else self._scale.stats.mapping()
+
+    @property
     def history(self) -> Any:
         """The :class:`lossscale.History` being recorded, or None."""
         return self._scale.observer.history
@@ -162,6 +186,8 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         # Keras' own class names its first two variables as attributes; kept for code that reads them.
         variables = self._scale.build(self.add_variable)
         self.dynamic_scale, self.step_counter = variables[:2]
+        if self._scale.stats is not None and not self._scale.stats.built:
+            self._scale.stats.build(self.add_variable, list(var_list))
         if self._checkpoint_node is not None:
             for variable in variables:
                 setattr(self._checkpoint_node, variable.name, variable)
@@ -248,6 +274,11 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             own, trainable = self._variables, self._trainable_variables
             jax_apply(self._scale, self.inner_optimizer, own, trainable, self._jax_steps, grads, variables, already)
         elif backend == "tensorflow" and in_replica_of_strategy():
+            if self._scale.stats is not None:
+                raise ValueError(
+                    "stats_every (and loss_scale='auto') is not supported under tf.distribute yet: train without "
+                    "a strategy, or on the JAX backend, or drop stats_every/loss_scale='auto'."
+                )
             replica_apply(self._scale, self.inner_optimizer, grads, variables, already, aggregate)
         else:
             apply_step(self._scale, self.inner_optimizer, grads, variables, already)
@@ -314,7 +345,12 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
     def get_config(self) -> dict[str, Any]:
         """tf-keras's keys (``inner_optimizer``, ``dynamic``, ``initial_scale``, ``dynamic_growth_steps``) and ours."""
         limit = self._scale.observer.max_consecutive_skips
-        return write_config(self.name, self.inner_optimizer, self._policy, limit)
+        config = write_config(self.name, self.inner_optimizer, self._policy, limit)
+        if self._scale.stats is not None and not (
+            isinstance(self._policy, AutoLossScale) and self._scale.stats.every == 1
+        ):
+            config["stats_every"] = self._scale.stats.every
+        return config
 
     @classmethod
     def from_config(cls, config: dict[str, Any], custom_objects: Any = None) -> LossScaleOptimizer:
