@@ -115,7 +115,7 @@ class StatsVariables:
 
         ``grads`` are the scaled gradients of ``variables`` (unscaled when ``already``: measured as ``g * S``).
         """
-        count = ops.convert_to_tensor(self.count)
+        count = _read(self.count)  # a copy: the sample keeps it as its step while the counter moves on
         sampled = ops.equal(ops.mod(count, self.every), 0)
         previous = tuple(_read(v) for v in self.sample)
         slots: list[Any] = [None] * len(self.names)
