@@ -302,3 +302,35 @@ def test_deepcopy_carries_the_sample_and_the_auto_state():
     for a, b in zip(opt.variables, twin.variables):
         np.testing.assert_array_equal(ops.convert_to_numpy(a), ops.convert_to_numpy(b))
     assert int(host(twin.gradient_stats)["step"]) == 0
+
+
+def test_keras_file_round_trip_keeps_the_sample_and_the_auto_state(tmp_path, mixed_float16):
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2, dtype="float32")])
+    opt = lsk.LossScaleOptimizer(keras.optimizers.SGD(1e-3), lossscale.AutoLossScale(2.0**30), stats_every=2)
+    model.compile(optimizer=opt, loss="mse")
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((16, 4)).astype(np.float32), rng.standard_normal((16, 2)).astype(np.float32)
+    model.fit(x, y, batch_size=4, epochs=1, verbose=0)
+    assert scale_of(opt) < 2.0**30  # the auto state moved (gradients of about 1 overflow float16 at 2**30)
+    model.save(tmp_path / "m.keras")
+    loaded = keras.saving.load_model(tmp_path / "m.keras")
+    again = loaded.optimizer
+    assert isinstance(again, lsk.LossScaleOptimizer) and again.stats_every == 2
+    assert again.loss_scale_policy == opt.loss_scale_policy
+    assert [v.name for v in again.variables] == [v.name for v in opt.variables]
+    for a, b in zip(opt.variables, again.variables):
+        np.testing.assert_array_equal(ops.convert_to_numpy(a), ops.convert_to_numpy(b))
+
+
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="tf.distribute")
+def test_tf_distribute_is_refused_with_a_clear_error():
+    import tensorflow as tf
+
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+    with strategy.scope():
+        w = keras.Variable(np.zeros(2, np.float32))
+        opt = lsk.LossScaleOptimizer(keras.optimizers.SGD(0.1), stats_every=2)
+        opt.build([w])
+    with pytest.raises(ValueError, match="stats_every .* is not supported under tf.distribute"):
+        strategy.run(lambda: opt.apply([tf.ones(2)], [w]))
