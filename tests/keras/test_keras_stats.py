@@ -334,3 +334,21 @@ def test_tf_distribute_is_refused_with_a_clear_error():
         opt.build([w])
     with pytest.raises(ValueError, match="stats_every .* is not supported under tf.distribute"):
         strategy.run(lambda: opt.apply([tf.ones(2)], [w]))
+
+
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="tf.train.Checkpoint")
+def test_tf_checkpoint_restores_the_sample_and_the_auto_state(tmp_path):
+    import tensorflow as tf
+
+    ws = variables()
+    opt = lsk.LossScaleOptimizer(keras.optimizers.SGD(0.0), lossscale.AutoLossScale(1.0), stats_every=2)
+    step = driver(opt, ws, compiled=False)
+    for _ in range(3):
+        step([g * np.float32(scale_of(opt)) for g in true_grads()])
+    path = tf.train.Checkpoint(optimizer=opt).save(str(tmp_path / "ckpt"))
+    twin = lsk.LossScaleOptimizer(keras.optimizers.SGD(0.0), lossscale.AutoLossScale(1.0), stats_every=2)
+    twin.build(ws)
+    tf.train.Checkpoint(optimizer=twin).restore(path).assert_existing_objects_matched()
+    assert scale_of(twin) == scale_of(opt) != 1.0
+    for a, b in zip(opt.variables, twin.variables):
+        np.testing.assert_array_equal(ops.convert_to_numpy(a), ops.convert_to_numpy(b))

@@ -187,7 +187,7 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         variables = self._scale.build(self.add_variable)
         self.dynamic_scale, self.step_counter = variables[:2]
         if self._scale.stats is not None and not self._scale.stats.built:
-            self._scale.stats.build(self.add_variable, list(var_list))
+            variables = variables + self._scale.stats.build(self.add_variable, list(var_list))
         if self._checkpoint_node is not None:
             for variable in variables:
                 setattr(self._checkpoint_node, variable.name, variable)
