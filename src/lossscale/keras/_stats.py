@@ -42,7 +42,7 @@ from ._xp import namespace, unwrap, wrap
 
 __all__ = ["StatsVariables", "check_stats_every"]
 
-Measured = tuple[GradientStats, Any]
+Measured = tuple[GradientStats | None, Any]
 
 
 def check_stats_every(stats_every: Any, policy: LossScale) -> int | None:
@@ -117,7 +117,6 @@ class StatsVariables:
         """
         count = _read(self.count)  # a copy: the sample keeps it as its step while the counter moves on
         sampled = ops.equal(ops.mod(count, self.every), 0)
-        previous = tuple(_read(v) for v in self.sample)
         slots: list[Any] = [None] * len(self.names)
         for g, v in zip(grads, variables):
             index = self._ids.get(id(v))
@@ -143,14 +142,18 @@ class StatsVariables:
             return tuple(unwrap(x) for x in summarize(sums, sizes, wrap(count), xp))
 
         if self.every == 1:
-            values = take()
-        else:
-            values = ops.cond(sampled, take, lambda: previous)
+            return GradientStats(*take()), sampled
+        if keras.backend.backend() == "torch":  # eager: the branch is a Python ``if`` anyway; None = not sampled
+            return (GradientStats(*take()) if bool(sampled) else None), sampled
+        values = ops.cond(sampled, take, lambda: tuple(_read(v) for v in self.sample))
         return GradientStats(*values), sampled
 
     def advance(self, params: Any, state: LossScaleState, finite: Any, measured: Measured) -> LossScaleState:
         """The new scale state (the auto rule with ``AutoLossScale``, else the TF rule); assigns the statistics."""
         sample, sampled = measured
+        kept = sample is None  # torch, unsampled: the variables keep the previous sample, unwritten
+        if kept:
+            sample = GradientStats(*(ops.convert_to_tensor(v) for v in self.sample))
         if self.auto_policy is not None:
             xp = namespace()
             auto = AutoState(*(wrap(_read(v)) for v in self.auto))
@@ -168,8 +171,9 @@ class StatsVariables:
                 variable.assign(unwrap(value))
         else:
             new = advance(params, state, finite)
-        for variable, value in zip(self.sample, sample):
-            variable.assign(value)
+        if not kept:
+            for variable, value in zip(self.sample, sample):
+                variable.assign(value)
         count = ops.convert_to_tensor(self.count)
         self.count.assign(ops.where(ops.less(count, 2**31 - 1), ops.add(count, 1), count))
         return new
