@@ -21,6 +21,10 @@ Cost on a sampled step: one read pass over each gradient (four reductions,
 the core's), about 15 ops per tensor plus 60 scalar ops. Unsampled: the
 ``cond`` and about 10 scalar ops. With gradients already unscaled by
 ``get_unscaled_gradients``, one more multiply per element (``g * S``).
+Measured (``benchmarks/bench_keras_stats.py``, 1M-parameter MLP, Adam,
+``mixed_float16``, loaded 2-core VM): ``stats_every=1`` makes the whole
+``train_on_batch`` step 1.32x (JAX), 1.23x (TF), 1.34-1.46x (torch) as
+long; ``stats_every=16`` 1.01-1.08x, 1.01-1.03x, 1.13x.
 """
 
 from __future__ import annotations
