@@ -352,3 +352,23 @@ def test_tf_checkpoint_restores_the_sample_and_the_auto_state(tmp_path):
     assert scale_of(twin) == scale_of(opt) != 1.0
     for a, b in zip(opt.variables, twin.variables):
         np.testing.assert_array_equal(ops.convert_to_numpy(a), ops.convert_to_numpy(b))
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_history_records_the_samples_as_columns(compiled):
+    opt = lsk.LossScaleOptimizer(keras.optimizers.SGD(0.0), stats_every=2, history=True)
+    step = driver(opt, variables(), compiled)
+    for i in range(4):
+        step(known_grads(2.0**i))
+    if BACKEND == "jax":
+        import jax
+
+        jax.effects_barrier()
+    history = opt.history
+    assert len(history) == 4 and history.has_stats
+    zero = history.stat("zero_fraction")
+    headroom = history.stat("headroom_bits")
+    assert np.isnan(zero[[1, 3]]).all()
+    np.testing.assert_allclose(zero[[0, 2]], float(np.float32(3 / 7)), rtol=1e-6)
+    expected = [float(gradient_stats(known_grads(2.0**i), np).headroom_bits) for i in (0, 2)]
+    np.testing.assert_allclose(headroom[[0, 2]], expected, rtol=1e-6)

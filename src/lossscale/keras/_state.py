@@ -146,5 +146,6 @@ class ScaleState:
         for variable, value, moving in zip(self.variables, new, self._moving()):
             if moving:
                 variable.assign(value)
-        self.observer.observe(state.loss_scale, finite, new.consecutive_skips, new.loss_scale)
+        stats = () if measured is None or self.observer.history is None else self.stats.columns(measured)
+        self.observer.observe(state.loss_scale, finite, new.consecutive_skips, new.loss_scale, stats)
         return new

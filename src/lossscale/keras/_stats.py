@@ -154,10 +154,9 @@ class StatsVariables:
 
     def advance(self, params: Any, state: LossScaleState, finite: Any, measured: Measured) -> LossScaleState:
         """The new scale state (the auto rule with ``AutoLossScale``, else the TF rule); assigns the statistics."""
-        sample, sampled = measured
-        kept = sample is None  # torch, unsampled: the variables keep the previous sample, unwritten
-        if kept:
-            sample = GradientStats(*(ops.convert_to_tensor(v) for v in self.sample))
+        given, sampled = measured
+        kept = given is None  # torch, unsampled: the variables keep the previous sample, unwritten
+        sample = GradientStats(*(ops.convert_to_tensor(v) for v in self.sample)) if given is None else given
         if self.auto_policy is not None:
             xp = namespace()
             auto = AutoState(*(wrap(_read(v)) for v in self.auto))
@@ -181,6 +180,13 @@ class StatsVariables:
         count = ops.convert_to_tensor(self.count)
         self.count.assign(ops.where(ops.less(count, 2**31 - 1), ops.add(count, 1), count))
         return new
+
+    def columns(self, measured: Measured) -> tuple[Any, ...]:
+        """``(sampled, headroom_bits, zero_fraction, subnormal_fraction)`` for the History's stats columns."""
+        sample, sampled = measured
+        if sample is None:  # torch, unsampled
+            return (sampled,)
+        return (sampled, sample.headroom_bits, sample.zero_fraction, sample.subnormal_fraction)
 
     def mapping(self) -> dict[str, Any] | None:
         """``gradient_stats``: the latest sample as :func:`lossscale._stats.as_mapping` (None until built).

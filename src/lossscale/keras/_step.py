@@ -59,7 +59,7 @@ def apply_step(state: ScaleState, inner: Any, grads: list[Any], variables: list[
             taken = bool(finite)
             if taken:
                 inner.apply(unscaled, variables)
-            if measured is None:
+            if before is None:
                 state.finish_host(state.read_host(), taken)
             else:
                 state.finish(before, finite, measured)
