@@ -30,14 +30,13 @@ long; ``stats_every=16`` 1.01-1.08x, 1.01-1.03x, 1.13x.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from numbers import Integral
 from typing import Any
 
 import keras
 import numpy as np
 from keras import ops
 
-from .._auto import AutoLossScale, AutoState, initial_auto_state, next_auto_state
+from .._auto import AutoLossScale, AutoState, check_stats_every, initial_auto_state, next_auto_state
 from .._policy import LossScale
 from .._rule import LossScaleState
 from .._stats import GradientStats, as_mapping, empty_stats, summarize, tensor_sums
@@ -47,20 +46,6 @@ from ._xp import namespace, unwrap, wrap
 __all__ = ["StatsVariables", "check_stats_every"]
 
 Measured = tuple[GradientStats | None, Any]
-
-
-def check_stats_every(stats_every: Any, policy: LossScale) -> int | None:
-    """``stats_every`` validated (None or an int >= 1); 1 for ``AutoLossScale`` when not given.
-
-    The same errors as the torch and JAX bindings.
-    """
-    if stats_every is None:
-        return 1 if isinstance(policy, AutoLossScale) else None
-    if isinstance(stats_every, bool) or not isinstance(stats_every, Integral):
-        raise TypeError(f"stats_every must be an int (measure every N-th step) or None (off), got {stats_every!r}.")
-    if stats_every < 1:
-        raise ValueError(f"stats_every must be at least 1 (or None to measure nothing), got {stats_every}.")
-    return int(stats_every)
 
 
 def _read(variable: Any) -> Any:
