@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import KW_ONLY, dataclass, fields
+from numbers import Integral
 from typing import Any, NamedTuple
 
 from . import _numbers as _n
@@ -18,7 +19,7 @@ from ._policy import LossScale, RuleParams, _set
 from ._rule import LossScaleState, _finite_flag, next_skip_counters
 from ._stats import LOG2_FLOAT16_MAX, GradientStats
 
-__all__ = ["AutoLossScale", "AutoState", "initial_auto_state", "next_auto_state"]
+__all__ = ["AutoLossScale", "AutoState", "check_stats_every", "initial_auto_state", "next_auto_state"]
 
 #: log2 of float16's smallest normal.
 _LOG2_TINY = -14.0
@@ -270,3 +271,18 @@ def next_auto_state(
             hi=hi,
         ),
     )
+
+
+def check_stats_every(stats_every: Any, policy: LossScale) -> int | None:
+    """``stats_every`` validated (None or an int >= 1): every binding's one check; 1 for ``AutoLossScale`` when not given.
+
+    >>> check_stats_every(None, AutoLossScale()), check_stats_every(16, AutoLossScale())
+    (1, 16)
+    """
+    if stats_every is None:
+        return 1 if isinstance(policy, AutoLossScale) else None
+    if isinstance(stats_every, bool) or not isinstance(stats_every, Integral):
+        raise TypeError(f"stats_every must be an int (measure every N-th step) or None (off), got {stats_every!r}.")
+    if stats_every < 1:
+        raise ValueError(f"stats_every must be at least 1 (or None to measure nothing), got {stats_every}.")
+    return int(stats_every)

@@ -14,10 +14,9 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 
-from .._auto import AutoLossScale, AutoState, initial_auto_state, next_auto_state
+from .._auto import AutoLossScale, AutoState, check_stats_every, initial_auto_state, next_auto_state
 from .._policy import LossScale
 from .._rule import LossScaleState, next_state
 from .._stats import GradientStats, as_mapping, empty_stats, gradient_stats, summarize
@@ -37,17 +36,6 @@ class StatsState(NamedTuple):
     count: Any
     sample: GradientStats
     auto: AutoState | None
-
-
-def check_stats_every(stats_every: Any, policy: LossScale) -> int | None:
-    """``stats_every`` validated (None or an int >= 1); 1 for ``AutoLossScale`` when not given."""
-    if stats_every is None:
-        return 1 if isinstance(policy, AutoLossScale) else None
-    if isinstance(stats_every, bool) or not isinstance(stats_every, (int, np.integer)):
-        raise TypeError(f"stats_every must be an int (measure every N-th step) or None (off), got {stats_every!r}.")
-    if stats_every < 1:
-        raise ValueError(f"stats_every must be at least 1 (or None to measure nothing), got {stats_every}.")
-    return int(stats_every)
 
 
 def init_stats(policy: LossScale, params: Any) -> StatsState:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import AutoLossScale, DynamicLossScale, FixedLossScale, LossScale, resolve_loss_scale, serialize
+from .. import DynamicLossScale, FixedLossScale, LossScale, resolve_loss_scale, serialize
 
-__all__ = ["policy_config", "refuse_stats_every", "resolve_policy"]
+__all__ = ["policy_config", "resolve_policy"]
 
 _EXTRAS = ("min_loss_scale", "max_loss_scale", "hysteresis")
 
@@ -26,31 +26,10 @@ def resolve_policy(
     >>> resolve_policy(dynamic_growth_steps=500, min_loss_scale=0.5) == DynamicLossScale(2**15, 500, min_loss_scale=0.5)
     True
     """
-    policy = resolve_loss_scale(
+    return resolve_loss_scale(
         loss_scale, dynamic=dynamic, initial_scale=initial_scale, dynamic_growth_steps=dynamic_growth_steps,
         min_loss_scale=min_loss_scale, max_loss_scale=max_loss_scale, hysteresis=hysteresis,
     )
-    if isinstance(policy, AutoLossScale):  # a valid policy, just not one this binding runs: ValueError
-        raise ValueError(  # noqa: TRY004
-            f"loss_scale={loss_scale!r} (lossscale.AutoLossScale, experimental) is not supported by the Keras "
-            "binding: it sets the scale from sampled gradient statistics, which only lossscale.torch "
-            "(LossScaleOptimizer) and lossscale.jax (loss_scale_optimizer) measure. On Keras use the default dynamic "
-            'rule: drop loss_scale= (or pass loss_scale="dynamic").'
-        )
-    return policy
-
-
-def refuse_stats_every(stats_every: Any) -> None:
-    """Raises for ``stats_every`` other than None: the Keras binding samples no gradient statistics (yet).
-
-    >>> refuse_stats_every(None)
-    """
-    if stats_every is not None:
-        raise ValueError(
-            f"stats_every={stats_every!r} is not supported by the Keras binding: sampled gradient statistics are "
-            "measured by lossscale.torch (LossScaleOptimizer, GradScaler) and lossscale.jax (loss_scale_optimizer) "
-            "only (docs/gradient_stats.md). Drop stats_every= (or pass None) on Keras."
-        )
 
 
 def _stable(policy: LossScale) -> dict[str, Any] | None:

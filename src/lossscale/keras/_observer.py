@@ -85,24 +85,27 @@ class StepObserver:
         if self.history is not None and not is_symbolic(loss) and int(np.prod(getattr(loss, "shape", ()))) == 1:
             self._loss = ops.stop_gradient(loss)
 
-    def observe(self, scale_used: Any, finite: Any, consecutive_skips: Any, new_scale: Any) -> None:
+    def observe(
+        self, scale_used: Any, finite: Any, consecutive_skips: Any, new_scale: Any, stats: tuple[Any, ...] = ()
+    ) -> None:
         """Called once per step with the scale the step used, its finite flag and the new state.
 
         Two host calls: the record (never raises) and the guard (stateless, so
         that on several JAX devices each device's copy can run it and raise
         together instead of leaving the others waiting in a collective).
         """
-        if self.history is not None:
-            on_host(self._record, scale_used, finite)
+        if self.history is not None:  # ``stats``: (sampled, headroom_bits, zero_fraction, subnormal_fraction)
+            on_host(self._record, scale_used, finite, *stats)
         if self.max_consecutive_skips is not None:
             on_host(self._guard, consecutive_skips, new_scale, every_device=True)
 
-    def _record(self, scale_used: Any, finite: Any) -> None:
+    def _record(self, scale_used: Any, finite: Any, sampled: Any = False, *stats: Any) -> None:
         step, self._step = self._step, self._step + 1
         loss, self._loss = self._loss, None
         loss_value = None if loss is None else float(np.asarray(ops.convert_to_numpy(loss), np.float64).reshape(()))
         if self.history is not None:
-            self.history.append(step, float(scale_used), not bool(finite), loss_value)
+            columns = dict(zip(("headroom_bits", "zero_fraction", "subnormal_fraction"), map(float, stats)))
+            self.history.append(step, float(scale_used), not bool(finite), loss_value, columns if sampled else None)
 
     def _guard(self, consecutive_skips: Any, new_scale: Any) -> None:
         limit = self.max_consecutive_skips

@@ -9,9 +9,10 @@ from typing import Any
 import keras
 
 from .. import LossScale
+from .._auto import AutoLossScale
 from .._resolve import stable_form
 from . import _tf_methods
-from ._args import refuse_stats_every, resolve_policy
+from ._args import resolve_policy
 from ._compat import HIDDEN_FROM_DIR, checkpoint_children, checkpoint_node, no_automatic_dependency_tracking
 from ._config import read_config, restore, values_record, write_config
 from ._distribute import in_replica_of_strategy, replica_apply
@@ -20,6 +21,7 @@ from ._inner import check_inner, claim, forward_inner_settings, refuse_base_argu
 from ._loaded import check_store, guard_restores
 from ._observer import StepObserver
 from ._state import ScaleState
+from ._stats import StatsVariables, check_stats_every
 from ._step import apply_step, check_apply_args, check_stateless_args, jax_apply, stateless_step
 
 __all__ = ["LossScaleOptimizer"]
@@ -58,7 +60,7 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         inner_optimizer: the ``keras.optimizers.Optimizer`` instance to wrap.
         loss_scale: the experimental form: a number (fixed), ``"dynamic"``, a
             :class:`lossscale.LossScale` (contrib's managers included) or its
-            ``lossscale.serialize`` dict; not ``"auto"`` (torch and JAX only).
+            ``lossscale.serialize`` dict.
         dynamic, initial_scale, dynamic_growth_steps: the stable form
             (default: dynamic, 2**15, 2000).
         min_loss_scale, max_loss_scale, hysteresis: refine the stable form's
@@ -68,6 +70,10 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             this many skipped steps in a row (default None: never).
         history: True or a :class:`lossscale.History` to record each step's
             scale and skip flag.
+        stats_every: measure the scaled gradients every ``N``-th apply
+            (default None: never; 1 with ``loss_scale="auto"``), read as
+            :attr:`gradient_stats`; ``lossscale.AutoLossScale`` sets the
+            scale from them (see docs/gradient_stats.md).
         name: the optimizer's name.
 
     Base-optimizer settings (``clipnorm``, ``use_ema``, ...) are the inner
@@ -94,10 +100,10 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         hysteresis: int | None = None,
         max_consecutive_skips: int | None = None,
         history: Any = None,
+        stats_every: int | None = None,
         name: str | None = None,
         **kwargs: Any,
     ) -> None:
-        refuse_stats_every(kwargs.pop("stats_every", None))  # torch's and JAX's keyword; None is portable
         refuse_base_arguments(kwargs)
         check_inner(inner_optimizer)
         policy = resolve_policy(
@@ -110,12 +116,14 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             hysteresis=hysteresis,
         )
         observer = StepObserver(history, max_consecutive_skips)
+        every = check_stats_every(stats_every, policy)
         # Keras' own __init__ rejects dynamic=False and takes no policy: initialise its base instead.
         super(keras.optimizers.LossScaleOptimizer, self).__init__(learning_rate=0.0, name=name)
         claim(inner_optimizer, self)
         self.inner_optimizer = inner_optimizer
         self._policy = policy
         self._scale = ScaleState(policy.rule_params(), observer)
+        self._scale.stats = None if every is None else StatsVariables(every, policy)
         self._stage = UnscaleStage()
         self._jax_steps: dict[bool, Any] = {}
         self._pending: dict[str, Any] | None = None  # variable values restored before build (pickle, deepcopy)
@@ -152,6 +160,21 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
     last_step_skipped = _state("last_step_skipped", "Whether the last step was skipped, a 0-d bool tensor.")
 
     @property
+    def stats_every(self) -> int | None:
+        """Measure the gradients every N-th apply (None: off)."""
+        return None if self._scale.stats is None else self._scale.stats.every
+
+    @property
+    def gradient_stats(self) -> dict[str, Any] | None:
+        """The latest sample of ``stats_every`` (None when off or before build): 0-d and ``(T,)`` tensors.
+
+        Keys ``step`` (-1 before the first sample), ``amax``, ``headroom_bits``,
+        ``zero_fraction``, ``subnormal_fraction``, ``rms_min`` and ``per_tensor``
+        (``names``: the variables' paths). No copy, no host sync.
+        """
+        return None if self._scale.stats is None else self._scale.stats.mapping()
+
+    @property
     def history(self) -> Any:
         """The :class:`lossscale.History` being recorded, or None."""
         return self._scale.observer.history
@@ -163,6 +186,8 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         # Keras' own class names its first two variables as attributes; kept for code that reads them.
         variables = self._scale.build(self.add_variable)
         self.dynamic_scale, self.step_counter = variables[:2]
+        if self._scale.stats is not None and not self._scale.stats.built:
+            variables = variables + self._scale.stats.build(self.add_variable, list(var_list))
         if self._checkpoint_node is not None:
             for variable in variables:
                 setattr(self._checkpoint_node, variable.name, variable)
@@ -249,6 +274,11 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             own, trainable = self._variables, self._trainable_variables
             jax_apply(self._scale, self.inner_optimizer, own, trainable, self._jax_steps, grads, variables, already)
         elif backend == "tensorflow" and in_replica_of_strategy():
+            if self._scale.stats is not None:
+                raise ValueError(
+                    "stats_every (and loss_scale='auto') is not supported under tf.distribute yet: train without "
+                    "a strategy, or on the JAX backend, or drop stats_every/loss_scale='auto'."
+                )
             replica_apply(self._scale, self.inner_optimizer, grads, variables, already, aggregate)
         else:
             apply_step(self._scale, self.inner_optimizer, grads, variables, already)
@@ -315,7 +345,12 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
     def get_config(self) -> dict[str, Any]:
         """tf-keras's keys (``inner_optimizer``, ``dynamic``, ``initial_scale``, ``dynamic_growth_steps``) and ours."""
         limit = self._scale.observer.max_consecutive_skips
-        return write_config(self.name, self.inner_optimizer, self._policy, limit)
+        config = write_config(self.name, self.inner_optimizer, self._policy, limit)
+        if self._scale.stats is not None and not (
+            isinstance(self._policy, AutoLossScale) and self._scale.stats.every == 1
+        ):
+            config["stats_every"] = self._scale.stats.every
+        return config
 
     @classmethod
     def from_config(cls, config: dict[str, Any], custom_objects: Any = None) -> LossScaleOptimizer:

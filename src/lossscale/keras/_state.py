@@ -33,6 +33,11 @@ class ScaleState:
         self.params = params
         self.observer = observer
         self.variables: list[Any] = []
+        self.stats: Any = None  # ``stats_every``'s StatsVariables (see _stats.py), or None when off
+
+    def measure(self, grads: Any, variables: Any, scale: Any, already: bool) -> Any:
+        """``stats_every``'s sample of this step (for :meth:`finish`), or None when off."""
+        return None if self.stats is None else self.stats.measure(grads, variables, scale, already)
 
     @property
     def at_least_one(self) -> bool:
@@ -127,14 +132,20 @@ class ScaleState:
                 variable.assign(value)
         self.observer.observe(state.loss_scale, np.asarray(finite), new.consecutive_skips, new.loss_scale)
 
-    def finish(self, state: LossScaleState, finite: Any) -> LossScaleState:
+    def finish(self, state: LossScaleState, finite: Any, measured: Any = None) -> LossScaleState:
         """Advances ``state`` by the rule with ``finite``, assigns the variables and tells the observer.
 
-        Cost: about 20 scalar ops, no host sync (the observer adds one transfer when on).
+        ``measured``: :meth:`measure`'s sample; then the statistics are stored and an
+        ``AutoLossScale`` runs its own rule. Cost: about 20 scalar ops, no host sync
+        (the observer adds one transfer when on).
         """
-        new = advance(self.params, state, finite)
+        if measured is None:
+            new = advance(self.params, state, finite)
+        else:
+            new = self.stats.advance(self.params, state, finite, measured)
         for variable, value, moving in zip(self.variables, new, self._moving()):
             if moving:
                 variable.assign(value)
-        self.observer.observe(state.loss_scale, finite, new.consecutive_skips, new.loss_scale)
+        stats = () if measured is None or self.observer.history is None else self.stats.columns(measured)
+        self.observer.observe(state.loss_scale, finite, new.consecutive_skips, new.loss_scale, stats)
         return new

@@ -54,15 +54,21 @@ def apply_step(state: ScaleState, inner: Any, grads: list[Any], variables: list[
         if keras.backend.backend() == "torch":
             scale = ops.convert_to_tensor(state.variables[0])
             unscaled, finite = unscale_and_check(grads, variables, scale, already, state.at_least_one)
+            measured = state.measure(grads, variables, scale, already)
+            before = None if measured is None else state.read()
             taken = bool(finite)
             if taken:
                 inner.apply(unscaled, variables)
-            state.finish_host(state.read_host(), taken)
+            if before is None:
+                state.finish_host(state.read_host(), taken)
+            else:
+                state.finish(before, finite, measured)
             return
         current = state.read()
         unscaled, finite = unscale_and_check(grads, variables, current.loss_scale, already, state.at_least_one)
+        measured = state.measure(grads, variables, current.loss_scale, already)
         ops.cond(finite, lambda: inner.apply(unscaled, variables), lambda: None)
-        state.finish(current, finite)
+        state.finish(current, finite, measured)
 
 
 def check_apply_args(grads: list[Any], given: Sequence[Any] | None, built: bool, trainable: Sequence[Any]) -> list[Any]:
@@ -121,7 +127,8 @@ def stateless_step(
     with keras.StatelessScope(state_mapping=mapping) as scope:
         current = state.read()
         _, finite = unscale_and_check(grads, trainable_variables, current.loss_scale, already, state.at_least_one)
-        state.finish(current, finite)
+        measured = state.measure(grads, trainable_variables, current.loss_scale, already)
+        state.finish(current, finite, measured)
     new_own = [scope.get_current_value(v) for v in own_variables]
     inner_values = [ops.convert_to_tensor(x, v.dtype) for x, v in zip(optimizer_values[own:], inner.variables)]
     weights = [ops.convert_to_tensor(x, v.dtype) for x, v in zip(trainable_values, trainable_variables)]

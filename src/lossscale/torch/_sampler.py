@@ -20,27 +20,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
 import torch
 
-from .._auto import AutoLossScale, AutoState, initial_auto_state, next_auto_state
+from .._auto import AutoLossScale, AutoState, check_stats_every, initial_auto_state, next_auto_state
 from .._policy import LossScale
 from .._rule import LossScaleState
 from .._stats import GradientStats, as_mapping
 from ._stats import gradient_stats
 
 __all__ = ["StatsSampler", "check_stats_every", "measure_scaled", "restored_sampler", "sampler_for"]
-
-
-def check_stats_every(stats_every: Any, policy: LossScale) -> int | None:
-    """``stats_every`` validated (None or an int >= 1); 1 for ``AutoLossScale`` when not given."""
-    if stats_every is None:
-        return 1 if isinstance(policy, AutoLossScale) else None
-    if isinstance(stats_every, bool) or not isinstance(stats_every, (int, np.integer)):
-        raise TypeError(f"stats_every must be an int (measure every N-th step) or None (off), got {stats_every!r}.")
-    if stats_every < 1:
-        raise ValueError(f"stats_every must be at least 1 (or None to measure nothing), got {stats_every}.")
-    return int(stats_every)
 
 
 class StatsSampler:

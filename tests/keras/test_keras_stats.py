@@ -1,0 +1,374 @@
+"""``stats_every``, ``gradient_stats`` and ``loss_scale="auto"`` on lossscale.keras, per backend (KERAS_BACKEND).
+
+The numbers are checked against the numpy core (:mod:`lossscale._stats`, :mod:`lossscale._auto`) on the same
+gradients, eagerly and through each backend's compiled path (``tf.function``; ``stateless_apply`` under
+``jax.jit``; ``stateless_apply`` on torch).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import keras
+import numpy as np
+import pytest
+from keras import ops
+
+import lossscale
+import lossscale.keras as lsk
+from lossscale._auto import initial_auto_state, next_auto_state
+from lossscale._stats import gradient_stats
+
+BACKEND = keras.backend.backend()
+SHAPES = [(3,), (2, 2)]
+KEYS = ("amax", "headroom_bits", "zero_fraction", "subnormal_fraction", "rms_min")
+TENSOR_KEYS = ("amax", "headroom_bits", "zero_fraction", "subnormal_fraction", "rms")
+
+
+def variables():
+    return [keras.Variable(np.zeros(s, np.float32), name=f"w{i}") for i, s in enumerate(SHAPES)]
+
+
+def known_grads(factor=1.0):
+    return [
+        np.array([0.0, 1.0, 2.0**-20], np.float32) * np.float32(factor),
+        np.array([[4.0, 0.0], [0.0, 1e-3]], np.float32) * np.float32(factor),
+    ]
+
+
+def driver(opt, ws, compiled):
+    """``step(list of numpy gradients)``: one apply, eager or through the backend's compiled path."""
+    opt.build(ws)
+    if not compiled:
+        return lambda grads: opt.apply([ops.convert_to_tensor(g) for g in grads], ws)
+    if BACKEND == "tensorflow":
+        import tensorflow as tf
+
+        fn = tf.function(lambda *g: opt.apply(list(g), ws))
+        return lambda grads: fn(*(tf.constant(g) for g in grads))
+    if BACKEND == "jax":
+        import jax
+
+        fn = jax.jit(opt.stateless_apply)
+    else:
+        fn = opt.stateless_apply
+
+    def step(grads):
+        new_w, new_opt = fn([v.value for v in opt.variables], [ops.convert_to_tensor(g) for g in grads],
+                            [w.value for w in ws])
+        for variable, value in zip(list(ws) + list(opt.variables), list(new_w) + list(new_opt)):
+            variable.assign(value)
+
+    return step
+
+
+def host(stats):
+    out = {k: np.asarray(ops.convert_to_numpy(stats[k])) for k in ("step", *KEYS)}
+    out["per_tensor"] = {k: np.asarray(ops.convert_to_numpy(stats["per_tensor"][k])) for k in TENSOR_KEYS}
+    return out
+
+
+def assert_matches(stats, ref):
+    got = host(stats)
+    for key in KEYS:
+        np.testing.assert_allclose(got[key], np.asarray(getattr(ref, key)), rtol=1e-6, err_msg=key)
+    for key in TENSOR_KEYS:
+        np.testing.assert_allclose(got["per_tensor"][key], np.asarray(getattr(ref, "tensor_" + key)), rtol=1e-6,
+                                   err_msg=key)
+
+
+# ------------------------------------------------------------------ arguments
+
+
+@pytest.mark.parametrize("bad", ["3", 1.5, True])
+def test_stats_every_type_error(bad):
+    with pytest.raises(TypeError, match=r"stats_every must be an int \(measure every N-th step\) or None"):
+        lsk.LossScaleOptimizer(keras.optimizers.SGD(), stats_every=bad)
+
+
+@pytest.mark.parametrize("bad", [0, -2])
+def test_stats_every_value_error(bad):
+    with pytest.raises(ValueError, match="stats_every must be at least 1"):
+        lsk.LossScaleOptimizer(keras.optimizers.SGD(), stats_every=bad)
+
+
+def test_off_by_default_and_one_with_auto():
+    assert lsk.LossScaleOptimizer(keras.optimizers.SGD()).gradient_stats is None
+    assert lsk.LossScaleOptimizer(keras.optimizers.SGD()).stats_every is None
+    assert lsk.LossScaleOptimizer(keras.optimizers.SGD(), "auto").stats_every == 1
+    assert lsk.LossScaleOptimizer(keras.optimizers.SGD(), lossscale.AutoLossScale(), stats_every=4).stats_every == 4
+
+
+# ------------------------------------------------------------------ statistics
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_stats_equal_the_numpy_reference(compiled):
+    opt = lsk.LossScaleOptimizer(keras.optimizers.SGD(0.1), stats_every=1)
+    ws = variables()
+    step = driver(opt, ws, compiled)
+    before = host(opt.gradient_stats)
+    assert int(before["step"]) == -1 and np.isnan(before["amax"])
+    step(known_grads())
+    ref = gradient_stats(known_grads(), np)
+    assert_matches(opt.gradient_stats, ref)
+    assert opt.gradient_stats["per_tensor"]["names"] == tuple(w.path for w in ws)
+    assert float(ref.amax) == 4.0 and float(ref.zero_fraction) == float(np.float32(3 / 7))  # the reference is not trivial
+
+
+def test_stats_of_already_unscaled_gradients_are_in_scaled_units():
+    opt = lsk.LossScaleOptimizer(keras.optimizers.SGD(0.1), initial_scale=2.0**4, stats_every=1)
+    ws = variables()
+    opt.build(ws)
+    unscaled = opt.get_unscaled_gradients([ops.convert_to_tensor(g) for g in known_grads(2.0**4)])
+    opt.apply(unscaled, ws)
+    assert_matches(opt.gradient_stats, gradient_stats(known_grads(2.0**4), np))
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_sampled_only_every_n_steps(compiled):
+    opt = lsk.LossScaleOptimizer(keras.optimizers.SGD(0.0), stats_every=3)
+    step = driver(opt, variables(), compiled)
+    steps, amaxes = [], []
+    for i in range(7):
+        step(known_grads(2.0**i))
+        got = host(opt.gradient_stats)
+        steps.append(int(got["step"]))
+        amaxes.append(float(got["amax"]))
+    assert steps == [0, 0, 0, 3, 3, 3, 6]
+    assert amaxes == [4.0 * 2.0**s for s in steps]
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="jax.transfer_guard and trace counting")
+def test_jax_step_compiles_once_and_never_transfers():
+    import jax
+
+    opt = lsk.LossScaleOptimizer(keras.optimizers.SGD(0.0), stats_every=2)
+    ws = variables()
+    opt.build(ws)
+    traces = []
+
+    def pure(o, g, w):
+        traces.append(1)
+        return opt.stateless_apply(o, g, w)
+
+    fn = jax.jit(pure)
+    o, w = [v.value for v in opt.variables], [v.value for v in ws]
+    grads = [jax.device_put(g) for g in known_grads()]
+    with jax.transfer_guard("disallow"):
+        for _ in range(5):
+            w, o = fn(o, grads, w)
+    assert len(traces) == 1
+    for variable, value in zip(opt.variables, o):
+        variable.assign(value)
+    assert int(opt.gradient_stats["step"]) == 4
+
+
+@pytest.fixture
+def mixed_float16():
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    yield
+    keras.mixed_precision.set_global_policy("float32")
+
+
+@pytest.mark.parametrize("loss_scale", [None, "auto"])
+def test_fit_compiles_and_runs_with_stats_every(mixed_float16, loss_scale):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((64, 8)).astype(np.float32)
+    y = rng.standard_normal((64, 1)).astype(np.float32)
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential(
+        [keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1, dtype="float32")]
+    )
+    opt = lsk.LossScaleOptimizer(keras.optimizers.Adam(1e-3), loss_scale, stats_every=3)
+    model.compile(optimizer=opt, loss="mse")
+    assert model.optimizer is opt
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0, shuffle=False)  # 8 steps: sampled at 0, 3, 6
+    got = host(opt.gradient_stats)
+    assert int(got["step"]) == 6
+    assert 0.0 < float(got["amax"]) < 65504.0
+    np.testing.assert_allclose(got["headroom_bits"], np.log2(65504.0 / got["amax"]), rtol=1e-5)
+    assert got["per_tensor"]["amax"].shape == (4,)
+    assert float(got["amax"]) == got["per_tensor"]["amax"].max()
+    assert int(ops.convert_to_numpy(opt.iterations)) + int(ops.convert_to_numpy(opt.skipped_steps)) == 8
+
+
+# ------------------------------------------------------------------ auto
+
+
+def true_grads():
+    rng = np.random.default_rng(1)
+    return [(rng.normal(size=s) * 2.0**e).astype(np.float32) for s, e in zip(SHAPES, (-4, -22))]
+
+
+def scale_of(opt):
+    return float(ops.convert_to_numpy(opt.loss_scale))
+
+
+@pytest.mark.parametrize("start", [1.0, 2.0**30])
+def test_auto_reaches_the_target_within_two_samples(start):
+    policy = lossscale.AutoLossScale(start)
+    opt = lsk.LossScaleOptimizer(keras.optimizers.SGD(0.0), policy)
+    step = driver(opt, variables(), compiled=True)
+    scales = [scale_of(opt)]
+    for _ in range(2):
+        step([g * np.float32(scales[-1]) for g in true_grads()])
+        scales.append(scale_of(opt))
+    scaled16 = [(g * np.float32(scales[-1])).astype(np.float16) for g in true_grads()]
+    after = gradient_stats(scaled16, np)
+    assert float(after.zero_fraction) == 0.0
+    assert float(after.headroom_bits) >= policy.margin_bits
+    assert all(policy.min_loss_scale <= s <= policy.ceiling for s in scales)
+    assert scales[1] != start  # one jump, not the TF rule's doubling after 2000 steps
+    assert int(ops.convert_to_numpy(opt.skipped_steps)) == 0
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_auto_follows_the_core_rule_and_skips_on_inf_and_nan(compiled):
+    policy = lossscale.AutoLossScale(1.0)
+    opt = lsk.LossScaleOptimizer(keras.optimizers.SGD(0.5), policy)
+    ws = variables()
+    step = driver(opt, ws, compiled)
+    ref_state, ref_auto = lossscale.initial_state(policy, np), initial_auto_state(policy, np)
+    for i, bad in enumerate([None, None, np.inf, None, np.nan, None]):
+        scale = scale_of(opt)
+        grads = [g * np.float32(scale) for g in true_grads()]
+        if bad is not None:
+            grads[0][1] = bad
+        weights = [np.array(ops.convert_to_numpy(w)) for w in ws]
+        iterations = int(ops.convert_to_numpy(opt.iterations))
+        step(grads)
+        finite = np.bool_(bad is None)
+        with np.errstate(all="ignore"):
+            ref_state, ref_auto = next_auto_state(
+                policy, ref_state, ref_auto, finite, gradient_stats(grads, np, i), True, np
+            )
+        assert scale_of(opt) == float(ref_state.loss_scale)
+        assert int(ops.convert_to_numpy(opt.skipped_steps)) == int(ref_state.skipped_steps)
+        if bad is not None:  # skipped: weights and iterations untouched, the scale backed off by 2**margin
+            assert int(ops.convert_to_numpy(opt.iterations)) == iterations
+            for w, before in zip(ws, weights):
+                np.testing.assert_array_equal(ops.convert_to_numpy(w), before)
+            assert scale_of(opt) == max(scale / 2.0 ** float(ref_auto.margin - 1), policy.min_loss_scale)
+            assert bool(ops.convert_to_numpy(opt.last_step_skipped))
+        else:
+            assert int(ops.convert_to_numpy(opt.iterations)) == iterations + 1
+    assert int(ops.convert_to_numpy(opt.skipped_steps)) == 2
+    margin = float(ops.convert_to_numpy(opt._scale.stats.auto[0]))  # AutoState.margin
+    assert margin == float(ref_auto.margin) == policy.margin_bits + 2
+
+
+def test_auto_never_leaves_min_and_max():
+    policy = lossscale.AutoLossScale(2.0**4, min_loss_scale=2.0**2, max_loss_scale=2.0**8)
+    opt = lsk.LossScaleOptimizer(keras.optimizers.SGD(0.0), policy)
+    step = driver(opt, variables(), compiled=True)
+    seen = []
+    for factor in (2.0**-30, 2.0**-30, 2.0**20, 2.0**20, np.inf, 2.0**-30):
+        grads = [g * np.float32(scale_of(opt)) * np.float32(factor) for g in true_grads()]
+        step(grads)
+        seen.append(scale_of(opt))
+    assert min(seen) == 2.0**2 and max(seen) == 2.0**8
+    assert all(2.0**2 <= s <= 2.0**8 for s in seen)
+
+
+# ------------------------------------------------------------------ config and copies
+
+
+def test_config_round_trip():
+    opt = lsk.LossScaleOptimizer(keras.optimizers.SGD(), stats_every=5)
+    config = opt.get_config()
+    assert config["stats_every"] == 5
+    again = lsk.LossScaleOptimizer.from_config(config)
+    assert again.stats_every == 5 and again.get_config() == config
+
+    policy = lossscale.AutoLossScale(2.0**10, margin_bits=6, window=4)
+    auto = lsk.LossScaleOptimizer(keras.optimizers.SGD(), policy, stats_every=2)
+    config = auto.get_config()
+    again = lsk.LossScaleOptimizer.from_config(config)
+    assert again.loss_scale_policy == policy and again.stats_every == 2
+    assert again.get_config() == config
+    plain = lsk.LossScaleOptimizer.from_config(lsk.LossScaleOptimizer(keras.optimizers.SGD(), "auto").get_config())
+    assert isinstance(plain.loss_scale_policy, lossscale.AutoLossScale) and plain.stats_every == 1
+
+
+def test_deepcopy_carries_the_sample_and_the_auto_state():
+    opt = lsk.LossScaleOptimizer(keras.optimizers.SGD(0.0), lossscale.AutoLossScale(1.0))
+    ws = variables()
+    step = driver(opt, ws, compiled=False)
+    step([g * np.float32(scale_of(opt)) for g in true_grads()])
+    twin = copy.deepcopy(opt)
+    twin.build(ws)
+    assert scale_of(twin) == scale_of(opt) != 1.0
+    for a, b in zip(opt.variables, twin.variables):
+        np.testing.assert_array_equal(ops.convert_to_numpy(a), ops.convert_to_numpy(b))
+    assert int(host(twin.gradient_stats)["step"]) == 0
+
+
+def test_keras_file_round_trip_keeps_the_sample_and_the_auto_state(tmp_path, mixed_float16):
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2, dtype="float32")])
+    opt = lsk.LossScaleOptimizer(keras.optimizers.SGD(1e-3), lossscale.AutoLossScale(2.0**30), stats_every=2)
+    model.compile(optimizer=opt, loss="mse")
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((16, 4)).astype(np.float32), rng.standard_normal((16, 2)).astype(np.float32)
+    model.fit(x, y, batch_size=4, epochs=1, verbose=0)
+    assert scale_of(opt) < 2.0**30  # the auto state moved (gradients of about 1 overflow float16 at 2**30)
+    model.save(tmp_path / "m.keras")
+    loaded = keras.saving.load_model(tmp_path / "m.keras")
+    again = loaded.optimizer
+    assert isinstance(again, lsk.LossScaleOptimizer) and again.stats_every == 2
+    assert again.loss_scale_policy == opt.loss_scale_policy
+    assert [v.name for v in again.variables] == [v.name for v in opt.variables]
+    for a, b in zip(opt.variables, again.variables):
+        np.testing.assert_array_equal(ops.convert_to_numpy(a), ops.convert_to_numpy(b))
+
+
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="tf.distribute")
+def test_tf_distribute_is_refused_with_a_clear_error():
+    import tensorflow as tf
+
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+    with strategy.scope():
+        w = keras.Variable(np.zeros(2, np.float32))
+        opt = lsk.LossScaleOptimizer(keras.optimizers.SGD(0.1), stats_every=2)
+        opt.build([w])
+    with pytest.raises(ValueError, match="stats_every .* is not supported under tf.distribute"):
+        strategy.run(lambda: opt.apply([tf.ones(2)], [w]))
+
+
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="tf.train.Checkpoint")
+def test_tf_checkpoint_restores_the_sample_and_the_auto_state(tmp_path):
+    import tensorflow as tf
+
+    ws = variables()
+    opt = lsk.LossScaleOptimizer(keras.optimizers.SGD(0.0), lossscale.AutoLossScale(1.0), stats_every=2)
+    step = driver(opt, ws, compiled=False)
+    for _ in range(3):
+        step([g * np.float32(scale_of(opt)) for g in true_grads()])
+    path = tf.train.Checkpoint(optimizer=opt).save(str(tmp_path / "ckpt"))
+    twin = lsk.LossScaleOptimizer(keras.optimizers.SGD(0.0), lossscale.AutoLossScale(1.0), stats_every=2)
+    twin.build(ws)
+    tf.train.Checkpoint(optimizer=twin).restore(path).assert_existing_objects_matched()
+    assert scale_of(twin) == scale_of(opt) != 1.0
+    for a, b in zip(opt.variables, twin.variables):
+        np.testing.assert_array_equal(ops.convert_to_numpy(a), ops.convert_to_numpy(b))
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_history_records_the_samples_as_columns(compiled):
+    opt = lsk.LossScaleOptimizer(keras.optimizers.SGD(0.0), stats_every=2, history=True)
+    step = driver(opt, variables(), compiled)
+    for i in range(4):
+        step(known_grads(2.0**i))
+    if BACKEND == "jax":
+        import jax
+
+        jax.effects_barrier()
+    history = opt.history
+    assert len(history) == 4 and history.has_stats
+    zero = history.stat("zero_fraction")
+    headroom = history.stat("headroom_bits")
+    assert np.isnan(zero[[1, 3]]).all()
+    np.testing.assert_allclose(zero[[0, 2]], float(np.float32(3 / 7)), rtol=1e-6)
+    expected = [float(gradient_stats(known_grads(2.0**i), np).headroom_bits) for i in (0, 2)]
+    np.testing.assert_allclose(headroom[[0, 2]], expected, rtol=1e-6)
