@@ -25,11 +25,12 @@ from tests.conftest import installed
 #: (keyword, default): every keyword of the vocabulary; ``loss_scale`` is the one positional.
 KEYWORDS = (
     "loss_scale", "dynamic", "initial_scale", "dynamic_growth_steps", "min_loss_scale", "max_loss_scale",
-    "hysteresis", "max_consecutive_skips", "history",
+    "hysteresis", "max_consecutive_skips", "history", "stats_every",
 )
-ATTRIBUTES = ("loss_scale", "skipped_steps", "last_step_skipped", "consecutive_skips", "history")
+ATTRIBUTES = ("loss_scale", "skipped_steps", "last_step_skipped", "consecutive_skips", "history", "gradient_stats")
 #: The value each attribute has on a freshly built instance with no arguments.
-FRESH = {"loss_scale": 2.0**15, "skipped_steps": 0, "last_step_skipped": False, "consecutive_skips": 0, "history": None}
+FRESH = {"loss_scale": 2.0**15, "skipped_steps": 0, "last_step_skipped": False, "consecutive_skips": 0, "history": None,
+         "gradient_stats": None}
 #: (keyword, bad value, error type name): one vocabulary of errors.
 BAD = (
     ("dynamic", "yes", "TypeError"),
@@ -45,6 +46,8 @@ BAD = (
     ("max_consecutive_skips", 0, "ValueError"),
     ("max_consecutive_skips", 1.5, "TypeError"),
     ("history", "yes", "TypeError"),
+    ("stats_every", 0, "ValueError"),
+    ("stats_every", "4", "TypeError"),
 )
 BINDINGS = ("torch", "jax", "keras")
 _ROOT = pathlib.Path(__file__).resolve().parent.parent
