@@ -4,8 +4,9 @@ The scale update is :func:`lossscale.next_state`, run over the backend's own
 namespace: ``jax.numpy`` for JAX and ``torch`` for PyTorch, whose tensors
 already add a bool to an int as numpy does. TensorFlow's tensors do not
 (``int32 + bool`` raises), so on TensorFlow the rule runs over ``keras.ops``
-through :class:`_OpsArray`, a wrapper whose operators are ``keras.ops``
-calls (numpy's type promotion). The rule itself is never copied.
+through :mod:`lossscale.keras._xp`'s wrapper, whose operators are
+``keras.ops`` calls (numpy's type promotion); the statistics and the auto
+rule use the same namespace. The rule itself is never copied.
 """
 
 from __future__ import annotations
@@ -18,62 +19,9 @@ import keras
 from keras import ops
 
 from .. import LossScaleState, next_state
+from ._xp import namespace, unwrap, wrap
 
 __all__ = ["advance", "is_symbolic", "no_grad", "on_host"]
-
-
-def _raw(x: Any) -> Any:
-    return x.x if isinstance(x, _OpsArray) else x
-
-
-def _binary(fn: Callable[[Any, Any], Any], reflected: bool = False) -> Callable[[Any, Any], _OpsArray]:
-    if reflected:
-        return lambda self, other: _OpsArray(fn(_raw(other), self.x))
-    return lambda self, other: _OpsArray(fn(self.x, _raw(other)))
-
-
-class _OpsArray:
-    """A backend tensor whose Python operators are ``keras.ops`` calls (numpy's promotion rules)."""
-
-    __slots__ = ("x",)
-
-    def __init__(self, x: Any) -> None:
-        self.x = x
-
-    __add__ = _binary(ops.add)
-    __radd__ = _binary(ops.add, reflected=True)
-    __mul__ = _binary(ops.multiply)
-    __rmul__ = _binary(ops.multiply, reflected=True)
-    __truediv__ = _binary(ops.divide)
-    __lt__ = _binary(ops.less)
-    __gt__ = _binary(ops.greater)
-    __ge__ = _binary(ops.greater_equal)
-    __and__ = _binary(ops.logical_and)
-    __rand__ = _binary(ops.logical_and, reflected=True)
-
-    def __invert__(self) -> _OpsArray:
-        return _OpsArray(ops.logical_not(self.x))
-
-    # What ``next_state`` checks of its ``finite`` argument (a 0-d bool array).
-    @property
-    def dtype(self) -> Any:
-        return self.x.dtype
-
-    @property
-    def ndim(self) -> int:
-        return len(self.x.shape)
-
-
-class _OpsNamespace:
-    """The two functions :func:`lossscale.next_state` calls on its namespace, over :class:`_OpsArray`."""
-
-    @staticmethod
-    def where(condition: Any, a: Any, b: Any) -> _OpsArray:
-        return _OpsArray(ops.where(_raw(condition), _raw(a), _raw(b)))
-
-    @staticmethod
-    def isfinite(x: Any) -> _OpsArray:
-        return _OpsArray(ops.isfinite(_raw(x)))
 
 
 def advance(policy: Any, state: LossScaleState, finite: Any) -> LossScaleState:
@@ -81,17 +29,8 @@ def advance(policy: Any, state: LossScaleState, finite: Any) -> LossScaleState:
 
     Cost: about 20 scalar ops; no host sync (under ``tf.function``/``jit`` they fuse into the step).
     """
-    backend = keras.backend.backend()
-    if backend == "jax":
-        import jax.numpy as jnp
-
-        return next_state(policy, state, finite, jnp)
-    if backend == "torch":
-        import torch
-
-        return next_state(policy, state, finite, torch)
-    new = next_state(policy, LossScaleState(*map(_OpsArray, state)), _OpsArray(finite), _OpsNamespace)
-    return LossScaleState(*map(_raw, new))
+    new = next_state(policy, LossScaleState(*map(wrap, state)), wrap(finite), namespace())
+    return LossScaleState(*map(unwrap, new))
 
 
 def is_symbolic(x: Any) -> bool:
