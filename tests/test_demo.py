@@ -16,7 +16,8 @@ pytest.importorskip("rich")
 
 import lossscale
 from lossscale import demo
-from lossscale.demo import MODES, DemoConfig, _backends, _data, run_demo
+from lossscale.demo import ALL_MODES, AUTO_MODE, MODES, DemoConfig, _backends, _data, run_demo
+from lossscale.demo._results import check_modes
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 INSTALLED = tuple(b.name for b in _backends.BACKENDS if not b.missing())
@@ -99,6 +100,7 @@ def test_cli_prints_the_tables_and_where_the_files_went(tmp_path, capsys):
     for word in ("torch: held-out PSNR", "jax: held-out PSNR", "fp16+lossscale", "What is simulated", str(out)):
         assert word in printed
     assert "K=1" not in printed
+    assert AUTO_MODE not in printed  # the experimental mode is opt-in
     assert out.read_bytes()[:8] == PNG_SIGNATURE
     assert json.loads((tmp_path / "demo_results.json").read_text())["jax"]["fp32"]["settings"]["steps"] == 3
 
@@ -107,7 +109,7 @@ def test_cli_help_documents_the_options():
     out = subprocess.run(
         [sys.executable, "-m", "lossscale", "demo", "--help"], capture_output=True, text=True, check=True
     ).stdout
-    for option in ("--global-batch-factor", "--framework", "{torch,jax,both}", "--sweep", "--steps", "--output"):
+    for option in ("--global-batch-factor", "--framework", "{torch,jax,both}", "--sweep", "--steps", "--output", "--auto"):
         assert option in out
 
 
@@ -177,6 +179,71 @@ def test_every_backend_takes_the_same_batch_order():
     assert not np.array_equal(batches[:5], batches[5:10])
     np.testing.assert_array_equal(batches, _data.batch_order(1437, 12, 256, seed=3))
     assert _data.measured_steps(25, 10).tolist() == [0, 10, 20, 24]
+
+
+# ---------------------------------------------------------------- --auto: the experimental policy, opt-in
+
+
+@pytest.fixture(scope="module")
+def short_auto(tmp_path_factory):
+    """A 6-step ``--auto`` run of both frameworks: the three modes and fp16+auto, with its PNG and JSON."""
+    if INSTALLED != ("torch", "jax"):
+        pytest.skip("needs torch, jax and optax")
+    config = DemoConfig(steps=6, growth_steps=3, measure_every=2, seed=1, k1_reference=False, auto=True)
+    return run_demo(config, output=tmp_path_factory.mktemp("demo_auto") / "demo.png")
+
+
+def test_default_config_trains_exactly_the_three_modes():
+    assert DemoConfig().modes == MODES == ("fp32", "fp16", "fp16+lossscale")
+    assert DemoConfig(auto=True).modes == ALL_MODES == (*MODES, "fp16+auto")
+    with pytest.raises(TypeError, match="auto must be True or False"):
+        DemoConfig(auto="yes")
+    check_modes(AUTO_MODE)
+    with pytest.raises(ValueError, match="fp16\\+auto; got 'fp16\\+dynamic'"):
+        check_modes("fp16+dynamic")
+
+
+def test_auto_mode_runs_in_both_frameworks_and_reports_its_scale(short_auto):
+    with open(short_auto.json_path) as handle:
+        document = json.load(handle)
+    measured = _data.measured_steps(6, 2)
+    for framework in ("torch", "jax"):
+        runs = short_auto.runs[framework]
+        assert list(runs) == list(ALL_MODES) and list(document[framework]) == list(ALL_MODES)
+        auto, fp16 = runs[AUTO_MODE], runs["fp16"]
+        assert auto.zero_grad_by_layer.shape == (len(measured), 10) == fp16.zero_grad_by_layer.shape
+        np.testing.assert_array_equal(auto.zero_grad_steps, measured)
+        assert ((auto.zero_grad_by_layer >= 0) & (auto.zero_grad_by_layer <= 1)).all()
+        # At K = 1024 the gradients sit far below float16's normals: auto jumps above the TF rule's 2^15
+        # in one step (its history shows the jump) and recovers what plain fp16 flushed.
+        assert auto.skipped_steps == 0 and auto.history is not None
+        assert auto.history.steps.tolist() == list(range(6)) and auto.history.loss_scales[0] == 2.0**15
+        assert auto.final_scale is not None and auto.final_scale >= 2.0**20
+        assert math.log2(auto.final_scale).is_integer()
+        assert auto.zero_grad_share < fp16.zero_grad_share - 0.5
+        entry = document[framework][AUTO_MODE]
+        assert entry["final_loss_scale"] == auto.final_scale and entry["skipped_steps"] == auto.skipped_steps
+        assert len(entry["zero_grad_shares"]) == 10
+        # The other three runs are the default demo's, unchanged by --auto.
+        assert runs["fp16+lossscale"].final_scale == 2.0**17  # doubled after every 3 good steps
+
+
+def test_auto_png_is_a_picture(short_auto):
+    with open(short_auto.png_path, "rb") as handle:
+        assert handle.read(8) == PNG_SIGNATURE
+
+
+@pytest.mark.skipif("torch" not in INSTALLED, reason="needs torch")
+def test_cli_auto_adds_the_auto_row(tmp_path, capsys):
+    out = tmp_path / "auto.png"
+    argv = ["--auto", "--framework", "torch", "--steps", "2", "--no-k1", "--no-progress", "-o", str(out)]
+    assert demo.main(argv) == 0
+    printed = capsys.readouterr().out
+    row = next(line for line in printed.splitlines() if AUTO_MODE in line)
+    assert "2^" in row and " 0 " in row  # its final scale and its skipped steps
+    assert "EXPERIMENTAL" in printed.replace("\n", " ")
+    document = json.loads((tmp_path / "demo_results.json").read_text())
+    assert list(document["torch"]) == list(ALL_MODES)
 
 
 # ---------------------------------------------------------------- the failure the demo shows

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -73,3 +75,49 @@ def test_write_tensorboard_and_plot_reject_what_they_cannot_use():
 def test_history_no_longer_draws_or_logs():
     # The core record stays numpy-only; the methods moved to lossscale.demo.
     assert not hasattr(History, "plot") and not hasattr(History, "write_tensorboard")
+
+
+def _run(mode: str, shares: float, history: History | None) -> Any:
+    from lossscale.demo import RunResult
+
+    return RunResult(
+        framework="torch", mode=mode, global_batch_factor=1024, psnr_db=15.0, losses=np.ones(4),
+        zero_grad_steps=np.array([0, 2, 3]), zero_grad_by_layer=np.full((3, 10), shares),
+        layer_sizes=np.full(10, 4096), reconstructions=np.zeros((10, 64)),
+        skipped_steps=0 if history is None else int(history.skipped.sum()),
+        final_scale=None if history is None else float(history.loss_scales[-1]), history=history,
+    )
+
+
+def test_plot_demo_draws_the_auto_mode_when_present(tmp_path):
+    pytest.importorskip("matplotlib")
+    from lossscale.demo import ALL_MODES, MODES, DemoConfig, DemoResult, plot_demo
+
+    def result(modes: tuple[str, ...]) -> DemoResult:
+        scales = {"fp16+lossscale": [8.0, 16.0, 16.0, 32.0], "fp16+auto": [8.0, 2.0**20, 2.0**20, 2.0**20]}
+        runs = {}
+        for i, mode in enumerate(modes):
+            history = None
+            if mode in scales:
+                history = History()
+                history.extend(np.arange(4), scales[mode], [False] * 4)
+            runs[mode] = _run(mode, 0.1 * (i + 1), history)
+        return DemoResult(DemoConfig(steps=4, frameworks=("torch",)), {"torch": runs}, truth=np.zeros((10, 64)))
+
+    bars_of = {}
+    for modes in (MODES, ALL_MODES):
+        path = tmp_path / f"demo{len(modes)}.png"
+        fig = plot_demo(result(modes), path)
+        assert path.read_bytes()[:8] == PNG_SIGNATURE
+        bars_ax = next(ax for ax in fig.axes if ax.get_title(loc="left") == "Gradients lost to float16 underflow")
+        labels = [t.get_text() for t in bars_ax.get_legend().get_texts()]
+        bars_of[len(modes)] = len(bars_ax.patches)
+        scale_ax = next(ax for ax in fig.axes if ax.get_title(loc="left") == "lossscale's dynamic loss scale")
+        scale_labels = [t.get_text() for t in scale_ax.get_legend().get_texts()]
+        if modes == ALL_MODES:
+            assert labels[-1] == "float16 + lossscale auto (experimental) (40% overall)"
+            assert "auto (experimental), 0 skipped" in scale_labels
+            assert list(scale_ax.lines[-1].get_ydata()) == [8.0, 2.0**20, 2.0**20, 2.0**20]
+        else:
+            assert not any("auto" in text for text in labels + scale_labels)
+    assert bars_of == {3: 30, 4: 40}  # one bar per layer and mode

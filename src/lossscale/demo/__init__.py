@@ -30,13 +30,15 @@ from __future__ import annotations
 
 from ._backends import BACKENDS, Backend, Trainer
 from ._cli import main
-from ._config import FRAMEWORKS, MODES, SWEEP_FACTORS, DemoConfig
+from ._config import ALL_MODES, AUTO_MODE, FRAMEWORKS, MODES, SWEEP_FACTORS, DemoConfig
 from ._data import DemoData, load_data
 from ._results import DemoResult, RunResult, SweepResult
 from ._runner import run_demo, run_sweep
 from .plot import plot_demo, plot_history, plot_sweep, write_tensorboard
 
 __all__ = [
+    "ALL_MODES",
+    "AUTO_MODE",
     "BACKENDS",
     "FRAMEWORKS",
     "MODES",

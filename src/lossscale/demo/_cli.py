@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ._backends import backend
-from ._config import FRAMEWORKS, MODES, SWEEP_FACTORS, DemoConfig
+from ._config import FRAMEWORKS, SWEEP_FACTORS, DemoConfig
 from ._results import DemoResult, RunResult, SweepResult
 from ._runner import DEFAULT_OUTPUT, check_output, run_demo, run_sweep, sweep_path
 
@@ -42,6 +42,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--growth-steps", type=int, default=defaults.growth_steps,
                         help=f"good steps before the loss scale doubles (default: {defaults.growth_steps})")
     parser.add_argument("--threads", type=int, default=defaults.threads, help="torch intra-op threads (default: 1)")
+    parser.add_argument("--auto", action="store_true",
+                        help="also train fp16+auto: the EXPERIMENTAL loss_scale='auto' (lossscale.AutoLossScale)")
     parser.add_argument("--no-k1", action="store_true", help="skip the K = 1 reference runs")
     parser.add_argument("--sweep", action="store_true",
                         help="instead: PSNR against K = 2^0..2^10 for the three modes (slow; see docs/demo.md)")
@@ -58,6 +60,7 @@ def _config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> DemoCo
             steps=args.steps, seed=args.seed, global_batch_factor=args.global_batch_factor,
             frameworks=FRAMEWORKS if args.framework == "both" else (args.framework,),
             growth_steps=args.growth_steps, threads=args.threads, k1_reference=not args.no_k1,
+            auto=args.auto,
         )
         check_output(sweep_path(args.output) if args.sweep else args.output)
     except (TypeError, ValueError) as error:
@@ -130,11 +133,11 @@ def _print_sweep(console: Any, sweep: SweepResult) -> None:
     for framework, runs in sweep.runs.items():
         table = Table(title=f"{framework}: held-out PSNR (dB) against K (seed {sweep.config.seed})")
         table.add_column("K", justify="right")
-        for mode in MODES:
+        for mode in runs:
             table.add_column(mode, justify="right")
         for i, factor in enumerate(sweep.factors):
             table.add_row(f"2^{int(math.log2(factor))}" if factor & (factor - 1) == 0 else str(factor),
-                          *(f"{runs[mode][i].psnr_db:.2f}" for mode in MODES))
+                          *(f"{mode_runs[i].psnr_db:.2f}" for mode_runs in runs.values()))
         console.print(table)
 
 
@@ -149,8 +152,8 @@ def _print_demo(console: Any, result: DemoResult) -> None:
         for i, name in enumerate(header):
             table.add_column(name, justify="left" if i == 0 else "right", no_wrap=True)
         reference = runs["fp32"]
-        for mode in MODES:
-            table.add_row(*_row(runs[mode], reference))
+        for run in runs.values():
+            table.add_row(*_row(run, reference))
         k1 = result.k1_runs.get(framework)
         if k1:
             table.add_section()
@@ -163,6 +166,8 @@ def _print_demo(console: Any, result: DemoResult) -> None:
         "image; GELU has no dead units, so whatever float16 adds, it flushed (below 2^-25)."
         + (" fp16, K=1: plain float16 on the plain mean loss; this model's own gradients fit float16."
            if result.k1_runs else "")
+        + (" fp16+auto: the EXPERIMENTAL loss_scale=\"auto\" (lossscale.AutoLossScale), default settings."
+           if config.auto else "")
     )
 
 

@@ -5,10 +5,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["FRAMEWORKS", "MODES", "SWEEP_FACTORS", "DemoConfig"]
+__all__ = ["ALL_MODES", "AUTO_MODE", "FRAMEWORKS", "MODES", "SWEEP_FACTORS", "DemoConfig"]
 
 #: The three runs of every comparison, in order.
 MODES = ("fp32", "fp16", "fp16+lossscale")
+#: The opt-in fourth run (``--auto``): float16 with the EXPERIMENTAL ``loss_scale="auto"``
+#: (:class:`lossscale.AutoLossScale`), which sets the scale from sampled gradient statistics.
+AUTO_MODE = "fp16+auto"
+#: Every mode a trainer accepts.
+ALL_MODES = (*MODES, AUTO_MODE)
 #: The frameworks the demo can train with; the default runs both.
 FRAMEWORKS = ("torch", "jax")
 #: ``--sweep``'s global-batch factors: K = 2**0 ... 2**10.
@@ -42,6 +47,9 @@ class DemoConfig:
             when JAX starts, so the JAX backend ignores it.
         k1_reference: also train plain fp16 at K = 1, to show that this
             model's own gradients fit float16.
+        auto: also train :data:`AUTO_MODE` (float16 with the experimental
+            ``loss_scale="auto"``, default settings; ``growth_steps`` does not
+            apply to it). Off by default: the default demo is the three modes.
     """
 
     steps: int = 1000
@@ -55,6 +63,7 @@ class DemoConfig:
     measure_every: int = 10
     threads: int = 1
     k1_reference: bool = True
+    auto: bool = False
 
     def __post_init__(self) -> None:
         for name in _POSITIVE_INTS:
@@ -80,10 +89,17 @@ class DemoConfig:
         object.__setattr__(self, "widths", widths)
         if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
             raise ValueError(f"lr must be a positive number, e.g. 3e-3; got {self.lr!r}.")
+        if not isinstance(self.auto, bool):
+            raise TypeError(f"auto must be True or False; got {self.auto!r}.")
         if self.batch_size > 1437:
             raise ValueError(f"batch_size must be at most 1437, the size of the training split; got {self.batch_size}.")
         if self.global_batch_factor > 2**24:
             raise ValueError(f"global_batch_factor must be at most 2**24; got {self.global_batch_factor}.")
+
+    @property
+    def modes(self) -> tuple[str, ...]:
+        """The modes each comparison trains: :data:`MODES`, and :data:`AUTO_MODE` when ``auto``."""
+        return ALL_MODES if self.auto else MODES
 
     @property
     def layers(self) -> int:

@@ -15,7 +15,8 @@ The initial weights follow torch's ``nn.Linear`` distribution (uniform in
 +-1/sqrt(fan_in)) drawn from numpy's ``default_rng(seed)``: torch's generator
 cannot be reproduced without torch, so the JAX runs start from other (equally
 distributed) weights than the torch runs; all JAX modes share them. The
-scaled run wraps Adam in :func:`lossscale.jax.loss_scale_optimizer` and uses
+scaled runs wrap Adam in :func:`lossscale.jax.loss_scale_optimizer` (the
+opt-in ``"fp16+auto"`` one with ``loss_scale="auto"``) and use
 :func:`lossscale.jax.get_scaled_loss` and the state's public fields only.
 
 Each mode's step is one ``jax.jit`` function; its per-step records (loss,
@@ -44,7 +45,7 @@ except ImportError as error:  # pragma: no cover - exercised only without jax
 from .._history import History
 from .._stats import gradient_stats
 from ..jax import get_scaled_loss, loss_scale_optimizer
-from ._config import DemoConfig
+from ._config import AUTO_MODE, DemoConfig
 from ._data import DemoData, batch_order, measured_steps, psnr_db
 from ._results import RunResult, check_modes
 
@@ -79,7 +80,7 @@ def train(
     config: DemoConfig,
     on_step: Callable[[], None] | None = None,
 ) -> RunResult:
-    """Trains the autoencoder once in ``mode`` (``"fp32"``, ``"fp16"`` or ``"fp16+lossscale"``).
+    """Trains the autoencoder once in ``mode`` (``"fp32"``, ``"fp16"``, ``"fp16+lossscale"`` or ``"fp16+auto"``).
 
     Cost: one transfer of the run's records to the host, at the end.
     """
@@ -87,10 +88,14 @@ def train(
     start = time.perf_counter()
     k = global_batch_factor
     half = mode != "fp32"
-    scaled = mode == "fp16+lossscale"
+    scaled = mode in ("fp16+lossscale", AUTO_MODE)
     # Adam divides by sqrt(v) + eps: with eps scaled by 1/K too, K changes nothing in exact arithmetic.
     inner = optax.adam(config.lr, b1=0.9, b2=0.999, eps=1e-8 / k)
-    opt = loss_scale_optimizer(inner, dynamic_growth_steps=config.growth_steps) if scaled else inner
+    opt = inner
+    if mode == AUTO_MODE:  # EXPERIMENTAL: the scale set from sampled statistics (stats_every=1 by default)
+        opt = loss_scale_optimizer(inner, loss_scale="auto")
+    elif scaled:
+        opt = loss_scale_optimizer(inner, dynamic_growth_steps=config.growth_steps)
 
     x_train = jnp.asarray(data.x_train)
     params = jax.tree.map(jnp.asarray, init_params(config))

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from .._history import History
-from ._config import MODES, DemoConfig
+from ._config import ALL_MODES, DemoConfig
 
 __all__ = ["METRIC", "RESULTS_FILE", "SWEEP_RESULTS_FILE", "DemoResult", "RunResult", "SweepResult"]
 
@@ -29,7 +29,7 @@ class RunResult:
 
     Attributes:
         framework: ``"torch"`` or ``"jax"``.
-        mode: one of :data:`~lossscale.demo.MODES`.
+        mode: one of :data:`~lossscale.demo.ALL_MODES`.
         global_batch_factor: K, the loss's divisor.
         psnr_db: held-out reconstruction PSNR at the end, in dB (float32 evaluation).
         losses: every step's micro-batch mean squared error (times K, i.e. unweighted).
@@ -75,7 +75,7 @@ class DemoResult:
 
     Attributes:
         config: the settings.
-        runs: ``runs[framework][mode]``, the three runs at ``config.global_batch_factor``.
+        runs: ``runs[framework][mode]``, the runs of ``config.modes`` at ``config.global_batch_factor``.
         k1_runs: ``k1_runs[framework]["fp16"]``, plain fp16 at K = 1 (empty when
             ``config.k1_reference`` is False or K is 1). fp32 needs no K = 1 run:
             Adam with ``eps`` scaled alike makes its result independent of K
@@ -181,6 +181,6 @@ def _write(document: dict[str, Any], path: str | os.PathLike[str]) -> None:
 
 
 def check_modes(mode: str) -> None:
-    """Raises ValueError unless ``mode`` is one of :data:`MODES`."""
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {', '.join(MODES)}; got {mode!r}.")
+    """Raises ValueError unless ``mode`` is one of :data:`ALL_MODES` (the three :data:`MODES` and ``"fp16+auto"``)."""
+    if mode not in ALL_MODES:
+        raise ValueError(f"mode must be one of {', '.join(ALL_MODES)}; got {mode!r}.")

@@ -1,4 +1,7 @@
-"""Runs the demo's comparisons: :func:`run_demo` (three modes at one K) and :func:`run_sweep` (three modes per K)."""
+"""Runs the demo's comparisons: :func:`run_demo` (``config.modes`` at one K) and :func:`run_sweep` (them per K).
+
+``config.modes`` is the three :data:`MODES`, plus the experimental ``"fp16+auto"`` when ``config.auto``.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +9,7 @@ import os
 from collections.abc import Callable
 
 from ._backends import backend
-from ._config import MODES, SWEEP_FACTORS, DemoConfig
+from ._config import SWEEP_FACTORS, DemoConfig
 from ._data import DemoData, blob_psnr_db, load_data
 from ._results import RESULTS_FILE, SWEEP_RESULTS_FILE, DemoResult, RunResult, SweepResult
 
@@ -68,7 +71,8 @@ def run_demo(
     output: str | os.PathLike[str] | None = DEFAULT_OUTPUT,
     progress: Progress | None = None,
 ) -> DemoResult:
-    """Trains fp32, fp16 and fp16 + lossscale at ``config.global_batch_factor`` per framework; writes PNG and JSON.
+    """Trains fp32, fp16 and fp16 + lossscale (and fp16 + auto when ``config.auto``) at
+    ``config.global_batch_factor`` per framework; writes PNG and JSON.
 
     Args:
         config: the settings; :class:`DemoConfig`'s defaults if None.
@@ -90,7 +94,7 @@ def run_demo(
     k = config.global_batch_factor
     result = DemoResult(config, runs={}, truth=data.x_test[data.shown], blob_psnr_db=blob_psnr_db(data))
     for name in config.frameworks:
-        result.runs[name] = {mode: _train(name, mode, k, data, config, progress, f"{name} {mode}") for mode in MODES}
+        result.runs[name] = {mode: _train(name, mode, k, data, config, progress, f"{name} {mode}") for mode in config.modes}
         if config.k1_reference and k != 1:
             result.k1_runs[name] = {
                 "fp16": _train(name, "fp16", 1, data, config, progress, f"{name} fp16 K=1")
@@ -109,7 +113,7 @@ def run_sweep(
     output: str | os.PathLike[str] | None = DEFAULT_SWEEP_OUTPUT,
     progress: Progress | None = None,
 ) -> SweepResult:
-    """Trains the three modes at every K in ``factors`` per framework; writes the sweep figure and its JSON.
+    """Trains ``config.modes`` at every K in ``factors`` per framework; writes the sweep figure and its JSON.
 
     ``config.global_batch_factor`` and ``config.k1_reference`` are not used.
     ``output`` is the figure's path (``demo_sweep_results.json`` goes beside it), or None.
@@ -124,9 +128,9 @@ def run_sweep(
     data = load_data(config.seed)
     result = SweepResult(config, factors, runs={}, blob_psnr_db=blob_psnr_db(data))
     for name in config.frameworks:
-        result.runs[name] = {mode: [] for mode in MODES}
+        result.runs[name] = {mode: [] for mode in config.modes}
         for k in factors:
-            for mode in MODES:
+            for mode in config.modes:
                 result.runs[name][mode].append(_train(name, mode, k, data, config, progress, f"{name} {mode} K={k}"))
     if png is not None:
         from .plot import plot_sweep

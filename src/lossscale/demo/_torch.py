@@ -1,11 +1,12 @@
-"""The demo's PyTorch trainer: one run of the digits autoencoder in fp32, fp16 or fp16 + lossscale.
+"""The demo's PyTorch trainer: one run of the digits autoencoder in fp32, fp16, fp16 + lossscale or fp16 + auto.
 
 fp16 is ``torch.autocast("cpu", float16)`` over float32 parameters: every
 matmul of the forward and backward pass runs in float16, and each weight
 gradient is a float16 value cast to float32, so what float16 flushed is
 exactly zero in ``p.grad``. (A pure ``.half()`` model with float32 master
 weights gave bit-identical results on this model.) The scaled run wraps Adam
-in :class:`lossscale.torch.LossScaleOptimizer`, public API only.
+in :class:`lossscale.torch.LossScaleOptimizer`, public API only; the
+opt-in ``"fp16+auto"`` run does the same with ``loss_scale="auto"``.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import torch.nn.functional as F
 
 from ..torch import LossScaleOptimizer
 from ..torch._stats import gradient_stats
-from ._config import DemoConfig
+from ._config import AUTO_MODE, DemoConfig
 from ._data import DemoData, batch_order, measured_steps, psnr_db
 from ._results import RunResult, check_modes
 
@@ -70,7 +71,7 @@ def train(
     config: DemoConfig,
     on_step: Callable[[], None] | None = None,
 ) -> RunResult:
-    """Trains the autoencoder once in ``mode`` (``"fp32"``, ``"fp16"`` or ``"fp16+lossscale"``).
+    """Trains the autoencoder once in ``mode`` (``"fp32"``, ``"fp16"``, ``"fp16+lossscale"`` or ``"fp16+auto"``).
 
     Every mode starts from the same weights and sees the same micro-batches.
     Cost: one host sync per measured step (the zero shares), none otherwise
@@ -92,8 +93,12 @@ def _train(
     model = build_model(config)
     # Adam divides by sqrt(v) + eps: with eps scaled by 1/K too, K changes nothing in exact arithmetic.
     inner = torch.optim.Adam(model.parameters(), lr=config.lr, eps=1e-8 / k)
-    scaled = mode == "fp16+lossscale"
-    opt: Any = LossScaleOptimizer(inner, dynamic_growth_steps=config.growth_steps, history=True) if scaled else inner
+    scaled = mode in ("fp16+lossscale", AUTO_MODE)
+    opt: Any = inner
+    if mode == AUTO_MODE:  # EXPERIMENTAL: the scale set from sampled statistics (stats_every=1 by default)
+        opt = LossScaleOptimizer(inner, loss_scale="auto", history=True)
+    elif scaled:
+        opt = LossScaleOptimizer(inner, dynamic_growth_steps=config.growth_steps, history=True)
     half = mode != "fp32"
 
     x_train = torch.from_numpy(data.x_train)

@@ -22,15 +22,20 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .._history import STATS_COLUMNS, History
-from ._config import MODES
+from ._config import ALL_MODES, AUTO_MODE
 
 if TYPE_CHECKING:
     from ._results import DemoResult, SweepResult
 
 __all__ = ["plot_demo", "plot_history", "plot_sweep", "write_tensorboard"]
 
-COLORS = {"fp32": "#4d4d4d", "fp16": "#d62728", "fp16+lossscale": "#1f77b4"}
-LABELS = {"fp32": "float32", "fp16": "float16, no loss scaling", "fp16+lossscale": "float16 + lossscale"}
+COLORS = {"fp32": "#4d4d4d", "fp16": "#d62728", "fp16+lossscale": "#1f77b4", AUTO_MODE: "#2ca02c"}
+LABELS = {
+    "fp32": "float32",
+    "fp16": "float16, no loss scaling",
+    "fp16+lossscale": "float16 + lossscale",
+    AUTO_MODE: "float16 + lossscale auto (experimental)",
+}
 TITLES = {"torch": "PyTorch (CPU autocast float16)", "jax": "JAX / optax (float16 compute)"}
 
 
@@ -129,14 +134,20 @@ def _mosaic(rows: list[np.ndarray], gap: int = 1) -> np.ndarray:
     return out
 
 
+def _modes(runs: dict[str, Any]) -> list[str]:
+    """The modes present in ``runs``, in :data:`ALL_MODES`'s order (the auto run only when it was trained)."""
+    return [mode for mode in ALL_MODES if mode in runs]
+
+
 def _reconstructions(ax: Any, truth: np.ndarray, runs: dict[str, Any]) -> None:
     import matplotlib
 
+    modes = _modes(runs)
     cmap = matplotlib.colormaps["gray_r"].with_extremes(bad="white")
-    ax.imshow(_mosaic([truth] + [runs[m].reconstructions for m in MODES]), cmap=cmap, vmin=0, vmax=1)
-    labels = ["held-out digits"] + [f"{LABELS[m]}\n{runs[m].psnr_db:.1f} dB PSNR" for m in MODES]
+    ax.imshow(_mosaic([truth] + [runs[m].reconstructions for m in modes]), cmap=cmap, vmin=0, vmax=1)
+    labels = ["held-out digits"] + [f"{LABELS[m]}\n{runs[m].psnr_db:.1f} dB PSNR" for m in modes]
     ax.set_yticks([3.5 + 9 * i for i in range(len(labels))], labels, fontsize=11)
-    for tick, color in zip(ax.get_yticklabels(), ["black"] + [COLORS[m] for m in MODES]):
+    for tick, color in zip(ax.get_yticklabels(), ["black"] + [COLORS[m] for m in modes]):
         tick.set_color(color)
         tick.set_fontweight("bold")
     ax.set_xticks([])
@@ -147,12 +158,13 @@ def _reconstructions(ax: Any, truth: np.ndarray, runs: dict[str, Any]) -> None:
 
 
 def _zero_bars(ax: Any, runs: dict[str, Any]) -> None:
+    modes = _modes(runs)
     layers = len(runs["fp32"].zero_grad_shares)
     x = np.arange(1, layers + 1)
-    width = 0.27
-    for i, mode in enumerate(MODES):
+    width = 0.81 / len(modes)  # 0.27 with the default three modes
+    for i, mode in enumerate(modes):
         shares = runs[mode].zero_grad_shares * 100
-        ax.bar(x + (i - 1) * width, shares, width, color=COLORS[mode], label=f"{LABELS[mode]} ({runs[mode].zero_grad_share:.0%} overall)")
+        ax.bar(x + (i - (len(modes) - 1) / 2) * width, shares, width, color=COLORS[mode], label=f"{LABELS[mode]} ({runs[mode].zero_grad_share:.0%} overall)")
     ax.set_xticks(x)
     ax.set_xlabel("layer (input → output)")
     ax.set_ylabel("% of weight gradients = 0")
@@ -161,6 +173,15 @@ def _zero_bars(ax: Any, runs: dict[str, Any]) -> None:
     ax.grid(True, axis="y", alpha=0.3)
     ax.legend(loc="upper right", frameon=False, fontsize=10)
     ax.set_title("Gradients lost to float16 underflow", fontsize=12, loc="left")
+
+
+def _auto_scale(ax: Any, auto: Any) -> None:
+    """Adds the auto run's loss scale (and its skipped steps) to the scale panel, in its own colour."""
+    history = auto.history
+    ax.step(history.steps, history.loss_scales, where="post", color=COLORS[AUTO_MODE], linewidth=2,
+            label=f"auto (experimental), {auto.skipped_steps} skipped")
+    ax.set_yscale("log", base=2)
+    ax.legend(loc="lower right", frameon=False, fontsize=9)
 
 
 def plot_demo(result: DemoResult, path: str | os.PathLike[str]) -> Any:
@@ -191,24 +212,27 @@ def plot_demo(result: DemoResult, path: str | os.PathLike[str]) -> Any:
         scaled = runs["fp16+lossscale"]
         if scaled.history is not None:
             plot_history(scaled.history, ax=axes[2])
+        auto = runs.get(AUTO_MODE)
+        if auto is not None and auto.history is not None:  # the opt-in experimental policy's scale beside it
+            _auto_scale(axes[2], auto)
         axes[2].set_title("lossscale's dynamic loss scale", fontsize=12, loc="left")
     fig.savefig(path, dpi=110)
     return fig
 
 
 def plot_sweep(result: SweepResult, path: str | os.PathLike[str]) -> Any:
-    """Draws held-out PSNR against K (log2 axis) for the three modes, one panel per framework, into ``path``."""
+    """Draws held-out PSNR against K (log2 axis) for each mode run, one panel per framework, into ``path``."""
     frameworks = list(result.runs)
     fig = _figure((6.4 * len(frameworks) + 0.6, 5.2))
     axes = fig.subplots(1, len(frameworks), squeeze=False, sharey=True)[0]
     for ax, framework in zip(axes, frameworks):
         runs = result.runs[framework]
-        for mode in MODES:
+        for mode in _modes(runs):
             factors = [run.global_batch_factor for run in runs[mode]]
             values = [run.psnr_db for run in runs[mode]]
             ax.plot(
                 factors, values, color=COLORS[mode], marker="o", linewidth=2.5 if mode == "fp32" else 2,
-                linestyle="--" if mode == "fp16+lossscale" else "-", label=LABELS[mode], markersize=5,
+                linestyle="--" if mode in ("fp16+lossscale", AUTO_MODE) else "-", label=LABELS[mode], markersize=5,
             )
         if math.isfinite(result.blob_psnr_db):
             ax.axhline(result.blob_psnr_db, color="#999999", linestyle=":", linewidth=1.5)
