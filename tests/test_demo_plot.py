@@ -92,6 +92,7 @@ def _run(mode: str, shares: float, history: History | None) -> Any:
 def test_plot_demo_draws_the_auto_mode_when_present(tmp_path):
     pytest.importorskip("matplotlib")
     from lossscale.demo import ALL_MODES, MODES, DemoConfig, DemoResult, plot_demo
+    from lossscale.demo.plot import LABELS
 
     def result(modes: tuple[str, ...]) -> DemoResult:
         scales = {"fp16+lossscale": [8.0, 16.0, 16.0, 32.0], "fp16+auto": [8.0, 2.0**20, 2.0**20, 2.0**20]}
@@ -112,7 +113,16 @@ def test_plot_demo_draws_the_auto_mode_when_present(tmp_path):
         bars_ax = next(ax for ax in fig.axes if ax.get_title(loc="left") == "Gradients lost to float16 underflow")
         labels = [t.get_text() for t in bars_ax.get_legend().get_texts()]
         bars_of[len(modes)] = len(bars_ax.patches)
-        scale_ax = next(ax for ax in fig.axes if ax.get_title(loc="left") == "lossscale's dynamic loss scale")
+        scale_ax = next(ax for ax in fig.axes if ax.get_title(loc="left") == "lossscale's loss scale")
+        time_ax = next(ax for ax in fig.axes if ax.get_title(loc="left").startswith("Underflow along the run"))
+        # every float16 mode: one thin line per layer and one thick overall line, in its colour, over the measured steps
+        float16_modes = [m for m in modes if m != "fp32"]
+        assert len(time_ax.lines) == 11 * len(float16_modes)
+        overall = [line for line in time_ax.lines if line.get_linewidth() > 2]
+        assert [line.get_label() for line in overall] == [LABELS[m] for m in float16_modes]
+        for line, mode in zip(overall, float16_modes):
+            assert list(line.get_xdata()) == [0, 2, 3]
+            np.testing.assert_allclose(line.get_ydata(), 100 * 0.1 * (list(modes).index(mode) + 1))
         scale_labels = [t.get_text() for t in scale_ax.get_legend().get_texts()]
         if modes == ALL_MODES:
             assert labels[-1] == "float16 + lossscale auto (experimental) (40% overall)"

@@ -175,6 +175,22 @@ def _zero_bars(ax: Any, runs: dict[str, Any]) -> None:
     ax.set_title("Gradients lost to float16 underflow", fontsize=12, loc="left")
 
 
+def _zero_over_time(ax: Any, runs: dict[str, Any]) -> None:
+    """The share of zero weight gradients along the run: per layer (thin) and overall (thick), per float16 mode."""
+    for mode in [m for m in _modes(runs) if m != "fp32"]:
+        run = runs[mode]
+        by_layer = run.zero_grad_by_layer * 100
+        ax.plot(run.zero_grad_steps, by_layer, color=COLORS[mode], linewidth=0.7, alpha=0.35)
+        overall = by_layer @ run.layer_sizes / run.layer_sizes.sum()
+        ax.plot(run.zero_grad_steps, overall, color=COLORS[mode], linewidth=2.2, label=LABELS[mode])
+    ax.set_xlabel("step")
+    ax.set_ylabel("% of weight gradients = 0")
+    ax.set_ylim(-2, 102)
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="center right", frameon=False, fontsize=9)
+    ax.set_title("Underflow along the run (thin: each layer)", fontsize=12, loc="left")
+
+
 def _auto_scale(ax: Any, auto: Any) -> None:
     """Adds the auto run's loss scale (and its skipped steps) to the scale panel, in its own colour."""
     history = auto.history
@@ -185,7 +201,8 @@ def _auto_scale(ax: Any, auto: Any) -> None:
 
 
 def plot_demo(result: DemoResult, path: str | os.PathLike[str]) -> Any:
-    """Draws the demo's picture into ``path``: per framework, reconstructions, zero-gradient bars, loss scale.
+    """Draws the demo's picture into ``path``: per framework, reconstructions, zero-gradient bars, the zero share
+    along the run (per layer and overall, from the library's gradient statistics), loss scale.
 
     Returns:
         The matplotlib ``Figure``.
@@ -194,7 +211,7 @@ def plot_demo(result: DemoResult, path: str | os.PathLike[str]) -> Any:
         raise ValueError("plot_demo() draws the held-out digits: pass a DemoResult with truth (run_demo's).")
     truth = result.truth
     frameworks = list(result.runs)
-    fig = _figure((17, 1.0 + 4.4 * len(frameworks)))
+    fig = _figure((21, 1.0 + 4.4 * len(frameworks)))
     config = result.config
     k = config.global_batch_factor
     fig.suptitle(
@@ -206,16 +223,17 @@ def plot_demo(result: DemoResult, path: str | os.PathLike[str]) -> Any:
     for row, framework in zip(rows, frameworks):
         runs = result.runs[framework]
         row.suptitle(TITLES.get(framework, framework), fontsize=13, fontweight="bold", x=0.01, ha="left")
-        axes = row.subplots(1, 3, width_ratios=[2.3, 1.25, 1.25])
+        axes = row.subplots(1, 4, width_ratios=[2.3, 1.25, 1.25, 1.25])
         _reconstructions(axes[0], truth, runs)
         _zero_bars(axes[1], runs)
+        _zero_over_time(axes[2], runs)
         scaled = runs["fp16+lossscale"]
         if scaled.history is not None:
-            plot_history(scaled.history, ax=axes[2])
+            plot_history(scaled.history, ax=axes[3])
         auto = runs.get(AUTO_MODE)
         if auto is not None and auto.history is not None:  # the opt-in experimental policy's scale beside it
-            _auto_scale(axes[2], auto)
-        axes[2].set_title("lossscale's dynamic loss scale", fontsize=12, loc="left")
+            _auto_scale(axes[3], auto)
+        axes[3].set_title("lossscale's loss scale", fontsize=12, loc="left")
     fig.savefig(path, dpi=110)
     return fig
 
