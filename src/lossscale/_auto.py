@@ -92,17 +92,9 @@ class AutoLossScale(LossScale):
     max_jump_bits: int = 16
 
     def __post_init__(self) -> None:
-        min_scale = _n.scale("min_loss_scale", self.min_loss_scale, example="1.0")
-        max_scale = self.max_loss_scale
-        if max_scale is not None:
-            max_scale = _n.scale("max_loss_scale", max_scale, at_least=min_scale, example="2**24")
-        initial = _n.scale("initial_loss_scale", self.initial_loss_scale)
-        top = 2.0**_MAX_EXPONENT if max_scale is None else max_scale
-        if not min_scale <= initial <= top:
-            raise ValueError(
-                f"initial_loss_scale={initial!r} is outside [min_loss_scale, max_loss_scale] = [{min_scale!r}, "
-                f"{top!r}]; pick an initial scale inside the bounds."
-            )
+        initial, min_scale, max_scale = _n.scale_bounds(self.initial_loss_scale, self.min_loss_scale, self.max_loss_scale)
+        if initial > 2.0**_MAX_EXPONENT:  # the auto rule's exponent arithmetic stops at 2**126
+            raise ValueError(f"initial_loss_scale={initial!r} is above 2**{_MAX_EXPONENT}; pick a smaller initial scale.")
         counts = {f.name: _n.count(f.name, getattr(self, f.name)) for f in fields(self) if f.name.endswith(("bits", "window", "steps"))}
         if counts["max_margin_bits"] < counts["margin_bits"]:
             raise ValueError(

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["FLOAT32_MAX", "FLOAT32_TINY", "INT32_MAX", "above_one", "count", "float32", "fraction", "number", "scale"]
+__all__ = ["FLOAT32_MAX", "FLOAT32_TINY", "INT32_MAX", "above_one", "count", "float32", "fraction", "number", "scale", "scale_bounds"]
 
 INT32_MAX = 2**31 - 1
 #: The largest float32; the state holds the scale as float32.
@@ -152,3 +152,27 @@ def fraction(name: str, value: Any) -> float:
             f"{'shrink' if rounded == 1.0 else 'back off to anything but the floor'}. Use for example {name}=0.5."
         )
     return value
+
+
+def scale_bounds(initial: Any, min_loss_scale: Any, max_loss_scale: Any) -> tuple[float, float, float | None]:
+    """``(initial, min, max)`` validated as loss scales, with ``min <= initial <= max`` (``max`` None: no ceiling).
+
+    >>> scale_bounds(2**15, 1, None)
+    (32768.0, 1.0, None)
+    """
+    min_scale = scale("min_loss_scale", min_loss_scale, example="1.0")
+    max_scale = None
+    if max_loss_scale is not None:
+        max_scale = scale("max_loss_scale", max_loss_scale, at_least=min_scale, example="2**24")
+    initial_scale = scale("initial_loss_scale", initial)
+    if initial_scale < min_scale:
+        raise ValueError(
+            f"initial_loss_scale={initial_scale!r} is below min_loss_scale={min_scale!r}; "
+            "raise initial_loss_scale or lower min_loss_scale."
+        )
+    if max_scale is not None and initial_scale > max_scale:
+        raise ValueError(
+            f"initial_loss_scale={initial_scale!r} is above max_loss_scale={max_scale!r}; "
+            "lower initial_loss_scale or raise max_loss_scale."
+        )
+    return initial_scale, min_scale, max_scale

@@ -216,21 +216,7 @@ class DynamicLossScale(LossScale):
     hysteresis: int = 1
 
     def __post_init__(self) -> None:
-        min_scale = _n.scale("min_loss_scale", self.min_loss_scale, example="1.0")
-        max_scale = self.max_loss_scale
-        if max_scale is not None:
-            max_scale = _n.scale("max_loss_scale", max_scale, at_least=min_scale, example="2**24")
-        initial = _n.scale("initial_loss_scale", self.initial_loss_scale)
-        if initial < min_scale:
-            raise ValueError(
-                f"initial_loss_scale={initial!r} is below min_loss_scale={min_scale!r}; "
-                "raise initial_loss_scale or lower min_loss_scale."
-            )
-        if max_scale is not None and initial > max_scale:
-            raise ValueError(
-                f"initial_loss_scale={initial!r} is above max_loss_scale={max_scale!r}; "
-                "lower initial_loss_scale or raise max_loss_scale."
-            )
+        initial, min_scale, max_scale = _n.scale_bounds(self.initial_loss_scale, self.min_loss_scale, self.max_loss_scale)
         backoff = self.backoff_factor
         _set(
             self,

@@ -276,8 +276,8 @@ def test_config_round_trips():
         ({"margin_bits": 16, "max_margin_bits": 20}, ValueError, "no room"),
         ({"margin_bits": 5, "max_margin_bits": 4}, ValueError, "max_margin_bits"),
         ({"window": 1.5}, (TypeError, ValueError), "window"),
-        ({"initial_loss_scale": 0.5}, ValueError, "outside"),
-        ({"max_loss_scale": 2.0**10}, ValueError, "outside"),
+        ({"initial_loss_scale": 0.5}, ValueError, "is below min_loss_scale=1.0"),
+        ({"max_loss_scale": 2.0**10}, ValueError, "is above max_loss_scale=1024.0"),
         ({"min_loss_scale": -1.0}, ValueError, "min_loss_scale"),
     ],
 )
