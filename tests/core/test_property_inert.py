@@ -23,12 +23,7 @@ def configs(data):
 
 def check(data) -> None:
     module, class_name, identifier = configs(data)
-    with props.Inert([module], [class_name]):
-        for call in (lambda: ls.get(identifier), lambda: ls.DynamicLossScale.from_config(identifier["config"])):
-            try:
-                call()
-            except (TypeError, ValueError):
-                pass
+    props.run_inert([module], [class_name], (lambda: ls.get(identifier), lambda: ls.DynamicLossScale.from_config(identifier["config"])))
 
 
 @props.fast(60)

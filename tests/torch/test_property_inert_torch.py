@@ -24,17 +24,12 @@ def check(data) -> None:
     scaler = lst.GradScaler("cpu")
     scaler_saved = scaler.state_dict()
     scaler_saved["lossscale"]["policy"] = policy
-    with props.Inert([module], [class_name]):
-        for call in (
-            lambda: opt.load_state_dict(saved),
-            lambda: shared.load_state_dict(shared_saved),
-            lambda: scaler.load_state_dict(scaler_saved),
-            lambda: lst.LossScaleOptimizer(torch.optim.SGD([torch.nn.Parameter(torch.ones(2))], lr=0.1), policy),
-        ):
-            try:
-                call()
-            except (TypeError, ValueError):
-                pass
+    props.run_inert([module], [class_name], (
+        lambda: opt.load_state_dict(saved),
+        lambda: shared.load_state_dict(shared_saved),
+        lambda: scaler.load_state_dict(scaler_saved),
+        lambda: lst.LossScaleOptimizer(torch.optim.SGD([torch.nn.Parameter(torch.ones(2))], lr=0.1), policy),
+    ))
 
 
 @props.fast(40)

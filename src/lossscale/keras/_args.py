@@ -1,35 +1,18 @@
-"""The constructor's scale arguments, resolved to one policy; the policy written back as config keys."""
+"""The policy written back as config keys (tf-keras's stable form when it says it all).
+
+The constructor resolves its scale arguments with :func:`lossscale.resolve_loss_scale`, the one resolver of every
+binding.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-from .. import DynamicLossScale, FixedLossScale, LossScale, resolve_loss_scale, serialize
+from .. import DynamicLossScale, FixedLossScale, LossScale, serialize
 
-__all__ = ["policy_config", "resolve_policy"]
+__all__ = ["policy_config"]
 
 _EXTRAS = ("min_loss_scale", "max_loss_scale", "hysteresis")
-
-
-def resolve_policy(
-    loss_scale: Any = None,
-    *,
-    dynamic: bool | None = None,
-    initial_scale: float | None = None,
-    dynamic_growth_steps: int | None = None,
-    min_loss_scale: float | None = None,
-    max_loss_scale: float | None = None,
-    hysteresis: int | None = None,
-) -> LossScale:
-    """The policy the arguments describe: :func:`lossscale.resolve_loss_scale` (the one resolver of every binding).
-
-    >>> resolve_policy(dynamic_growth_steps=500, min_loss_scale=0.5) == DynamicLossScale(2**15, 500, min_loss_scale=0.5)
-    True
-    """
-    return resolve_loss_scale(
-        loss_scale, dynamic=dynamic, initial_scale=initial_scale, dynamic_growth_steps=dynamic_growth_steps,
-        min_loss_scale=min_loss_scale, max_loss_scale=max_loss_scale, hysteresis=hysteresis,
-    )
 
 
 def _stable(policy: LossScale) -> dict[str, Any] | None:

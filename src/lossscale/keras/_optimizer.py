@@ -10,9 +10,8 @@ import keras
 
 from .. import LossScale
 from .._auto import AutoLossScale
-from .._resolve import stable_form
+from .._resolve import resolve_loss_scale, stable_form
 from . import _tf_methods
-from ._args import resolve_policy
 from ._compat import HIDDEN_FROM_DIR, checkpoint_children, checkpoint_node, no_automatic_dependency_tracking
 from ._config import read_config, restore, values_record, write_config
 from ._distribute import in_replica_of_strategy, replica_apply
@@ -106,7 +105,7 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
     ) -> None:
         refuse_base_arguments(kwargs)
         check_inner(inner_optimizer)
-        policy = resolve_policy(
+        policy = resolve_loss_scale(
             loss_scale,
             dynamic=dynamic,
             initial_scale=initial_scale,
