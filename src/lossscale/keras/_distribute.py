@@ -62,6 +62,11 @@ def replica_apply(
     state: ScaleState, inner: Any, grads: list[Any], variables: list[Any], already: bool, aggregate: bool
 ) -> None:
     """One step from a replica; see the module docstring. Returns nothing (the inner's updates are assigned)."""
+    if state.stats is not None:
+        raise ValueError(
+            "stats_every (and loss_scale='auto') is not supported under tf.distribute yet: train without "
+            "a strategy, or on the JAX backend, or drop stats_every/loss_scale='auto'."
+        )
     import tensorflow as tf
 
     context = tf.distribute.get_replica_context()

@@ -273,11 +273,6 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             own, trainable = self._variables, self._trainable_variables
             jax_apply(self._scale, self.inner_optimizer, own, trainable, self._jax_steps, grads, variables, already)
         elif backend == "tensorflow" and in_replica_of_strategy():
-            if self._scale.stats is not None:
-                raise ValueError(
-                    "stats_every (and loss_scale='auto') is not supported under tf.distribute yet: train without "
-                    "a strategy, or on the JAX backend, or drop stats_every/loss_scale='auto'."
-                )
             replica_apply(self._scale, self.inner_optimizer, grads, variables, already, aggregate)
         else:
             apply_step(self._scale, self.inner_optimizer, grads, variables, already)
