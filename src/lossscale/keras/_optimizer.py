@@ -11,7 +11,6 @@ import keras
 from .. import LossScale
 from .._auto import AutoLossScale
 from .._resolve import resolve_loss_scale, stable_form
-from . import _tf_methods
 from ._compat import HIDDEN_FROM_DIR, checkpoint_children, checkpoint_node, no_automatic_dependency_tracking
 from ._config import read_config, restore, values_record, write_config
 from ._distribute import in_replica_of_strategy, replica_apply
@@ -22,6 +21,7 @@ from ._observer import StepObserver
 from ._state import ScaleState
 from ._stats import StatsVariables, check_stats_every
 from ._step import apply_step, check_apply_args, check_stateless_args, jax_apply, stateless_step
+from ._tf_methods import TFMethods
 
 __all__ = ["LossScaleOptimizer"]
 
@@ -33,7 +33,7 @@ def _state(name: str, doc: str) -> property:
 
 @keras.saving.register_keras_serializable(package="lossscale")
 @forward_inner_settings
-class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
+class LossScaleOptimizer(TFMethods, keras.optimizers.LossScaleOptimizer):
     """An optimizer that applies loss scaling; the seeds' ``LossScaleOptimizer`` for Keras 3.
 
     The loss is multiplied by ``S`` before differentiation and the gradients by
@@ -311,28 +311,6 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         grads, variables = zip(*pairs)
         self._apply(list(grads), list(variables), aggregate=bool(experimental_aggregate_gradients))
         return self.iterations
-
-    # ------------------------------------------------------------ the seeds' TensorFlow methods
-
-    def minimize(self, loss: Any, var_list: Sequence[Any], tape: Any = None) -> Any:
-        """The seeds' ``minimize`` (TensorFlow backend): scale, differentiate, unscale, apply."""
-        return _tf_methods.minimize(self, loss, var_list, tape)
-
-    def get_gradients(self, loss: Any, params: Sequence[Any]) -> list[Any]:
-        """The seeds' ``get_gradients``: unscaled gradients of the scaled loss (TensorFlow, in a tf.function)."""
-        return _tf_methods.get_gradients(self, loss, params)
-
-    def get_slot_names(self) -> list[str]:
-        """The inner optimizer's per-variable state names (Keras 3's: Adam's ``momentum``, ``velocity``)."""
-        return _tf_methods.get_slot_names(self.inner_optimizer, self._trainable_variables)
-
-    def get_slot(self, var: Any, slot_name: str) -> Any:
-        """The inner optimizer's ``slot_name`` variable for ``var`` (Keras 3's or tf-keras's name: ``"m"``)."""
-        return _tf_methods.get_slot(self.inner_optimizer, var, slot_name)
-
-    def add_slot(self, var: Any, slot_name: str, initializer: Any = "zeros") -> Any:
-        """The inner optimizer's ``slot_name`` variable for ``var``, created if new."""
-        return _tf_methods.add_slot(self.inner_optimizer, var, slot_name, initializer)
 
     # ------------------------------------------------------------ config and copies
 

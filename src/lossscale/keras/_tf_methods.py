@@ -17,7 +17,7 @@ from typing import Any
 
 import keras
 
-__all__ = ["add_slot", "get_gradients", "get_slot", "get_slot_names", "minimize"]
+__all__ = ["TFMethods", "add_slot", "get_gradients", "get_slot", "get_slot_names", "minimize"]
 
 # tf-keras slot name -> Keras 3 variable prefix, per optimizer class (tf-keras's names where they differ).
 _TF_KERAS_SLOTS = {
@@ -134,3 +134,33 @@ def add_slot(inner: Any, variable: Any, slot_name: str, initializer: Any = "zero
     if name in existing:
         return existing[name]
     return inner.add_variable_from_reference(variable, name, initializer=initializer)
+
+
+class TFMethods:
+    """The seeds' TensorFlow-era methods on the loss-scale optimizer; the functions above do the work.
+
+    The host class provides ``inner_optimizer`` and Keras' own ``_trainable_variables`` (set by ``build``).
+    """
+
+    inner_optimizer: Any
+    _trainable_variables: Any
+
+    def minimize(self, loss: Any, var_list: Sequence[Any], tape: Any = None) -> Any:
+        """The seeds' ``minimize`` (TensorFlow backend): scale, differentiate, unscale, apply."""
+        return minimize(self, loss, var_list, tape)
+
+    def get_gradients(self, loss: Any, params: Sequence[Any]) -> list[Any]:
+        """The seeds' ``get_gradients``: unscaled gradients of the scaled loss (TensorFlow, in a tf.function)."""
+        return get_gradients(self, loss, params)
+
+    def get_slot_names(self) -> list[str]:
+        """The inner optimizer's per-variable state names (Keras 3's: Adam's ``momentum``, ``velocity``)."""
+        return get_slot_names(self.inner_optimizer, self._trainable_variables)
+
+    def get_slot(self, var: Any, slot_name: str) -> Any:
+        """The inner optimizer's ``slot_name`` variable for ``var`` (Keras 3's or tf-keras's name: ``"m"``)."""
+        return get_slot(self.inner_optimizer, var, slot_name)
+
+    def add_slot(self, var: Any, slot_name: str, initializer: Any = "zeros") -> Any:
+        """The inner optimizer's ``slot_name`` variable for ``var``, created if new."""
+        return add_slot(self.inner_optimizer, var, slot_name, initializer)
