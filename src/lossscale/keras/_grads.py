@@ -69,18 +69,45 @@ def unscale(grads: Sequence[Any], scale: Any, keep: Sequence[bool] | None = None
     return out
 
 
-def all_finite(grads: Sequence[Any]) -> Any:
-    """A 0-d bool tensor: True iff no gradient holds a NaN or an Inf (NaN and +-Inf alike).
-
-    Cost: one read pass over the gradients; no host sync. No gradient at all is finite.
-    """
-    flags = [ops.all(ops.isfinite(g)) for g in grads if g is not None]
+def _conjunction(flags: Sequence[Any]) -> Any:
     if not flags:
         return ops.convert_to_tensor(True)
     finite = flags[0]
     for flag in flags[1:]:
         finite = ops.logical_and(finite, flag)
     return finite
+
+
+def _each_finite(grads: Sequence[Any]) -> Any:
+    return _conjunction([ops.all(ops.isfinite(g)) for g in grads])
+
+
+def all_finite(grads: Sequence[Any]) -> Any:
+    """A 0-d bool tensor: True iff no gradient holds a NaN or an Inf (NaN and +-Inf alike).
+
+    On TensorFlow, float32/float64 gradients are first checked through their
+    sums: ``isfinite(sum(g))`` implies every element of ``g`` is finite (a NaN
+    propagates; an Inf makes the sum +-Inf, or NaN beside an opposite Inf).
+    Only when a sum is not finite (a NaN or Inf, or finite values whose sum
+    overflows) does the exact ``all(isfinite(g))`` run, in a ``cond``, so the
+    result is always the exact one. Half-precision gradients, whose sums
+    overflow at 65504, and the other backends (where ``jit`` fuses the
+    exact check into one pass) use the exact check directly.
+
+    Cost: one read pass over the gradients (on TensorFlow, a sum: no
+    intermediate bool tensor; a second pass only on a step that holds a
+    non-finite value); no host sync. No gradient at all is finite.
+    """
+    present = [g for g in grads if g is not None]
+    if keras.backend.backend() != "tensorflow":
+        return _each_finite(present)
+    wide = [g for g in present if keras.backend.standardize_dtype(g.dtype) in ("float32", "float64")]
+    narrow = [g for g in present if keras.backend.standardize_dtype(g.dtype) not in ("float32", "float64")]
+    if not wide:
+        return _each_finite(narrow)
+    sums = _conjunction([ops.isfinite(ops.sum(g)) for g in wide])
+    finite = ops.cond(sums, lambda: ops.convert_to_tensor(True), lambda: _each_finite(wide))
+    return ops.logical_and(finite, _each_finite(narrow)) if narrow else finite
 
 
 class UnscaleStage:

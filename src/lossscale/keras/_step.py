@@ -21,7 +21,15 @@ from ._backend import no_grad
 from ._grads import all_finite, unscale
 from ._state import ScaleState
 
-__all__ = ["apply_step", "check_apply_args", "check_stateless_args", "jax_apply", "stateless_step", "unscale_and_check"]
+__all__ = [
+    "apply_step",
+    "check_apply_args",
+    "check_stateless_args",
+    "jax_apply",
+    "stateless_step",
+    "torch_apply",
+    "unscale_and_check",
+]
 
 
 def _keep(variables: Sequence[Any]) -> list[bool]:
@@ -51,6 +59,9 @@ def apply_step(state: ScaleState, inner: Any, grads: list[Any], variables: list[
     the branch is a Python ``if`` anyway, the scale rule then runs on the host.
     """
     with no_grad():
+        if keras.backend.backend() == "torch" and state.stats is None and not already:
+            torch_apply(state, inner, grads, variables)
+            return
         if keras.backend.backend() == "torch":
             scale = ops.convert_to_tensor(state.variables[0])
             unscaled, finite = unscale_and_check(grads, variables, scale, already, state.at_least_one)
@@ -69,6 +80,44 @@ def apply_step(state: ScaleState, inner: Any, grads: list[Any], variables: list[
         measured = state.measure(grads, variables, current.loss_scale, already)
         ops.cond(finite, lambda: inner.apply(unscaled, variables), lambda: None)
         state.finish(current, finite, measured)
+
+
+def torch_apply(state: ScaleState, inner: Any, grads: list[Any], variables: list[Any]) -> None:
+    """The eager step on the torch backend, for scaled gradients: torch's multi-tensor kernels, the rule on the host.
+
+    The gradients are unscaled into new tensors and checked with the
+    kernels behind :class:`lossscale.torch.GradScaler` (one multi-tensor call
+    each per (device, dtype); the caller's tensors are only read). The branch
+    is a Python ``if``, so the step syncs once on the found-inf flag; the rule
+    then runs on numpy scalars, in place on the state's CPU storage, or on
+    the host and written back for state on an accelerator.
+
+    Cost: two passes over the gradients (R+W each: the multiply into new
+    tensors, then the check on them), no per-tensor Python op; one host sync.
+    """
+    import numpy as np
+    import torch
+
+    from .._rule import advance_in_place
+    from ..torch._grads import GradGroups, check_finite, reciprocal, unscaled_copies
+
+    scale = state.variables[0].value
+    keep = _keep(variables)
+    copies = unscaled_copies([None if k else g for g, k in zip(grads, keep)], reciprocal(scale))
+    unscaled = [g if k else u for g, u, k in zip(grads, copies, keep)]
+    found = check_finite(GradGroups([u for u, k in zip(copies, keep) if u is not None]), out_device=scale.device)
+    kept = [g for g, k in zip(grads, keep) if k and g is not None]  # passed through as they are, checked as read
+    finite = not bool(found) and (not kept or bool(all_finite(kept)))
+    if finite:
+        inner.apply(unscaled, variables)
+    values = [v.value for v in state.variables]
+    if values[0].device.type != "cpu":
+        state.finish_host(state.read_host(), finite)
+        return
+    views = [torch.Tensor.numpy(v.detach()) for v in values]
+    scale_used = float(views[0])
+    advance_in_place(state.params, views, finite)  # type: ignore[arg-type]
+    state.observer.observe(np.float32(scale_used), np.bool_(finite), views[4][()], views[0][()])
 
 
 def check_apply_args(grads: list[Any], given: Sequence[Any] | None, built: bool, trainable: Sequence[Any]) -> list[Any]:
