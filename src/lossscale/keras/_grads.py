@@ -85,12 +85,12 @@ def _each_finite(grads: Sequence[Any]) -> Any:
 def all_finite(grads: Sequence[Any]) -> Any:
     """A 0-d bool tensor: True iff no gradient holds a NaN or an Inf (NaN and +-Inf alike).
 
-    On TensorFlow, float32/float64 gradients are first checked through their
-    sums: ``isfinite(sum(g))`` implies every element of ``g`` is finite (a NaN
+    On TensorFlow, float32/float64 gradients are first checked through one
+    sum of their sums: a finite sum implies every element is finite (a NaN
     propagates; an Inf makes the sum +-Inf, or NaN beside an opposite Inf).
-    Only when a sum is not finite (a NaN or Inf, or finite values whose sum
-    overflows) does the exact ``all(isfinite(g))`` run, in a ``cond``, so the
-    result is always the exact one. Half-precision gradients, whose sums
+    Only when that sum is not finite (a NaN or Inf, or finite values whose
+    sum overflows) does the exact ``all(isfinite(g))`` run, in a ``cond``, so
+    the result is always the exact one. Half-precision gradients, whose sums
     overflow at 65504, and the other backends (where ``jit`` fuses the
     exact check into one pass) use the exact check directly.
 
@@ -105,7 +105,11 @@ def all_finite(grads: Sequence[Any]) -> Any:
     narrow = [g for g in present if keras.backend.standardize_dtype(g.dtype) not in ("float32", "float64")]
     if not wide:
         return _each_finite(narrow)
-    sums = _conjunction([ops.isfinite(ops.sum(g)) for g in wide])
+    by_dtype: dict[str, list[Any]] = {}
+    for g in wide:
+        by_dtype.setdefault(keras.backend.standardize_dtype(g.dtype), []).append(ops.sum(g))
+    # The sum of the sums: an overflow here, like one in a sum, only sends the step to the exact check.
+    sums = _conjunction([ops.isfinite(ops.sum(ops.stack(group))) for group in by_dtype.values()])
     finite = ops.cond(sums, lambda: ops.convert_to_tensor(True), lambda: _each_finite(wide))
     return ops.logical_and(finite, _each_finite(narrow)) if narrow else finite
 

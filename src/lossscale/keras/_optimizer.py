@@ -8,9 +8,9 @@ from typing import Any
 
 import keras
 
-from .. import LossScale
 from .._auto import AutoLossScale
-from .._resolve import resolve_loss_scale, stable_form
+from .._resolve import resolve_loss_scale
+from ._attributes import ScaleAttributes
 from ._compat import HIDDEN_FROM_DIR, checkpoint_children, checkpoint_node, no_automatic_dependency_tracking
 from ._config import read_config, restore, values_record, write_config
 from ._distribute import in_replica_of_strategy, replica_apply
@@ -26,14 +26,9 @@ from ._tf_methods import TFMethods
 __all__ = ["LossScaleOptimizer"]
 
 
-def _state(name: str, doc: str) -> property:
-    """A read-only attribute of the scale state (:class:`ScaleState`'s property ``name``)."""
-    return property(lambda self: getattr(self._scale, name), doc=doc)
-
-
 @keras.saving.register_keras_serializable(package="lossscale")
 @forward_inner_settings
-class LossScaleOptimizer(TFMethods, keras.optimizers.LossScaleOptimizer):
+class LossScaleOptimizer(ScaleAttributes, TFMethods, keras.optimizers.LossScaleOptimizer):
     """An optimizer that applies loss scaling; the seeds' ``LossScaleOptimizer`` for Keras 3.
 
     The loss is multiplied by ``S`` before differentiation and the gradients by
@@ -79,11 +74,12 @@ class LossScaleOptimizer(TFMethods, keras.optimizers.LossScaleOptimizer):
     optimizer's: refused here, read and written through as attributes.
 
     Cost per step: one multiply per gradient element and one read pass for
-    the check (fused under ``tf.function``/``jit``), about 20 scalar ops for
-    the scale. Host syncs: none under ``tf.function`` and ``jit``; one per
-    step in eager TensorFlow and on torch (the branch is a Python ``if``, as
-    in Keras' own class); ``history``/``max_consecutive_skips`` add one
-    transfer of three scalars per step.
+    the check (fused under ``jit``; a sum per gradient on TensorFlow; two
+    multi-tensor kernel calls on torch), about 20 scalar ops for the scale.
+    Host syncs: none under ``tf.function`` and ``jit``; one per step in eager
+    TensorFlow and on torch (the branch is a Python ``if``, as in Keras' own
+    class); ``history``/``max_consecutive_skips`` add one transfer of three
+    scalars per step.
     """
 
     def __init__(
@@ -127,56 +123,6 @@ class LossScaleOptimizer(TFMethods, keras.optimizers.LossScaleOptimizer):
         self._jax_steps: dict[bool, Any] = {}
         self._pending: dict[str, Any] | None = None  # variable values restored before build (pickle, deepcopy)
         self._checkpoint_node = checkpoint_node()
-
-    # ------------------------------------------------------------ the seeds' attributes
-
-    @property
-    def dynamic(self) -> bool:
-        """Whether the loss scale changes during training."""
-        return self._scale.params.dynamic
-
-    @property
-    def initial_scale(self) -> float:
-        """The initial loss scale (the only one, when fixed)."""
-        return self._scale.params.initial_scale
-
-    @property
-    def dynamic_growth_steps(self) -> int | None:
-        """Finite steps in a row before the scale grows, or None if fixed."""
-        return stable_form(self._policy)["dynamic_growth_steps"]
-
-    @property
-    def loss_scale_policy(self) -> LossScale:
-        """The :class:`lossscale.LossScale` followed."""
-        return self._policy
-
-    loss_scale = _state("loss_scale", "The current loss scale, a 0-d float32 tensor (no sync until converted).")
-    dynamic_counter = _state(
-        "dynamic_counter", "Finite steps since the scale last changed (0-d int32), or None if fixed."
-    )
-    skipped_steps = _state("skipped_steps", "Steps skipped so far, a 0-d int32 tensor (saturating; saved).")
-    consecutive_skips = _state("consecutive_skips", "Steps skipped in a row up to the last one (0-d int32).")
-    last_step_skipped = _state("last_step_skipped", "Whether the last step was skipped, a 0-d bool tensor.")
-
-    @property
-    def stats_every(self) -> int | None:
-        """Measure the gradients every N-th apply (None: off)."""
-        return None if self._scale.stats is None else self._scale.stats.every
-
-    @property
-    def gradient_stats(self) -> dict[str, Any] | None:
-        """The latest sample of ``stats_every`` (None when off or before build): 0-d and ``(T,)`` tensors.
-
-        Keys ``step`` (-1 before the first sample), ``amax``, ``headroom_bits``,
-        ``zero_fraction``, ``subnormal_fraction``, ``rms_min`` and ``per_tensor``
-        (``names``: the variables' paths). No copy, no host sync.
-        """
-        return None if self._scale.stats is None else self._scale.stats.mapping()
-
-    @property
-    def history(self) -> Any:
-        """The :class:`lossscale.History` being recorded, or None."""
-        return self._scale.observer.history
 
     # ------------------------------------------------------------ variables
 

@@ -95,12 +95,18 @@ class ScaleState:
     def read(self) -> LossScaleState:
         """The state now: copies, except on JAX (whose values are immutable).
 
-        A torch variable's tensor is updated in place, and on TensorFlow
-        ``convert_to_tensor`` may hand over the variable itself, read only when
-        used (after this step's assign, e.g. by the history's ``py_function``).
+        A torch variable's tensor is updated in place. On TensorFlow
+        ``keras.ops.convert_to_tensor`` may hand over the variable itself, read
+        only when used (after this step's assign, e.g. by the history's
+        ``py_function``); TensorFlow's own conversion reads it once, here.
         """
+        backend = keras.backend.backend()
+        if backend == "tensorflow":  # one ReadVariableOp each: a snapshot, ordered before this step's assigns
+            import tensorflow as tf
+
+            return LossScaleState(*(tf.convert_to_tensor(v.value) for v in self.variables))
         values = (ops.convert_to_tensor(v) for v in self.variables)
-        if keras.backend.backend() != "jax":
+        if backend != "jax":
             values = (ops.copy(v) for v in values)
         return LossScaleState(*values)
 

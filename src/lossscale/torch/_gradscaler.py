@@ -46,12 +46,13 @@ from typing import Any
 import torch
 
 from .._policy import DynamicLossScale
-from ._checkpoint import gradscaler_record, gradscaler_state_dict, growth_interval, replace_policy, with_torch_names
+from ._checkpoint import gradscaler_record, gradscaler_state_dict, growth_interval, with_torch_names
 from ._diagnostics import Diagnostics, OverflowReport, StepRecorder
 from ._iteration import UNSCALED, Iteration
 from ._sampler import measure_scaled, sampler_for
 from ._scale import IterationScale
 from ._step import Stage
+from ._torch_accessors import TorchScalerAccessors
 
 __all__ = ["GradScaler", "torch_policy"]
 
@@ -87,7 +88,7 @@ def torch_policy(
     )
 
 
-class GradScaler:
+class GradScaler(TorchScalerAccessors):
     """``torch.amp.GradScaler``'s interface over lossscale's dynamic loss scale.
 
     Args:
@@ -268,51 +269,6 @@ class GradScaler:
         """
         return None if self._sampler is None else self._sampler.gradient_stats
 
-    # ------------------------------------------------------------ torch's accessors
-
-    def get_scale(self) -> float:
-        """The current scale as a Python float (1.0 when disabled). One host sync."""
-        return float(self._owner.state.loss_scale) if self._enabled else 1.0
-
-    @property
-    def _scale(self) -> torch.Tensor | None:
-        """torch's attribute: the live 0-d float32 scale tensor (None when disabled); torch's own tests read it."""
-        return self._owner.state.loss_scale if self._enabled else None
-
-    # torch's lazy-init attributes, which its own tests set and read around load_state_dict(): here they are
-    # views of the live state (the scale and the growth tracker), read on the host (one sync each).
-    _init_scale = property(lambda self: self.get_scale(), lambda self, v: self._owner.overwrite(scale=v))
-    _init_growth_tracker = property(
-        lambda self: self._get_growth_tracker(), lambda self, v: self._owner.overwrite(growth_tracker=v)
-    )
-
-    def _get_growth_tracker(self) -> int:
-        """Finite steps since the scale last changed, a Python int (0 when disabled). One host sync."""
-        return int(self._owner.state.good_steps) if self._enabled else 0
-
-    def get_growth_factor(self) -> float:
-        return self._owner.policy.multiplier
-
-    def set_growth_factor(self, new_factor: float) -> None:
-        self._owner.set_policy(replace_policy(self._owner.policy, growth_factor=new_factor))
-
-    def get_backoff_factor(self) -> float:
-        """The factor a skip multiplies the scale by (``1 / growth_factor`` where the policy leaves it unset)."""
-        policy = self._owner.policy
-        return 1.0 / policy.multiplier if policy.backoff_factor is None else policy.backoff_factor
-
-    def set_backoff_factor(self, new_factor: float) -> None:
-        self._owner.set_policy(replace_policy(self._owner.policy, backoff_factor=new_factor))
-
-    def get_growth_interval(self) -> int:
-        return self._owner.policy.increment_period
-
-    def set_growth_interval(self, new_interval: int) -> None:
-        self._owner.set_policy(replace_policy(self._owner.policy, growth_interval=new_interval))
-
-    def is_enabled(self) -> bool:
-        return self._enabled
-
     def state_dict(self) -> dict[str, Any]:
         """torch's five keys plus a ``"lossscale"`` entry, plain values only (``{}`` when disabled); one sync."""
         return gradscaler_state_dict(self._owner.policy, self._owner.state) if self._enabled else {}
@@ -368,7 +324,6 @@ class GradScaler:
         """The report of the last skipped step (needs ``overflow_report=True``), or None."""
         reporter = self._diagnostics.reporter
         return None if reporter is None else reporter.last
-
 
     # ------------------------------------------------------------ pickling: the scale's record, plus settings
 
