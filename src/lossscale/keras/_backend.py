@@ -29,7 +29,8 @@ def advance(policy: Any, state: LossScaleState, finite: Any) -> LossScaleState:
 
     Cost: about 20 scalar ops; no host sync (under ``tf.function``/``jit`` they fuse into the step).
     """
-    new = next_state(policy, LossScaleState(*map(wrap, state)), wrap(finite), namespace())
+    flag = finite if isinstance(finite, bool) else wrap(finite)  # a Python bool: a constant branch's flag
+    new = next_state(policy, LossScaleState(*map(wrap, state)), flag, namespace())
     return LossScaleState(*map(unwrap, new))
 
 

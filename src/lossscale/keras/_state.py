@@ -121,6 +121,21 @@ class ScaleState:
         p = self.params
         return (p.dynamic, p.dynamic, p.dynamic and p.hysteresis > 1, True, True)
 
+    def next_values(self, state: LossScaleState, finite: bool) -> list[Any]:
+        """The variables' values after a step with a known (Python) ``finite``: the rule's where it moves them.
+
+        For a branch whose flag is a constant (see ``_step.stateless_step``);
+        the values are returned, not assigned.
+        """
+        new = advance(self.params, state, finite)
+        return [value if moving else old for value, old, moving in zip(new, state, self._moving())]
+
+    def assign(self, values: Any) -> None:
+        """Writes a new state (a :class:`LossScaleState` or :meth:`next_values`) into the variables that move."""
+        for variable, value, moving in zip(self.variables, values, self._moving()):
+            if moving:
+                variable.assign(value)
+
     def read_host(self) -> LossScaleState:
         """The state now as numpy values (torch: host reads of five scalars; free on CPU)."""
         return LossScaleState(*(np.array(ops.convert_to_numpy(v)) for v in self.variables))
@@ -149,9 +164,7 @@ class ScaleState:
             new = advance(self.params, state, finite)
         else:
             new = self.stats.advance(self.params, state, finite, measured)
-        for variable, value, moving in zip(self.variables, new, self._moving()):
-            if moving:
-                variable.assign(value)
+        self.assign(new)
         stats = () if measured is None or self.observer.history is None else self.stats.columns(measured)
         self.observer.observe(state.loss_scale, finite, new.consecutive_skips, new.loss_scale, stats)
         return new

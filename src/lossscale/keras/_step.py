@@ -78,8 +78,16 @@ def apply_step(state: ScaleState, inner: Any, grads: list[Any], variables: list[
         current = state.read()
         unscaled, finite = unscale_and_check(grads, variables, current.loss_scale, already, state.at_least_one)
         measured = state.measure(grads, variables, current.loss_scale, already)
-        ops.cond(finite, lambda: inner.apply(unscaled, variables), lambda: None)
-        state.finish(current, finite, measured)
+        if measured is not None or state.observer.active:
+            ops.cond(finite, lambda: inner.apply(unscaled, variables), lambda: None)
+            state.finish(current, finite, measured)
+            return
+
+        def taken() -> None:
+            inner.apply(unscaled, variables)
+            state.assign(state.next_values(current, True))
+
+        ops.cond(finite, taken, lambda: state.assign(state.next_values(current, False)))
 
 
 def torch_apply(state: ScaleState, inner: Any, grads: list[Any], variables: list[Any]) -> None:
@@ -167,9 +175,13 @@ def stateless_step(
 
     ``own_variables`` are the wrapper's (its iteration counter, the scale
     state), listed before the inner optimizer's in ``optimizer_values``. The
-    scale state is advanced inside a ``keras.StatelessScope``; the inner
-    optimizer's ``stateless_apply`` runs in the taken branch of ``ops.cond``
-    (``lax.cond`` on JAX), the other branch returns the values unchanged.
+    inner optimizer's ``stateless_apply`` runs in the taken branch of
+    ``ops.cond`` (``lax.cond`` on JAX), the other branch returns the values
+    unchanged. The scale rule runs inside each branch with its flag a
+    constant (True in the taken branch, False in the other), so that XLA folds
+    it to the few scalar ops that branch needs; with ``stats_every`` or an
+    observer on (their inputs are the flag and the sample), it runs once
+    before the branch, inside a ``keras.StatelessScope``.
     """
     own = len(own_variables)
     mapping = list(zip(list(own_variables) + list(inner.variables), optimizer_values))
@@ -177,20 +189,33 @@ def stateless_step(
         current = state.read()
         _, finite = unscale_and_check(grads, trainable_variables, current.loss_scale, already, state.at_least_one)
         measured = state.measure(grads, trainable_variables, current.loss_scale, already)
-        state.finish(current, finite, measured)
+        branched = measured is None and not state.observer.active
+        if not branched:
+            state.finish(current, finite, measured)
     new_own = [scope.get_current_value(v) for v in own_variables]
     inner_values = [ops.convert_to_tensor(x, v.dtype) for x, v in zip(optimizer_values[own:], inner.variables)]
     weights = [ops.convert_to_tensor(x, v.dtype) for x, v in zip(trainable_values, trainable_variables)]
+    positions = [[id(o) for o in own_variables].index(id(v)) for v in state.variables]
 
-    def step() -> tuple[list[Any], list[Any]]:
+    def own_after(flag: bool) -> list[Any]:
+        values = list(new_own)
+        if branched:
+            for position, value in zip(positions, state.next_values(current, flag)):
+                values[position] = value
+        return values
+
+    def step() -> tuple[list[Any], list[Any], list[Any]]:
         # Unscaled again inside the branch (not passed in), so that XLA fuses the multiply into the check
         # above and into the inner update here instead of writing the unscaled gradients out.
         again = grads if already else unscale(grads, current.loss_scale, _keep(trainable_variables))
         new_weights, new_inner = inner.stateless_apply(inner_values, again, weights)
-        return list(new_weights), list(new_inner)
+        return list(new_weights), list(new_inner), own_after(True)
 
-    new_weights, new_inner = ops.cond(finite, step, lambda: (weights, inner_values))
-    return list(new_weights), new_own + list(new_inner)
+    def skip() -> tuple[list[Any], list[Any], list[Any]]:
+        return weights, inner_values, own_after(False)
+
+    new_weights, new_inner, new_own = ops.cond(finite, step, skip)
+    return list(new_weights), list(new_own) + list(new_inner)
 
 
 def jax_apply(
