@@ -1,10 +1,12 @@
 """``model.fit`` step time: lossscale.keras.LossScaleOptimizer against Keras 3's own, per backend.
 
-One small model (an MLP under ``mixed_float16``, Adam), compiled twice: with
-Keras' ``LossScaleOptimizer`` (what ``compile`` wraps a plain Adam in) and with
-lossscale's. Both are warmed up (compilation), then timed interleaved: each
-round runs one epoch of ``--steps`` batches with each, in alternating order;
-each epoch gives two numbers per optimizer:
+One small model (an MLP under ``mixed_float16``, Adam), compiled with Keras'
+``LossScaleOptimizer`` (what ``compile`` wraps a plain Adam in), with
+lossscale's, and with Keras' again (the control). All are warmed up
+(compilation), then timed interleaved: each round runs one epoch of
+``--steps`` batches with each, the order rotating from round to round so that
+each model takes each place equally often; each epoch gives two numbers per
+optimizer:
 
 * step: the median time between consecutive batch ends (a callback's
   clock), i.e. one whole ``fit`` step with its Python loop, the epoch's
@@ -13,9 +15,11 @@ each epoch gives two numbers per optimizer:
   includes that setup and its occasional stalls (garbage collection).
 
 The table gives the medians over ``--rounds`` rounds and, per measure, the
-median over the rounds of each round's ratio lossscale / Keras (the two
-timings of a round are taken back to back, so their ratio cancels the shared
-machine's slower drifts). Both models start from the same weights and data.
+median over the rounds of each round's ratio lossscale / Keras (the timings
+of a round are taken back to back, so their ratio cancels the shared
+machine's slower drifts). A third model, "control", runs Keras' own class
+again: its ratio to the first is what identical work measures, the noise
+floor of the ratio. All models start from the same weights and data.
 
 The backend is fixed per process, so ``--backend all`` (the default) runs this
 script once per backend in a subprocess and prints one table.
@@ -63,6 +67,7 @@ def measure(args: argparse.Namespace) -> dict[str, float]:
     models = {
         "keras": model_with(keras.optimizers.Adam(1e-4)),  # compile wraps it in Keras' LossScaleOptimizer
         "lossscale": model_with(lsk.LossScaleOptimizer(keras.optimizers.Adam(1e-4))),
+        "control": model_with(keras.optimizers.Adam(1e-4)),  # Keras' class again: what identical work measures
     }
     assert type(models["keras"].optimizer) is keras.optimizers.LossScaleOptimizer
 
@@ -91,13 +96,14 @@ def measure(args: argparse.Namespace) -> dict[str, float]:
     for _ in range(args.rounds):
         for name in order:
             times[name].append(epoch(models[name]))
-        order.reverse()
+        order = order[1:] + order[:1]
     result: dict[str, float] = {}
     for which, kind in enumerate(("epoch", "step")):
-        ours, theirs = [t[which] for t in times["lossscale"]], [t[which] for t in times["keras"]]
+        ours, theirs, again = ([t[which] for t in times[name]] for name in ("lossscale", "keras", "control"))
         result[f"keras_{kind}"], result[f"lossscale_{kind}"] = statistics.median(theirs), statistics.median(ours)
         # Each round times both back to back, so its ratio cancels the machine's slower drifts.
         result[f"paired_{kind}"] = statistics.median(a / b for a, b in zip(ours, theirs))
+        result[f"control_{kind}"] = statistics.median(a / b for a, b in zip(again, theirs))
     return result
 
 
@@ -124,22 +130,23 @@ def main() -> None:
             command, env={**os.environ, "KERAS_BACKEND": backend}, capture_output=True, text=True, check=False
         )
         if out.returncode != 0:
-            rows.append(f"| {backend} | failed: {out.stderr.strip().splitlines()[-1]} | | | | | |")
+            rows.append(f"| {backend} | failed: {out.stderr.strip().splitlines()[-1]} | | | | | | | |")
             continue
         r = json.loads(out.stdout.strip().splitlines()[-1])
         rows.append(
             f"| {backend} | {r['keras_step'] * 1e3:.3f} | {r['lossscale_step'] * 1e3:.3f} | {r['paired_step']:.3f} "
-            f"| {r['keras_epoch'] * 1e3:.2f} | {r['lossscale_epoch'] * 1e3:.2f} | {r['paired_epoch']:.3f} |"
+            f"| {r['control_step']:.3f} | {r['keras_epoch'] * 1e3:.2f} | {r['lossscale_epoch'] * 1e3:.2f} "
+            f"| {r['paired_epoch']:.3f} | {r['control_epoch']:.3f} |"
         )
     print(
         f"fit step time, MLP {args.depth}x{args.width}, batch {args.batch}, mixed_float16, Adam; "
         f"median of {args.rounds} interleaved rounds of {args.steps} steps\n"
     )
     print(
-        "| backend | step: Keras 3 (ms) | step: lossscale (ms) | step: ratio | epoch: Keras 3 (ms/step) "
-        "| epoch: lossscale (ms/step) | epoch: ratio |"
+        "| backend | step: Keras 3 (ms) | step: lossscale (ms) | step: ratio | step: control "
+        "| epoch: Keras 3 (ms/step) | epoch: lossscale (ms/step) | epoch: ratio | epoch: control |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     print("\n".join(rows))
 
 

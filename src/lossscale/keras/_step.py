@@ -119,8 +119,8 @@ def torch_apply(state: ScaleState, inner: Any, grads: list[Any], variables: list
     if finite:
         inner.apply(unscaled, variables)
     values = [v.value for v in state.variables]
-    if values[0].device.type != "cpu":
-        state.finish_host(state.read_host(), finite)
+    if values[0].device.type != "cpu" or values[0].dtype != torch.float32:  # on an accelerator, or autocast
+        state.finish_host(state.read_host(), finite)  # (a cast copy, not the variable: written through assign)
         return
     views = [torch.Tensor.numpy(v.detach()) for v in values]
     scale_used = float(views[0])
