@@ -124,8 +124,9 @@ class ScaleState:
     def next_values(self, state: LossScaleState, finite: bool) -> list[Any]:
         """The variables' values after a step with a known (Python) ``finite``: the rule's where it moves them.
 
-        For a branch whose flag is a constant (see ``_step.stateless_step``);
-        the values are returned, not assigned.
+        For a branch whose flag is a constant (``_step.apply_step`` on
+        TensorFlow, ``_step.stateless_step``); the values are returned, not
+        assigned (:meth:`assign` writes them).
         """
         new = advance(self.params, state, finite)
         return [value if moving else old for value, old, moving in zip(new, state, self._moving())]

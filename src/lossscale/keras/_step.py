@@ -54,9 +54,12 @@ def unscale_and_check(
 def apply_step(state: ScaleState, inner: Any, grads: list[Any], variables: list[Any], already: bool) -> None:
     """The stateful step (TensorFlow without a strategy, torch): ``inner.apply`` in the taken branch only.
 
-    Cost: one multiply and one read pass over the gradients; host syncs: none
-    under ``tf.function``, one in eager code (the branch). On torch, where
-    the branch is a Python ``if`` anyway, the scale rule then runs on the host.
+    On TensorFlow the scale rule runs inside each branch with its flag a
+    constant (as in :func:`stateless_step`), unless ``stats_every`` or an
+    observer needs the flag itself. Cost: one multiply and one read pass over
+    the gradients; host syncs: none under ``tf.function``, one in eager code
+    (the branch). On torch, where the branch is a Python ``if`` anyway, the
+    scale rule then runs on the host (:func:`torch_apply` for the common case).
     """
     with no_grad():
         if keras.backend.backend() == "torch" and state.stats is None and not already:
@@ -122,7 +125,7 @@ def torch_apply(state: ScaleState, inner: Any, grads: list[Any], variables: list
     if values[0].device.type != "cpu" or values[0].dtype != torch.float32:  # on an accelerator, or autocast
         state.finish_host(state.read_host(), finite)  # (a cast copy, not the variable: written through assign)
         return
-    views = [torch.Tensor.numpy(v.detach()) for v in values]
+    views = [v.detach().numpy() for v in values]
     scale_used = float(views[0])
     advance_in_place(state.params, views, finite)  # type: ignore[arg-type]
     state.observer.observe(np.float32(scale_used), np.bool_(finite), views[4][()], views[0][()])
