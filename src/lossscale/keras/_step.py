@@ -86,11 +86,11 @@ def apply_step(state: ScaleState, inner: Any, grads: list[Any], variables: list[
             state.finish(current, finite, measured)
             return
 
-        def taken() -> None:
+        def apply_and_advance() -> None:
             inner.apply(unscaled, variables)
             state.assign(state.next_values(current, True))
 
-        ops.cond(finite, taken, lambda: state.assign(state.next_values(current, False)))
+        ops.cond(finite, apply_and_advance, lambda: state.assign(state.next_values(current, False)))
 
 
 def torch_apply(state: ScaleState, inner: Any, grads: list[Any], variables: list[Any]) -> None:
