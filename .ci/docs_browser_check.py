@@ -36,6 +36,10 @@ PAGES = [
     ("how-to/accumulation/", "Gradient accumulation", "Gradient accumulation", None),
     ("api/torch/#lossscale.torch.LossScaleOptimizer", "lossscale.torch", "lossscale.torch",
      "lossscale.torch.LossScaleOptimizer"),
+    ("keras/", "Keras in depth", "lossscale.keras", None),
+    ("api/keras/#lossscale.keras.LossScaleOptimizer", "lossscale.keras", "lossscale.keras",
+     "lossscale.keras.LossScaleOptimizer"),
+    ("development/", "Development", "Development", None),
 ]
 
 
