@@ -1,8 +1,9 @@
-"""The built site in a real browser: serve site/ on 127.0.0.1 and open three pages in headless Chromium.
+"""The built site in a real browser: serve site/ on 127.0.0.1 and open six pages in headless Chromium.
 
 ``make docs-check`` runs it after ``make docs``: ``python .ci/docs_browser_check.py [site] [--screenshots DIR]``.
 Chromium is Debian's (``/usr/bin/chromium``, or $CHROMIUM), driven by Playwright for Python; nothing is downloaded.
-For the home page, a how-to page and the API page of ``lossscale.torch.LossScaleOptimizer`` it asserts:
+For the home page, a how-to page, the Keras guide, Development, and the API pages of
+``lossscale.torch.LossScaleOptimizer`` and ``lossscale.keras.LossScaleOptimizer`` it asserts:
 
 - the page title (the page's own title, then the site name);
 - the navigation: the site's sections are links, and the current page is marked active;
