@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 
 from . import _numbers as _n
 from ._policy import LossScale, RuleParams, _set
-from ._rule import LossScaleState, _finite_flag, next_skip_counters
+from ._rule import COUNTER_MAX, LossScaleState, _finite_flag, next_skip_counters
 from ._stats import LOG2_FLOAT16_MAX, GradientStats
 
 __all__ = ["AutoLossScale", "AutoState", "check_stats_every", "initial_auto_state", "next_auto_state"]
@@ -214,17 +214,18 @@ def next_auto_state(
     scale, good, bad, skipped, streak = state
     skipped, streak = next_skip_counters(skipped, streak, finite, xp)
     m = auto.margin
-    e = xp.floor(xp.log2(scale))  # integral; exact for the powers of two the rule produces
+    log_s = xp.log2(scale)
+    e = xp.floor(log_s)  # integral; exact for the powers of two the rule produces
 
     # Overflow: back off by the margin and widen it; forget the window.
-    backed = xp.where(scale / _pow2(m, xp) < policy.min_loss_scale, policy.min_loss_scale, scale / _pow2(m, xp))
+    down = scale / _pow2(m, xp)
+    backed = xp.where(down < policy.min_loss_scale, policy.min_loss_scale, down)
     wider = xp.where(m + 1 > policy.max_margin_bits, float(policy.max_margin_bits), m + 1)
 
     lo, hi, window, target = auto.lo, auto.hi, auto.window, e
     if stats is not None:
         amax, rms_min = stats.amax, stats.rms_min
         seen = sampled & finite & (amax > 0)
-        log_s = xp.log2(scale)
         x = xp.log2(xp.where(amax > 0, amax, 1.0)) - log_s
         pushed = xp.where(xp.arange(window.shape[0]) == 0, x, xp.roll(window, 1))
         window = xp.where(seen, pushed, window)
@@ -250,7 +251,7 @@ def next_auto_state(
     return (
         LossScaleState(
             loss_scale=new_scale,
-            good_steps=xp.where(finite & (new_scale == scale), good + (good < 2**31 - 1), 0),
+            good_steps=xp.where(finite & (new_scale == scale), good + (good < COUNTER_MAX), 0),
             bad_steps=bad,
             skipped_steps=skipped,
             consecutive_skips=streak,
@@ -277,4 +278,9 @@ def check_stats_every(stats_every: Any, policy: LossScale) -> int | None:
         raise TypeError(f"stats_every must be an int (measure every N-th step) or None (off), got {stats_every!r}.")
     if stats_every < 1:
         raise ValueError(f"stats_every must be at least 1 (or None to measure nothing), got {stats_every}.")
+    if stats_every > _n.INT32_MAX:
+        raise ValueError(
+            f"stats_every must be at most 2**31 - 1 (the step counter is int32), got {stats_every}; "
+            "pass None to measure nothing."
+        )
     return int(stats_every)

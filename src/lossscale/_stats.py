@@ -93,18 +93,22 @@ def tensor_sums(g: Any, xp: Any) -> tuple[Any, Any, Any, Any]:
     return amax, zeros, below - zeros, xp.sum(a * a)
 
 
-def summarize(sums: Sequence[tuple[Any, Any, Any, Any]], sizes: Sequence[int], step: Any, xp: Any) -> GradientStats:
+def summarize(
+    sums: Sequence[tuple[Any, Any, Any, Any]], sizes: Sequence[int], step: Any, xp: Any, **array_kwargs: Any
+) -> GradientStats:
     """The :class:`GradientStats` of per-tensor :func:`tensor_sums` (``sizes``: each tensor's element count).
 
     ``sums`` may come from :func:`tensor_sums` or from a binding's own
     kernels (e.g. torch's ``_foreach_norm``), as long as the four values are
     0-d float32 arrays; an empty tensor is ``(0, 0, 0, 0)`` with size 0.
-    ``step`` is the step number recorded with the sample.
+    ``step`` is the step number recorded with the sample. ``array_kwargs``
+    go to ``xp.asarray`` for the sizes, e.g. ``device=`` (torch: the sums'
+    device, else the sizes would be a CPU tensor beside CUDA ones).
     """
     if not sums:
         raise ValueError("gradient statistics need at least one gradient; got none.")
     amax, zeros, subnormal, sumsq = (xp.stack(list(column)) for column in zip(*sums))
-    size = _f32([float(n) for n in sizes], xp)
+    size = xp.asarray([float(n) for n in sizes], dtype=xp.float32, **array_kwargs)
     safe = xp.where(size > 0, size, 1.0)
     rms = xp.sqrt(sumsq / safe)
     total = float(sum(sizes)) or 1.0

@@ -55,6 +55,17 @@ def test_stats_every_is_validated():
         check_stats_every("4", lossscale.DynamicLossScale())
     with pytest.raises(ValueError, match="at least 1"):
         check_stats_every(0, lossscale.DynamicLossScale())
+    assert check_stats_every(2**31 - 1, lossscale.DynamicLossScale()) == 2**31 - 1
+    with pytest.raises(ValueError, match=r"stats_every must be at most 2\*\*31 - 1 \(the step counter is int32\)"):
+        check_stats_every(2**40, lossscale.DynamicLossScale())
+
+
+def test_stats_stay_on_the_gradients_device():
+    # "meta" stands for an accelerator here: torch refuses to mix it with CPU tensors, as it refuses CUDA.
+    grads = [torch.ones(3, device="meta"), torch.ones(2, 2, device="meta")]
+    got = gradient_stats(grads, 5)
+    assert {t.device.type for t in got} == {"meta"}
+    assert got.tensor_zero_fraction.shape == (2,)
 
 
 def test_sampler_runs_the_core_auto_rule_in_place():

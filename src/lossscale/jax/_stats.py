@@ -18,7 +18,7 @@ from jax import lax
 
 from .._auto import AutoLossScale, AutoState, check_stats_every, initial_auto_state, next_auto_state
 from .._policy import LossScale
-from .._rule import LossScaleState, next_state
+from .._rule import COUNTER_MAX, LossScaleState, next_state
 from .._stats import GradientStats, as_mapping, empty_stats, gradient_stats, summarize
 
 __all__ = ["StatsState", "check_stats_every", "init_stats", "measure", "stats_mapping", "step_scale", "tensor_names"]
@@ -98,7 +98,7 @@ def step_scale(
         scale_state, auto = next_auto_state(policy, scale_state, auto, finite, sample, sampled, jnp)
     else:
         scale_state = next_state(policy.rule_params(), scale_state, finite, jnp)
-    next_count = jnp.where(count < 2**31 - 1, count + 1, count)
+    next_count = jnp.where(count < COUNTER_MAX, count + 1, count)
     return scale_state, StatsState(next_count, sample, auto)
 
 

@@ -128,7 +128,8 @@ class StatsVariables:
                 if already:
                     g = ops.multiply(ops.cast(g, "float32"), ops.cast(scale, "float32"))
                 sums.append(tensor_sums(wrap(g), xp))
-            return tuple(unwrap(x) for x in summarize(sums, sizes, wrap(count), xp))
+            on_device = {"device": count.device} if keras.backend.backend() == "torch" else {}
+            return tuple(unwrap(x) for x in summarize(sums, sizes, wrap(count), xp, **on_device))
 
         if self.every == 1:
             return GradientStats(*take()), sampled

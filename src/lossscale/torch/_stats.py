@@ -49,4 +49,4 @@ def gradient_stats(grads: Sequence[torch.Tensor], step: Any = 0) -> GradientStat
     device = grads[0].device
     zero = torch.zeros((), device=device)
     sums = [_sums(g) if g.numel() else (zero, zero, zero, zero) for g in grads]
-    return summarize(sums, [g.numel() for g in grads], torch.as_tensor(step, device=device), torch)
+    return summarize(sums, [g.numel() for g in grads], torch.as_tensor(step, device=device), torch, device=device)
