@@ -258,6 +258,9 @@ def test_pickles_between_iterations_only():
     _iteration(scaler, param, optimizer)
     copy = pickle.loads(pickle.dumps(scaler))
     assert copy.state_dict() == scaler.state_dict() and len(copy.history) == 1
+    copy_param, copy_optimizer = _param_and()
+    _iteration(copy, copy_param, copy_optimizer)  # the copy trains on
+    assert len(copy.history) == 2 and int(copy.skipped_steps) == 0
     scaler.scale(param.sum()).backward()
     scaler.step(optimizer)
     with pytest.raises(RuntimeError, match="only between iterations"):

@@ -224,6 +224,21 @@ def test_auto_checkpoint_resumes_exactly():
         assert float(a.loss_scale) == float(b.loss_scale)
 
 
+def test_a_dynamic_checkpoint_loaded_into_auto_follows_the_dynamic_rule():
+    # The checkpoint's policy replaces the optimizer's; the statistics must not keep driving the old auto rule.
+    model = _model()
+    source = lst.LossScaleOptimizer(torch.optim.SGD(model.parameters(), lr=1e-3), "dynamic")
+    target = lst.LossScaleOptimizer(torch.optim.SGD(model.parameters(), lr=1e-3), "auto")
+    target.load_state_dict(source.state_dict())
+    assert isinstance(target.loss_scale_policy, lossscale.DynamicLossScale)
+    assert not isinstance(target._sampler.policy, lossscale.AutoLossScale) and target._sampler.every == 1
+    for _ in range(3):
+        _backward(target, model)
+        target.step()
+    assert float(target.loss_scale) == 2.0**15 and int(target.skipped_steps) == 0
+    assert int(target.gradient_stats["step"]) == 2
+
+
 def test_auto_refuses_a_shared_scale():
     shared = lst.SharedLossScale("auto")
     with pytest.raises(ValueError, match="SharedLossScale"):

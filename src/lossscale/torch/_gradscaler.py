@@ -342,7 +342,7 @@ class GradScaler(TorchScalerAccessors):
             self._recorder.flush()
         return {"device": self._device, "enabled": self._enabled, "placed": self._placed, "scale": self._owner,
                 "diagnostics": self._diagnostics, "history": history, "sync_skips": self.sync_skips,
-                "updates": self._updates}
+                "updates": self._updates, "sampler": self._sampler}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         if not isinstance(state["scale"], IterationScale):
@@ -352,6 +352,7 @@ class GradScaler(TorchScalerAccessors):
         self._iteration = Iteration(self._owner, self._diagnostics)
         self._recorder = None if state["history"] is None else StepRecorder(state["history"])
         self.sync_skips, self._updates = bool(state["sync_skips"]), int(state["updates"])
+        self._sampler = state.get("sampler")
 
     def __repr__(self) -> str:
         return f"GradScaler({self._device!r}, {self._owner.policy!r}, enabled={self._enabled})"

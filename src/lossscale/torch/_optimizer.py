@@ -412,7 +412,7 @@ class LossScaleOptimizer(TFv1Methods, PolicyAttributes, torch.optim.Optimizer):
         checkpoint = Checkpoint.from_state_dict(state_dict, custom_objects, current=self._steps.owner.policy)
         load_inner(self._inner, checkpoint.inner)  # all or nothing; another optimizer's state dict is refused
         self._steps.load(checkpoint)
-        self._sampler = sampler
+        self._sampler = None if sampler is None else sampler.following(self._steps.owner.policy)
 
     def __getstate__(self) -> dict[str, Any]:
         """The inner optimizer and the step object's record (see ``OptimizerStep.pickled``); nothing else.

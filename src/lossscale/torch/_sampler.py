@@ -83,11 +83,27 @@ class StatsSampler:
         finite = found_inf.to(device) == 0
         auto = AutoState(*(t.to(device) for t in self.auto))
         sample = None if self.sample is None else GradientStats(*(t.to(device) for t in self.sample))
-        sampled = torch.tensor(self.sampled, device=device)
-        new, self.auto = next_auto_state(self.policy, before, auto, finite, sample, sampled, torch)  # type: ignore[arg-type]
+        new, self.auto = next_auto_state(self.policy, before, auto, finite, sample, self.sampled, torch)  # type: ignore[arg-type]
         with torch.no_grad():
             for live, value in zip(state, new):
                 live.copy_(value)
+
+    @property
+    def due(self) -> bool:
+        """Whether :meth:`measure` needs this iteration's gradients (a sampled iteration, or the auto rule's state)."""
+        return not self._measured and (self.auto is not None or self.iteration % self.every == 0)
+
+    def following(self, policy: LossScale) -> StatsSampler:
+        """This sampler, or a new one over ``policy`` when a load changed the owner's policy (same ``every``).
+
+        The count and the latest sample carry over; an ``AutoLossScale`` state
+        starts afresh (a checkpoint without ``"lossscale_stats"`` holds none).
+        """
+        if policy == self.policy:
+            return self
+        fresh = StatsSampler(self.every, policy)
+        fresh.iteration, fresh.sample, fresh.names = self.iteration, self.sample, self.names
+        return fresh
 
     def forget(self) -> None:
         """``zero_grad()`` before a step: the iteration's measurement is dropped (the sample stays)."""
@@ -158,6 +174,9 @@ def measure_scaled(sampler: StatsSampler | None, steps: Any, inner: torch.optim.
     from ._step import Stage
 
     if sampler is None or steps.record.stage is not Stage.READY:
+        return
+    if not sampler.due:  # an unsampled iteration: no walk over the parameters
+        sampler.measure([], None, steps.owner.state)
         return
     reporter = steps.diagnostics.reporter
     grads, names = [], []
