@@ -276,11 +276,12 @@ def check_stats_every(stats_every: Any, policy: LossScale) -> int | None:
         return 1 if isinstance(policy, AutoLossScale) else None
     if isinstance(stats_every, bool) or not isinstance(stats_every, Integral):
         raise TypeError(f"stats_every must be an int (measure every N-th step) or None (off), got {stats_every!r}.")
-    if stats_every < 1:
+    every = int(stats_every)
+    if every < 1:
         raise ValueError(f"stats_every must be at least 1 (or None to measure nothing), got {stats_every}.")
-    if stats_every > _n.INT32_MAX:
+    if every > _n.INT32_MAX:
         raise ValueError(
             f"stats_every must be at most 2**31 - 1 (the step counter is int32), got {stats_every}; "
             "pass None to measure nothing."
         )
-    return int(stats_every)
+    return every

@@ -342,3 +342,22 @@ def test_bench_torch_quick_run_prints_every_case():
     assert len(rows) == 3 * 2  # three optimizers, clip off and on
     fused_rows = [r.split("|") for r in rows if r.startswith("| adamw-fused")]
     assert all(cells[-2].strip() == "0" for cells in fused_rows)  # lossscale: no added host sync
+
+
+def test_unscaled_copies_flag_exactly_the_non_finite_copies():
+    from lossscale.torch._grads import combine_flags, unscaled_copies
+
+    inv = torch.tensor(0.25)
+    finite = [torch.tensor([4.0, -8.0]), torch.tensor([2.0, 4.0], dtype=torch.float16), None]
+    flags: list[torch.Tensor] = []
+    copies = unscaled_copies(finite, inv, flags)
+    assert copies[2] is None and len(flags) == 2 and combine_flags(flags, torch.device("cpu")).item() == 0.0
+    assert torch.equal(copies[0], torch.tensor([1.0, -2.0])) and copies[1].dtype == torch.float16
+    assert torch.equal(finite[0], torch.tensor([4.0, -8.0]))  # the inputs are only read
+    for bad in ([torch.tensor([1.0, float("inf")])], [torch.tensor([float("nan")], dtype=torch.float16)],
+                [torch.sparse_coo_tensor([[0]], [float("inf")], (3,))]):
+        flags = []
+        unscaled_copies(bad, inv, flags)
+        assert combine_flags(flags, torch.device("cpu")).item() == 1.0
+    flags = []
+    assert unscaled_copies([None], inv, flags) == [None] and flags == []

@@ -96,7 +96,9 @@ def all_finite(grads: Sequence[Any]) -> Any:
 
     Cost: one read pass over the gradients (on TensorFlow, a sum: no
     intermediate bool tensor; a second pass only on a step that holds a
-    non-finite value); no host sync. No gradient at all is finite.
+    non-finite value). No host sync under ``tf.function`` and ``jit``; in
+    eager TensorFlow the ``cond`` reads the sums' flag (one sync). No
+    gradient at all is finite.
     """
     present = [g for g in grads if g is not None]
     if keras.backend.backend() != "tensorflow":

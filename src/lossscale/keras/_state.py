@@ -17,7 +17,8 @@ import keras
 import numpy as np
 from keras import ops
 
-from .. import LossScaleState, initial_state, next_state
+from .. import LossScaleState, initial_state
+from .._rule import advance_in_place
 from ._backend import advance
 from ._observer import StepObserver
 
@@ -137,22 +138,28 @@ class ScaleState:
             if moving:
                 variable.assign(value)
 
-    def read_host(self) -> LossScaleState:
-        """The state now as numpy values (torch: host reads of five scalars; free on CPU)."""
-        return LossScaleState(*(np.array(ops.convert_to_numpy(v)) for v in self.variables))
+    def finish_host(self, finite: bool) -> None:
+        """:meth:`finish` with the rule run on the host, for an eager torch step that already synced on ``finite``.
 
-    def finish_host(self, state: LossScaleState, finite: bool) -> None:
-        """:meth:`finish` with the rule run in numpy on the host, for an eager step that already synced on ``finite``.
-
-        On torch the branch is a Python ``if`` (one sync), after which about
-        20 scalar numpy ops cost less than 20 small torch ops; the new values
-        are written back (up to four small host-to-device copies).
+        About 20 scalar numpy ops (``lossscale._rule.advance_in_place``, the
+        core's rule on numpy scalars) cost less than 20 small torch ops. State
+        in CPU float32/int32 memory is advanced in place through numpy views
+        of it; otherwise (an accelerator, or a cast copy under autocast) the
+        rule runs on host copies and the values that changed are assigned (up
+        to four small host-to-device copies).
         """
-        new = next_state(self.params, state, np.asarray(finite), np)
-        for variable, value, old, moving in zip(self.variables, new, state, self._moving()):
-            if moving and value != old:
-                variable.assign(value)
-        self.observer.observe(state.loss_scale, np.asarray(finite), new.consecutive_skips, new.loss_scale)
+        import torch
+
+        values = [v.value for v in self.variables]
+        shared = values[0].device.type == "cpu" and values[0].dtype == torch.float32
+        views = [v.detach().numpy() if shared else np.array(ops.convert_to_numpy(v)) for v in values]
+        old = LossScaleState(*(view[()] for view in views))
+        advance_in_place(self.params, LossScaleState(*views), finite)
+        if not shared:
+            for variable, view, before, moving in zip(self.variables, views, old, self._moving()):
+                if moving and view[()] != before:
+                    variable.assign(view)
+        self.observer.observe(old.loss_scale, np.bool_(finite), views[4][()], views[0][()])
 
     def finish(self, state: LossScaleState, finite: Any, measured: Any = None) -> LossScaleState:
         """Advances ``state`` by the rule with ``finite``, assigns the variables and tells the observer.

@@ -37,7 +37,7 @@ def _keep(variables: Sequence[Any]) -> list[bool]:
 
 
 def unscale_and_check(
-    grads: list[Any], variables: Sequence[Any], scale: Any, already: bool, scale_at_least_one: bool = False
+    grads: list[Any], variables: Sequence[Any], scale: Any, already: bool, scale_at_least_one: bool
 ) -> tuple[list[Any], Any]:
     """The gradients times ``1/scale`` (unless ``already`` unscaled) and whether all are finite (0-d bool).
 
@@ -57,26 +57,13 @@ def apply_step(state: ScaleState, inner: Any, grads: list[Any], variables: list[
     On TensorFlow the scale rule runs inside each branch with its flag a
     constant (as in :func:`stateless_step`), unless ``stats_every`` or an
     observer needs the flag itself. Cost: one multiply and one read pass over
-    the gradients; host syncs: none under ``tf.function``, one in eager code
-    (the branch). On torch, where the branch is a Python ``if`` anyway, the
-    scale rule then runs on the host (:func:`torch_apply` for the common case).
+    the gradients; host syncs: none under ``tf.function``, two in eager
+    TensorFlow (the check's ``cond``, the branch). On torch, where the branch is a Python ``if`` anyway, the
+    step is :func:`torch_apply`.
     """
     with no_grad():
-        if keras.backend.backend() == "torch" and state.stats is None and not already:
-            torch_apply(state, inner, grads, variables)
-            return
         if keras.backend.backend() == "torch":
-            scale = ops.convert_to_tensor(state.variables[0])
-            unscaled, finite = unscale_and_check(grads, variables, scale, already, state.at_least_one)
-            measured = state.measure(grads, variables, scale, already)
-            before = None if measured is None else state.read()
-            taken = bool(finite)
-            if taken:
-                inner.apply(unscaled, variables)
-            if before is None:
-                state.finish_host(state.read_host(), taken)
-            else:
-                state.finish(before, finite, measured)
+            torch_apply(state, inner, grads, variables, already)
             return
         current = state.read()
         unscaled, finite = unscale_and_check(grads, variables, current.loss_scale, already, state.at_least_one)
@@ -93,42 +80,43 @@ def apply_step(state: ScaleState, inner: Any, grads: list[Any], variables: list[
         ops.cond(finite, apply_and_advance, lambda: state.assign(state.next_values(current, False)))
 
 
-def torch_apply(state: ScaleState, inner: Any, grads: list[Any], variables: list[Any]) -> None:
-    """The eager step on the torch backend, for scaled gradients: torch's multi-tensor kernels, the rule on the host.
+def torch_apply(state: ScaleState, inner: Any, grads: list[Any], variables: list[Any], already: bool) -> None:
+    """The eager step on the torch backend: torch's multi-tensor kernels, the branch and the rule on the host.
 
-    The gradients are unscaled into new tensors and checked with the
-    kernels behind :class:`lossscale.torch.GradScaler` (one multi-tensor call
-    each per (device, dtype); the caller's tensors are only read). The branch
-    is a Python ``if``, so the step syncs once on the found-inf flag; the rule
-    then runs on numpy scalars, in place on the state's CPU storage, or on
-    the host and written back for state on an accelerator.
+    Scaled gradients are unscaled into new tensors and those are checked, with
+    the kernels behind :class:`lossscale.torch.GradScaler`
+    (``lossscale.torch._grads.unscaled_copies``: one multi-tensor call each
+    per (device, dtype)); the caller's tensors are only read. Gradients that
+    already went through ``get_unscaled_gradients``, and those of variables
+    Keras overwrites with their "gradient", are checked as they are. The
+    branch is a Python ``if`` (one host sync, on the found-inf flag); then
+    :meth:`ScaleState.finish_host` runs the rule on the host, or, with
+    ``stats_every``, :meth:`ScaleState.finish` runs it (with the statistics)
+    on the device.
 
     Cost: two passes over the gradients (R+W each: the multiply into new
-    tensors, then the check on them), no per-tensor Python op; one host sync.
+    tensors, then the check of the copies); one host sync.
     """
-    import numpy as np
     import torch
 
-    from .._rule import advance_in_place
-    from ..torch._grads import GradGroups, check_finite, reciprocal, unscaled_copies
+    from ..torch._grads import combine_flags, reciprocal, unscaled_copies
 
     scale = state.variables[0].value
-    keep = _keep(variables)
-    copies = unscaled_copies([None if k else g for g, k in zip(grads, keep)], reciprocal(scale))
-    unscaled = [g if k else u for g, u, k in zip(grads, copies, keep)]
-    found = check_finite(GradGroups([u for u, k in zip(copies, keep) if u is not None]), out_device=scale.device)
-    kept = [g for g, k in zip(grads, keep) if k and g is not None]  # passed through as they are, checked as read
-    finite = not bool(found) and (not kept or bool(all_finite(kept)))
+    measured = state.measure(grads, variables, ops.convert_to_tensor(scale), already)
+    before = None if measured is None else state.read()
+    as_given = [already or k for k in _keep(variables)]
+    flags: list[Any] = []
+    copies = unscaled_copies([None if a else g for g, a in zip(grads, as_given)], reciprocal(scale), flags)
+    unscaled = [g if a else u for g, u, a in zip(grads, copies, as_given)]
+    read = [g for g, a in zip(grads, as_given) if a and g is not None]  # the caller's: checked without a write
+    found = combine_flags(flags, scale.device)
+    finite = not bool(found) and (not read or bool(all_finite(read)))
     if finite:
         inner.apply(unscaled, variables)
-    values = [v.value for v in state.variables]
-    if values[0].device.type != "cpu" or values[0].dtype != torch.float32:  # on an accelerator, or autocast
-        state.finish_host(state.read_host(), finite)  # (a cast copy, not the variable: written through assign)
-        return
-    views = [v.detach().numpy() for v in values]
-    scale_used = float(views[0])
-    advance_in_place(state.params, views, finite)  # type: ignore[arg-type]
-    state.observer.observe(np.float32(scale_used), np.bool_(finite), views[4][()], views[0][()])
+    if before is None:
+        state.finish_host(finite)
+    else:
+        state.finish(before, torch.as_tensor(finite, device=scale.device), measured)
 
 
 def check_apply_args(grads: list[Any], given: Sequence[Any] | None, built: bool, trainable: Sequence[Any]) -> list[Any]:
@@ -190,7 +178,9 @@ def stateless_step(
     mapping = list(zip(list(own_variables) + list(inner.variables), optimizer_values))
     with keras.StatelessScope(state_mapping=mapping) as scope:
         current = state.read()
-        _, finite = unscale_and_check(grads, trainable_variables, current.loss_scale, already, state.at_least_one)
+        # The scaled gradients when 1/S <= 1 (see unscale_and_check); under jit the unscale in ``step`` fuses anyway.
+        checked = grads if already or state.at_least_one else unscale(grads, current.loss_scale, _keep(trainable_variables))
+        finite = all_finite(checked)
         measured = state.measure(grads, trainable_variables, current.loss_scale, already)
         branched = measured is None and not state.observer.active
         if not branched:

@@ -37,6 +37,7 @@ from ._compat import (
 __all__ = [
     "GradGroups",
     "check_finite",
+    "combine_flags",
     "move",
     "reciprocal",
     "scaled_norm",
@@ -111,7 +112,7 @@ def reciprocal(scale: torch.Tensor) -> torch.Tensor:
     return scale.double().reciprocal().float()
 
 
-def _combine(flags: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+def combine_flags(flags: list[torch.Tensor], device: torch.device) -> torch.Tensor:
     """The per-group found-inf flags as one flag on ``device``: exactly 0.0 or 1.0.
 
     Exactly 1.0 matters: torch's fused kernels skip only when the flag equals
@@ -141,7 +142,7 @@ def unscale_and_check_(grads: GradGroups, inv_scale: torch.Tensor, *, out_device
         found = torch.zeros((), dtype=torch.float32, device=grad.device)
         non_finite_check_and_unscale_([_sparse_values(grad)], found, move(inv_scale, grad.device))
         flags.append(found)
-    return _combine(flags, out_device)
+    return combine_flags(flags, out_device)
 
 
 def check_finite(grads: GradGroups, *, out_device: torch.device) -> torch.Tensor:
@@ -159,7 +160,9 @@ def check_finite(grads: GradGroups, *, out_device: torch.device) -> torch.Tensor
         return unscale_and_check_(grads, one, out_device=out_device)
 
 
-def unscaled_copies(grads: Sequence[torch.Tensor | None], inv_scale: torch.Tensor) -> list[torch.Tensor | None]:
+def unscaled_copies(
+    grads: Sequence[torch.Tensor | None], inv_scale: torch.Tensor, found_inf: list[torch.Tensor] | None = None
+) -> list[torch.Tensor | None]:
     """New tensors ``g * inv_scale``, each of its gradient's dtype; ``None`` stays ``None``.
 
     The product is formed in float32 for float16/bfloat16 gradients and
@@ -168,24 +171,39 @@ def unscaled_copies(grads: Sequence[torch.Tensor | None], inv_scale: torch.Tenso
     0). Cost: float32/float64 gradients, one R pass and one W pass into new
     memory; half types, one more R+W (a copy, then the unscale kernel on
     it). No sync.
+
+    With ``found_inf`` (a list), the copies are also checked and one found-inf
+    flag per (device, dtype) group is appended (see :func:`unscale_and_check_`):
+    half types get it from their unscale kernel, the others from one more
+    R+W check pass over their copies.
     """
     out: list[torch.Tensor | None] = list(grads)
     present = [i for i, g in enumerate(grads) if g is not None]
     dense = [i for i in present if grads[i].layout == torch.strided]  # type: ignore[union-attr]
-    groups = group_by_device_and_dtype([[grads[i] for i in dense]], with_indices=True)
+    groups = group_by_device_and_dtype([[grads[i] for i in dense]], with_indices=True) if dense else {}
     for (device, dtype), ([tensors], indices) in groups.items():
         inv = move(inv_scale, device)
+        found = torch.zeros((), dtype=torch.float32, device=device)
         if dtype in (torch.float16, torch.bfloat16):
             results = foreach_mul(tensors, 1.0)  # copies, in their dtype
-            non_finite_check_and_unscale_(results, torch.zeros((), dtype=torch.float32, device=device), inv)
+            non_finite_check_and_unscale_(results, found, inv)
         else:
             results = [r if r.dtype == dtype else r.to(dtype) for r in foreach_mul(tensors, inv)]
+            if found_inf is not None:
+                non_finite_check_and_unscale_(results, found, torch.ones((), dtype=torch.float32, device=device))
+        if found_inf is not None:
+            found_inf.append(found)
         for j, result in zip(indices, results):
             out[dense[j]] = result
     for i in present:
         grad = grads[i]
         if grad is not None and grad.layout != torch.strided:
             out[i] = (grad.float() * inv_scale.to(grad.device)).to(grad.dtype)
+            if found_inf is not None:
+                found = torch.zeros((), dtype=torch.float32, device=grad.device)
+                one = torch.ones((), dtype=torch.float32, device=grad.device)
+                non_finite_check_and_unscale_([_sparse_values(out[i])], found, one)  # type: ignore[arg-type]
+                found_inf.append(found)
     return out
 
 
