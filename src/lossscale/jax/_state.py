@@ -66,7 +66,7 @@ class LossScaleOptimizerState(NamedTuple):
 
     @property
     def gradient_stats(self) -> dict[str, Any] | None:
-        """The latest sample of ``stats_every`` (see :func:`lossscale.jax.gradient_stats`), or None when off."""
+        """The latest sample of ``stats_every`` (see docs/gradient_stats.md), or None when off."""
         from ._stats import stats_mapping
 
         return stats_mapping(self.stats)

@@ -107,9 +107,8 @@ def tensor_names(params: Any) -> tuple[str, ...]:
     return tuple(jax.tree_util.keystr(path) for path, _ in jax.tree_util.tree_flatten_with_path(params)[0])
 
 
-def stats_mapping(stats: StatsState | None, names: Any = None) -> dict[str, Any] | None:
+def stats_mapping(stats: StatsState | None) -> dict[str, Any] | None:
     """``gradient_stats`` of a state: :func:`lossscale._stats.as_mapping` of the latest sample, or None."""
     if stats is None:
         return None
-    sample = GradientStats(*(jnp.asarray(x) for x in stats.sample))
-    return as_mapping(sample, names)
+    return as_mapping(GradientStats(*(jnp.asarray(x) for x in stats.sample)))

@@ -12,6 +12,7 @@ from keras import ops
 from keras.backend import backend as keras_backend
 
 from .. import History, LossScaleError
+from .._history import STATS_COLUMNS
 from ._backend import is_symbolic, on_host
 
 __all__ = ["StepObserver"]
@@ -104,7 +105,7 @@ class StepObserver:
         loss, self._loss = self._loss, None
         loss_value = None if loss is None else float(np.asarray(ops.convert_to_numpy(loss), np.float64).reshape(()))
         if self.history is not None:
-            columns = dict(zip(("headroom_bits", "zero_fraction", "subnormal_fraction"), map(float, stats)))
+            columns = dict(zip(STATS_COLUMNS, map(float, stats)))
             self.history.append(step, float(scale_used), not bool(finite), loss_value, columns if sampled else None)
 
     def _guard(self, consecutive_skips: Any, new_scale: Any) -> None:

@@ -64,7 +64,6 @@ class StatsVariables:
 
     def __init__(self, every: int, policy: LossScale) -> None:
         self.every = every
-        self.policy = policy
         self.auto_policy = policy if isinstance(policy, AutoLossScale) else None
         self.count: Any = None
         self.sample: list[Any] = []

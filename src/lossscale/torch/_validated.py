@@ -18,9 +18,9 @@ from typing import Any
 import torch
 
 from .._rule import LossScaleState
-from .._validate import COUNTERS, check_counter, check_scale, check_state
+from .._validate import COUNTERS, check_counter, check_state
 
-__all__ = ["counter_tensor", "refuse_extra", "scale_value", "state_tensors"]
+__all__ = ["counter_tensor", "refuse_extra", "state_tensors"]
 
 
 def _device(value: Any) -> torch.device:
@@ -69,8 +69,3 @@ def counter_tensor(where: str, value: Any) -> torch.Tensor:
         return torch.tensor(check_counter(where, value), dtype=torch.int32, device=_device(value))
     except (TypeError, ValueError) as error:
         raise _refused(error) from error
-
-
-def scale_value(where: str, value: Any, policy: Any, clamp: bool = False) -> float:
-    """A saved scale as a checked Python float (clamped into ``policy``'s bounds if ``clamp``)."""
-    return check_scale(where, value, policy, clamp=clamp)
