@@ -6,12 +6,14 @@ the shim becomes a one-line alias and then goes.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 from jax import lax
 
-__all__ = ["is_tracer", "jaxpr_as_fun", "like", "typeof", "varying_axes"]
+__all__ = ["eval_jaxpr_choosing", "is_tracer", "jaxpr_as_fun", "like", "typeof", "varying_axes"]
 
 # Public replacement: ``jax.typeof`` (JAX >= 0.6). ``jax.core.get_aval`` is its older, deprecated spelling.
 typeof = getattr(jax, "typeof", None) or jax.core.get_aval
@@ -61,3 +63,58 @@ def jaxpr_as_fun(closed: Any) -> Any:
     except ImportError:  # pragma: no cover - JAX < 0.4.36
         public = jax.core.jaxpr_as_fun
     return public(closed)
+
+
+def _literal_type() -> type:
+    try:
+        from jax.extend.core import Literal
+    except ImportError:  # pragma: no cover - JAX < 0.4.36
+        Literal = jax.core.Literal
+    return Literal
+
+
+def eval_jaxpr_choosing(closed: Any, args: Sequence[Any], choose: Callable[[int, Any], Any]) -> list[Any]:
+    """Evaluates a ``ClosedJaxpr`` on flat ``args``, replacing its ``i``-th output by ``choose(i, value)``.
+
+    The replacement is made as soon as the equation that computes an output
+    has run, so every later equation that reads that value reads the chosen
+    one. An output that is also an input, a literal, or that fills more than
+    one output position is replaced at the end instead. The equations are
+    bound in the current trace (under ``jit``, they are staged as usual), as
+    ``jax.extend.core.jaxpr_as_fun`` does; only the order of evaluation is
+    this function's.
+
+    Uses ``jax.extend.core`` (JAX's API for library authors: ``Literal``,
+    ``Primitive.bind``, ``Primitive.get_bind_params``, whose result changed
+    shape in JAX 0.5), the same calls as ``jax.core.eval_jaxpr``.
+    """
+    literal = _literal_type()
+    jaxpr = closed.jaxpr
+    env: dict[Any, Any] = {}
+
+    def read(v: Any) -> Any:
+        return v.val if isinstance(v, literal) else env[v]
+
+    for v, x in zip(jaxpr.constvars, closed.consts):
+        env[v] = x
+    for v, x in zip(jaxpr.invars, args):
+        env[v] = x
+    bound = {v for v in list(jaxpr.constvars) + list(jaxpr.invars)}
+    positions: dict[Any, list[int]] = {}
+    for i, v in enumerate(jaxpr.outvars):
+        if not isinstance(v, literal):
+            positions.setdefault(v, []).append(i)
+    early = {v: p[0] for v, p in positions.items() if len(p) == 1 and v not in bound}
+    for eqn in jaxpr.eqns:
+        bind = eqn.primitive.get_bind_params(eqn.params)  # JAX < 0.5: (subfuns, params); later: params
+        subfuns, params = bind if isinstance(bind, tuple) else ((), bind)
+        ctx = getattr(eqn, "ctx", None)
+        with contextlib.nullcontext() if ctx is None else ctx.manager:
+            answer = eqn.primitive.bind(*subfuns, *map(read, eqn.invars), **params)
+        outs = answer if eqn.primitive.multiple_results else [answer]
+        for v, x in zip(eqn.outvars, outs):
+            env[v] = choose(early[v], x) if v in early else x
+    return [
+        read(v) if not isinstance(v, literal) and v in early else choose(i, read(v))
+        for i, v in enumerate(jaxpr.outvars)
+    ]

@@ -13,7 +13,7 @@ from jax import lax
 
 from .._resolve import resolve_loss_scale
 from .._rule import initial_state, next_state
-from ._compat import jaxpr_as_fun, like
+from ._compat import eval_jaxpr_choosing, like
 from ._grads import all_finite, check_gradients, squared_norm, unscale
 from ._guard import check_limit, guard_skip
 from ._record import recorder_for
@@ -50,37 +50,46 @@ def _check_max_norm(max_norm: Any) -> float | None:
     return float(max_norm)
 
 
-def _cond_traced_once(finite: jax.Array, taken: Callable, skipped: Callable, operands: Any) -> Any:
-    """``lax.cond(finite, taken, skipped, operands)``, tracing ``taken`` exactly once.
+def _chosen(finite: jax.Array, update: Callable, operands: Any, olds: Any) -> Any:
+    """``update(*operands)`` where ``finite``, else ``olds`` (None: zeros shaped like that output), leaf by leaf.
 
-    ``taken`` (the inner update) is traced to a jaxpr here, and the jaxpr is
-    evaluated in the true branch: the false branch needs the true branch's
-    output types (dtypes and shard_map's varying axes), and tracing the inner
-    update a second time to learn them would double its trace time.
-    ``skipped(*operands)`` returns ``(first, rest)`` like ``taken``'s output,
-    with ``first=None`` for zeros shaped like ``taken``'s first output; the
-    values are cast here to the true branch's types.
+    ``update`` is traced once, to a jaxpr, and evaluated with each output
+    leaf chosen by ``jnp.where(finite, new, old)`` as soon as it is computed
+    (:func:`~lossscale.jax._compat.eval_jaxpr_choosing`): the equations after
+    it, e.g. Adam's parameter update reading the new moments, read the chosen
+    value. Under ``jit`` XLA then fuses each choice into the element-wise
+    kernel that computes the value and writes every output once, in place
+    when the buffers are donated, so the skip costs no pass over the state of
+    its own. (A choice made only at the end leaves the parameter update
+    reading the moments' new values while they are written in place, and
+    XLA copies the moments first; a ``lax.cond`` copies its operands when
+    they are not donated, or its results when they are.) On a skipped step
+    the update is computed and thrown away; its NaN never reaches an output.
     """
     flat, in_tree = jax.tree_util.tree_flatten(operands)
     closed, shapes = jax.make_jaxpr(
-        lambda *xs: taken(*jax.tree_util.tree_unflatten(in_tree, xs)), return_shape=True
+        lambda *xs: update(*jax.tree_util.tree_unflatten(in_tree, xs)), return_shape=True
     )(*flat)
     out_tree = jax.tree_util.tree_structure(shapes)
-    run = jaxpr_as_fun(closed)
-
-    def skip(xs: list) -> list:
-        first, rest = skipped(*jax.tree_util.tree_unflatten(in_tree, xs))
-        n_first = out_tree.children()[0].num_leaves
-        avals = closed.out_avals
-        head = (
-            [jnp.zeros(a.shape, a.dtype) for a in avals[:n_first]]
-            if first is None
-            else jax.tree_util.tree_leaves(first)
+    old_first, old_rest = olds
+    first_tree, rest_tree = out_tree.children()
+    if jax.tree_util.tree_structure(old_rest) != rest_tree:
+        raise TypeError(
+            "The inner optimizer's update() returned a state whose structure differs from the state it was "
+            f"given ({rest_tree} vs {jax.tree_util.tree_structure(old_rest)}); a skipped step could not keep "
+            "the old state. Use an optax transformation whose update returns the state in the shape init() made."
         )
-        kept = head + jax.tree_util.tree_leaves(rest)
-        return [like(jnp.asarray(x, a.dtype), a) for x, a in zip(kept, avals)]
+    old_leaves = (
+        [None] * first_tree.num_leaves if old_first is None else jax.tree_util.tree_leaves(old_first)
+    ) + jax.tree_util.tree_leaves(old_rest)
+    avals = closed.out_avals
 
-    out = lax.cond(finite, lambda xs: list(run(*xs)), skip, flat)
+    def choose(i: int, new: Any) -> Any:
+        aval = avals[i]
+        old = jnp.zeros((), aval.dtype) if old_leaves[i] is None else old_leaves[i]
+        return like(jnp.where(finite, new, old).astype(aval.dtype), aval)
+
+    out = eval_jaxpr_choosing(closed, flat, choose)
     return jax.tree_util.tree_unflatten(out_tree, out)
 
 
@@ -278,8 +287,10 @@ def loss_scale_optimizer(
             sample = measure(leaves, jnp.asarray(state.stats.count), None)
             finite = jnp.isfinite(sample.amax)
         elif max_norm is None:
+            # With S >= 1 (the policy's floor), 0 < 1/S <= 1: g / S is finite exactly when g is, so the check
+            # reads the scaled gradients and the multiply happens only inside the update.
             factor = None
-            finite = all_finite(unscale(grads, scale))
+            finite = all_finite(grads if rule.min_scale >= 1 else unscale(grads, scale))
         else:  # one pass gives both the global norm and the finite flag
             norm = jnp.sqrt(squared_norm(grads, scale))
             finite = jnp.isfinite(norm)
@@ -301,12 +312,11 @@ def loss_scale_optimizer(
             updates, inner_state = inner.update(unscale(grads, scale, factor), inner_state, params, **extra_args)
             return (optax.apply_updates(params, updates) if apply else updates), inner_state
 
-        def skipped(grads: Any, inner_state: Any, params: Any) -> Any:
-            if limit is not None:
-                guard_skip(new_scale_state.consecutive_skips, new_scale_state.loss_scale, limit)
-            return (params if apply else None), inner_state
-
-        first, new_inner = _cond_traced_once(finite, taken, skipped, (grads, state.inner_state, params))
+        first, new_inner = _chosen(
+            finite, taken, (grads, state.inner_state, params), (params if apply else None, state.inner_state)
+        )
+        if limit is not None:  # the streak reaches the limit only on a skipped step
+            guard_skip(new_scale_state.consecutive_skips, new_scale_state.loss_scale, limit)
         return first, LossScaleOptimizerState(new_inner, new_scale_state, new_stats)
 
     def update_fn(
