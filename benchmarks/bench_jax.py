@@ -1,12 +1,16 @@
-"""lossscale.jax against plain optax, jmp written by hand, and optax.apply_if_finite.
+"""lossscale.jax against plain optax, jmp written by hand, and optax.apply_if_finite, donated and not.
 
-One process, one jitted training step per contender (an MLP, Adam), every
-contender with its parameters and optimizer state donated
-(``donate_argnums=(0, 1)``), run interleaved: each round times every
-contender for ``--steps`` steps, in a freshly shuffled order; the table gives
-the median (and quartiles) over ``--rounds`` rounds of the time per step, and
-the ratios of the medians. The load average is printed before and after,
-because other jobs on the machine move every number.
+One process, one jitted training step per contender (an MLP, Adam), run
+interleaved: each round times every contender for ``--steps`` steps, in a
+freshly shuffled order. Each size runs twice: with the parameters and the
+optimizer state donated (``jax.jit(step, donate_argnums=(0, 1))``, the recipe
+of flax, orbax and Keras' trainer) and without. The table gives the median
+time per step, the median over rounds of each round's ratio to plain optax
+(both timed in the same round), and the passes over the state that the
+compiled step makes (``benchmarks/xla_passes.py``: bytes of weight-sized
+arrays read and written by its kernels, over the weights' bytes; static, so
+the same on a busy machine). The load average is printed before and after,
+because other jobs on the machine move every time.
 
 The contenders compute the same thing (a float32 model; loss scaling costs
 the same whatever the model's dtype, and CPUs have no fast float16):
@@ -21,12 +25,15 @@ the same whatever the model's dtype, and CPUs have no fast float16):
 * ``ls_vag``: the same with ``lossscale.jax.value_and_grad`` (the helper must
   add nothing: compare with ``lossscale``).
 * ``ls_apply``: ``value_and_grad`` and ``lossscale.jax.apply_gradients``, the
-  opt-in form that returns new parameters instead of updates.
+  form that returns new parameters instead of updates.
+* ``ls_flax``: ``lossscale.jax.train_state.TrainState.apply_gradients`` (when
+  flax is installed).
 
 Usage::
 
-    .venv/bin/python benchmarks/bench_jax.py                 # 1M and 10M parameters
-    .venv/bin/python benchmarks/bench_jax.py --sizes 1e6 --rounds 5
+    .venv/bin/python benchmarks/bench_jax.py                 # 1M and 10M parameters, donated and not
+    .venv/bin/python benchmarks/bench_jax.py --sizes 1e6 --rounds 5 --donate yes
+    .venv/bin/python benchmarks/bench_jax.py --passes-only   # the pass counts alone (seconds, any machine)
 """
 
 from __future__ import annotations
@@ -43,6 +50,8 @@ import jmp
 import optax
 
 import lossscale.jax as lsj
+
+from xla_passes import passes  # benchmarks/ is the script's directory, so on sys.path
 
 DEPTH = 4
 
@@ -77,7 +86,10 @@ def contenders(lr: float = 1e-4):
         return optax.apply_updates(params, updates), opt_state
 
     def jmp_step(params, state, x, y):
-        opt_state, ls = state
+        # jmp's state travels as plain arrays: its pytree does not unflatten from the abstract values that
+        # ``lower`` passes (it checks its dtype at construction).
+        opt_state, (scale, counter) = state
+        ls = jmp.DynamicLossScale(scale, counter)
         grads = jax.grad(lambda p: ls.scale(loss_fn(p, x, y)))(params)
         grads = ls.unscale(grads)
         finite = jmp.all_finite(grads)
@@ -85,7 +97,7 @@ def contenders(lr: float = 1e-4):
         updates, new_opt_state = adam.update(grads, opt_state, params)
         new_params = optax.apply_updates(params, updates)
         params, opt_state = jmp.select_tree(finite, (new_params, new_opt_state), (params, opt_state))
-        return params, (opt_state, ls)
+        return params, (opt_state, (ls.loss_scale, ls.counter))
 
     if_finite = optax.apply_if_finite(adam, max_consecutive_errors=5)
 
@@ -112,7 +124,7 @@ def contenders(lr: float = 1e-4):
 
     return {
         "optax": (plain_step, adam.init),
-        "jmp": (jmp_step, lambda p: (adam.init(p), jmp.DynamicLossScale(jnp.float32(2.0**15)))),
+        "jmp": (jmp_step, lambda p: (adam.init(p), (jnp.float32(2.0**15), jnp.zeros((), jnp.int32)))),
         "if_finite": (if_finite_step, if_finite.init),
         "lossscale": (ls_step, opt.init),
         "ls_vag": (ls_vag_step, opt.init),
@@ -120,21 +132,47 @@ def contenders(lr: float = 1e-4):
     }
 
 
-def bench(n_params: int, batch: int, rounds: int, steps: int, seed: int = 0) -> dict[str, list[float]]:
-    """Per contender, the time per step of each round (seconds)."""
+def _flax_contender(opt):
+    try:
+        from lossscale.jax.train_state import TrainState
+    except ImportError:  # flax not installed
+        return None
+
+    def flax_step(state, _unused, x, y):
+        _, grads = lsj.value_and_grad(loss_fn, state.opt_state)(state.params, x, y)
+        return state.apply_gradients(grads=grads), _unused
+
+    def init(params):
+        return jnp.zeros(())
+
+    def wrap(params):
+        return TrainState.create(apply_fn=None, params=params, tx=opt)
+
+    return flax_step, init, wrap
+
+
+def bench(n_params: int, batch: int, rounds: int, steps: int, donate: bool, passes_only: bool, seed: int = 0):
+    """Per contender: the time per step of each round (seconds), and the compiled step's passes."""
     params0, x, y = make_problem(n_params, batch)
-    runs = {}
-    for name, (step, init) in contenders().items():
-        fn = jax.jit(step, donate_argnums=(0, 1))
-        params = jax.tree_util.tree_map(jnp.copy, params0)
-        carry = (params, init(params))
+    table = dict(contenders())
+    flax = _flax_contender(lsj.loss_scale_optimizer(optax.adam(1e-4), "dynamic"))
+    runs, counts = {}, {}
+    for name, entry in list(table.items()) + ([("ls_flax", flax)] if flax else []):
+        step, init = entry[:2]
+        wrap = entry[2] if len(entry) > 2 else (lambda p: p)
+        fn = jax.jit(step, donate_argnums=(0, 1) if donate else ())
+        params = wrap(jax.tree_util.tree_map(jnp.copy, params0))
+        carry = (params, init(params0))
+        counts[name] = passes(fn.lower(*carry, x, y).compile().as_text(), n_params)
+        if passes_only:
+            continue
         carry = fn(*carry, x, y)  # compile and warm up
         jax.block_until_ready(carry)
         runs[name] = [fn, carry]
     times: dict[str, list[float]] = {name: [] for name in runs}
     names = list(runs)
     rng = random.Random(seed)
-    for _ in range(rounds):
+    for _ in range(rounds if runs else 0):
         rng.shuffle(names)
         for name in names:
             fn, carry = runs[name]
@@ -144,7 +182,7 @@ def bench(n_params: int, batch: int, rounds: int, steps: int, seed: int = 0) -> 
             jax.block_until_ready(carry)
             times[name].append((time.perf_counter() - start) / steps)
             runs[name][1] = carry
-    return times
+    return times, counts
 
 
 def main() -> None:
@@ -153,24 +191,26 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--steps", type=int, default=10, help="steps timed per round")
+    parser.add_argument("--donate", choices=["both", "yes", "no"], default="both")
+    parser.add_argument("--passes-only", action="store_true", help="print the compiled passes, time nothing")
     args = parser.parse_args()
     print(f"jax {jax.__version__}, optax {optax.__version__}, device {jax.devices()[0].device_kind}, "
-          f"batch {args.batch}, median [q1-q3] of {args.rounds} shuffled rounds x {args.steps} steps; "
+          f"batch {args.batch}, median of {args.rounds} shuffled rounds x {args.steps} steps; "
           f"load average {os.getloadavg()[0]:.2f}")
+    modes = {"both": [True, False], "yes": [True], "no": [False]}[args.donate]
     for size in args.sizes:
-        t = bench(int(size), args.batch, args.rounds, args.steps)
-        med = {name: statistics.median(v) for name, v in t.items()}
-        print(f"\n{size:.0e} parameters: ms per step")
-        for name, v in t.items():
-            q1, _, q3 = statistics.quantiles(v, n=4)
-            print(f"  {name:>10} {med[name] * 1e3:8.2f}  [{q1 * 1e3:.2f}-{q3 * 1e3:.2f}]")
-        print("  ratios of medians:")
-        for name in ("lossscale", "ls_vag", "ls_apply"):
-            print(f"  {name:>10} / optax {med[name] / med['optax']:.3f}   / jmp {med[name] / med['jmp']:.3f}   "
-                  f"/ if_finite {med[name] / med['if_finite']:.3f}")
-        print(f"  {'if_finite':>10} / optax {med['if_finite'] / med['optax']:.3f}")
-        print(f"  {'ls_vag':>10} / lossscale {med['ls_vag'] / med['lossscale']:.3f}   "
-              f"ls_apply / lossscale {med['ls_apply'] / med['lossscale']:.3f}")
+        for donate in modes:
+            t, counts = bench(int(size), args.batch, args.rounds, args.steps, donate, args.passes_only)
+            print(f"\n{size:.0e} parameters, {'donated' if donate else 'not donated'}")
+            print(f"  {'':>10} {'ms/step':>8} {'/ optax':>8}   passes over the state (+ conditional branches)")
+            for name, count in counts.items():
+                branches = "".join(f" +{b.taken:.2f}" for b in count.branches)
+                timing = ""
+                if t:
+                    ratio = statistics.median(a / b for a, b in zip(t[name], t["optax"]))
+                    timing = f"{statistics.median(t[name]) * 1e3:8.2f} {ratio:8.3f}"
+                print(f"  {name:>10} {timing:>17}   {count.total:6.2f}{branches}  "
+                      f"({count.kernels} kernels, {count.copies} copies)")
     print(f"\nload average after: {os.getloadavg()[0]:.2f}")
 
 
