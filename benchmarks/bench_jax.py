@@ -9,7 +9,9 @@ time per step, the median over rounds of each round's ratio to plain optax
 (both timed in the same round), and the passes over the state that the
 compiled step makes (``benchmarks/xla_passes.py``: bytes of weight-sized
 arrays read and written by its kernels, over the weights' bytes; static, so
-the same on a busy machine). The load average is printed before and after,
+the same on a busy machine) with the size of its temporary buffer (XLA's
+``memory_analysis``; on CPU a buffer over glibc's 32 MB mmap threshold is
+mapped afresh, and its pages faulted in, at every step). The load average is printed before and after,
 because other jobs on the machine move every time.
 
 The contenders compute the same thing (a float32 model; loss scaling costs
@@ -48,10 +50,9 @@ import jax
 import jax.numpy as jnp
 import jmp
 import optax
+from xla_passes import passes  # benchmarks/ is the script's directory, so on sys.path
 
 import lossscale.jax as lsj
-
-from xla_passes import passes  # benchmarks/ is the script's directory, so on sys.path
 
 DEPTH = 4
 
@@ -163,7 +164,10 @@ def bench(n_params: int, batch: int, rounds: int, steps: int, donate: bool, pass
         fn = jax.jit(step, donate_argnums=(0, 1) if donate else ())
         params = wrap(jax.tree_util.tree_map(jnp.copy, params0))
         carry = (params, init(params0))
-        counts[name] = passes(fn.lower(*carry, x, y).compile().as_text(), n_params)
+        compiled = fn.lower(*carry, x, y).compile()
+        counts[name] = passes(compiled.as_text(), n_params)
+        memory = compiled.memory_analysis()
+        counts[name].temp_mb = getattr(memory, "temp_size_in_bytes", 0) / 2**20
         if passes_only:
             continue
         carry = fn(*carry, x, y)  # compile and warm up
@@ -210,7 +214,7 @@ def main() -> None:
                     ratio = statistics.median(a / b for a, b in zip(t[name], t["optax"]))
                     timing = f"{statistics.median(t[name]) * 1e3:8.2f} {ratio:8.3f}"
                 print(f"  {name:>10} {timing:>17}   {count.total:6.2f}{branches}  "
-                      f"({count.kernels} kernels, {count.copies} copies)")
+                      f"({count.kernels} kernels, {count.copies} copies; {count.temp_mb:.0f} MB of temporaries)")
     print(f"\nload average after: {os.getloadavg()[0]:.2f}")
 
 

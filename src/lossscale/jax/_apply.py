@@ -12,21 +12,21 @@ __all__ = ["apply_gradients"]
 
 
 def apply_gradients(tx: Any, grads: Any, opt_state: Any, params: Any, **extra_args: Any) -> tuple[Any, Any]:
-    """``(new_params, new_opt_state)``: ``tx.update`` then ``optax.apply_updates``, in one skip branch.
+    """``(new_params, new_opt_state)``: ``tx.update`` then ``optax.apply_updates``, with one skip.
 
     For a :func:`loss_scale_optimizer` this computes the same numbers as::
 
         updates, opt_state = tx.update(grads, opt_state, params, **extra_args)
         params = optax.apply_updates(params, updates)
 
-    but the ``lax.cond`` picks between the new parameters and the old ones
-    instead of between the updates and zeros: the updates are never written
-    to memory (XLA fuses them into the parameter update), and on a skipped
-    step the parameters come back unchanged. With donated buffers
-    (``jax.jit(step, donate_argnums=...)``) the new parameters can reuse the
-    old ones' memory. Any other optax transformation takes the two-line path
-    above. Cost: the update's, minus one write and one read pass over the
-    parameters; no host sync.
+    but the skip chooses between the new parameters and the old ones instead
+    of between the updates and zeros, so on a skipped step the parameters
+    come back unchanged without an addition of zeros, and the updates are
+    never written to memory (XLA fuses them into the parameter update). With
+    donated buffers (``jax.jit(step, donate_argnums=...)``) the new
+    parameters are written over the old ones in place. Any other optax
+    transformation takes the two-line path above. Cost: the update's; no
+    host sync.
 
     Args:
         tx: the transformation, usually ``loss_scale_optimizer(...)``.
