@@ -160,3 +160,22 @@ def test_the_compiled_step_reads_the_gradients_once_more_than_plain_optax_and_co
         assert ours.total <= base.total + 1.1, (ours, base)
         # The only branch is the exact check, run when the gradients' sum is not finite: one read.
         assert [round(b.taken, 1) for b in ours.branches] in ([1.0], [1.5], [0.0, 1.0], [0.0, 1.5], [1.0, 0.0], [1.5, 0.0])
+
+
+def test_finite_and_skipped_steps_share_one_compile_and_move_nothing_to_the_host():
+    opt = lsj.loss_scale_optimizer(optax.adam(1e-3), lossscale.DynamicLossScale(4.0, 2))
+    traces = []
+
+    def step(params, state, grads):
+        traces.append(1)
+        return lsj.apply_gradients(opt, grads, state, params)
+
+    step = jax.jit(step, donate_argnums=(0, 1))
+    params = jax.device_put(_params())
+    state = opt.init(params)
+    plan = [jax.device_put(_grads(i, 1.0, poison)) for i, poison in enumerate([None, POISONS[0], None, POISONS[2]])]
+    with jax.transfer_guard("disallow"):
+        for grads in plan:
+            params, state = step(params, state, grads)
+    assert len(traces) == 1
+    assert int(state.skipped_steps) == 2

@@ -67,10 +67,10 @@ def jaxpr_as_fun(closed: Any) -> Any:
 
 def _literal_type() -> type:
     try:
-        from jax.extend.core import Literal
+        from jax.extend import core as extend_core
     except ImportError:  # pragma: no cover - JAX < 0.4.36
-        Literal = jax.core.Literal
-    return Literal
+        return jax.core.Literal  # type: ignore[attr-defined]
+    return extend_core.Literal
 
 
 def eval_jaxpr_choosing(closed: Any, args: Sequence[Any], choose: Callable[[int, Any], Any]) -> list[Any]:

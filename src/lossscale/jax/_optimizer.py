@@ -86,8 +86,9 @@ def _chosen(finite: jax.Array, update: Callable, operands: Any, olds: Any) -> An
 
     def choose(i: int, new: Any) -> Any:
         aval = avals[i]
-        old = jnp.zeros((), aval.dtype) if old_leaves[i] is None else old_leaves[i]
-        return like(jnp.where(finite, new, old).astype(aval.dtype), aval)
+        old = old_leaves[i]
+        kept = jnp.zeros((), aval.dtype) if old is None else jnp.asarray(old)
+        return like(jnp.where(finite, new, kept).astype(aval.dtype), aval)
 
     out = eval_jaxpr_choosing(closed, flat, choose)
     return jax.tree_util.tree_unflatten(out_tree, out)
