@@ -153,11 +153,17 @@ def jax_params() -> dict[str, Any]:
     return {"b": jnp.asarray(b), "w": jnp.asarray(w)}
 
 
-def jax_loss(params: dict[str, Any], step: int) -> Any:
+def jax_loss(params: dict[str, Any], x: Any, y: Any, factor: Any) -> Any:
+    import jax.numpy as jnp
+
+    return jnp.mean((x @ params["w"] + params["b"] - y) ** 2) * factor
+
+
+def _jax_batch(step: int) -> tuple[Any, Any, Any]:
     import jax.numpy as jnp
 
     x, y = batch(step)
-    return jnp.mean((jnp.asarray(x) @ params["w"] + params["b"] - jnp.asarray(y)) ** 2) * loss_factor(step)
+    return jnp.asarray(x), jnp.asarray(y), jnp.float32(loss_factor(step))
 
 
 def jax_tx(lsj: Any, **options: Any) -> Any:
@@ -170,13 +176,18 @@ def jax_tx(lsj: Any, **options: Any) -> Any:
 
 
 def jax_steps(lsj: Any, tx: Any, params: Any, state: Any, steps: range) -> tuple[Any, Any]:
+    """``steps`` of the usual jitted step: grad of ``get_scaled_loss``, ``tx.update``, ``optax.apply_updates``."""
     import jax
     import optax
 
-    for step in steps:
-        grads = jax.grad(lambda p: lsj.get_scaled_loss(jax_loss(p, step), state))(params)
+    @jax.jit
+    def step_fn(params: Any, state: Any, x: Any, y: Any, factor: Any) -> tuple[Any, Any]:
+        grads = jax.grad(lambda p: lsj.get_scaled_loss(jax_loss(p, x, y, factor), state))(params)
         updates, state = tx.update(grads, state, params)
-        params = optax.apply_updates(params, updates)
+        return optax.apply_updates(params, updates), state
+
+    for step in steps:
+        params, state = step_fn(params, state, *_jax_batch(step))
     return params, state
 
 
@@ -188,11 +199,16 @@ def jax_train_state(lsj: Any) -> Any:
 
 
 def jax_train_state_steps(lsj: Any, state: Any, steps: range) -> Any:
+    """``steps`` of a jitted ``TrainState.apply_gradients`` step."""
     import jax
 
+    @jax.jit
+    def step_fn(state: Any, x: Any, y: Any, factor: Any) -> Any:
+        grads = jax.grad(lambda p: lsj.get_scaled_loss(jax_loss(p, x, y, factor), state.opt_state))(state.params)
+        return state.apply_gradients(grads=grads)
+
     for step in steps:
-        grads = jax.grad(lambda p: lsj.get_scaled_loss(jax_loss(p, step), state.opt_state))(state.params)
-        state = state.apply_gradients(grads=grads)
+        state = step_fn(state, *_jax_batch(step))
     return state
 
 
