@@ -44,7 +44,7 @@ def check_at_save(version, name, opt):
 def uninterrupted():
     model = recipes.keras_model(lsk)
     recipes.keras_steps(model, model.optimizer, range(recipes.SAVED_AFTER))
-    at_saving = arrays(model.weights)
+    at_saving = arrays(model.trainable_weights)
     recipes.keras_steps(model, model.optimizer, AFTER)
     scale, _good, _bad, skipped, _consecutive = numbers(model.optimizer)
     assert (scale, skipped) == (recipes.AT_END["loss_scale"], recipes.AT_END["skipped_steps"])
@@ -71,10 +71,13 @@ def test_keras_file_resumes(version, uninterrupted):
 
 
 @pytest.mark.parametrize("version", VERSIONS)
-def test_weights_file_loads(version, uninterrupted):
-    model = recipes.keras_model(lsk, compiled=False)
+def test_weights_file_resumes(version, uninterrupted):
+    model = recipes.keras_model(lsk)  # compiled, the optimizer built: save_weights wrote its variables too
     model.load_weights(fixture(version, "keras_model.weights.h5"))
-    assert_close(arrays(model.weights), uninterrupted[1], "weights")
+    assert_close(arrays(model.trainable_weights), uninterrupted[1], "weights at the save")
+    check_at_save(version, "keras_model.keras", model.optimizer)  # the .keras file was saved at the same step
+    recipes.keras_steps(model, model.optimizer, AFTER)
+    same_run(model, model.optimizer, uninterrupted)
 
 
 @pytest.mark.skipif(BACKEND != "tensorflow", reason="tf.train.Checkpoint is TensorFlow's")
