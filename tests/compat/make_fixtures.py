@@ -188,8 +188,7 @@ def write_keras(out: pathlib.Path) -> dict[str, Any]:
         "skipped_steps": int(_number(opt.skipped_steps)),
         "iterations": int(_number(opt.iterations)),
     }
-    at_save = {name: numbers for name in ("keras_model.keras", "keras_checkpoint")}
-    at_save["keras_model.weights.h5"] = {}
+    at_save = {name: numbers for name in ("keras_model.keras", "keras_model.weights.h5", "keras_checkpoint")}
     return {"frameworks": {"keras": keras.__version__, "tensorflow": tf.__version__}, "at_save": at_save}
 
 

@@ -24,8 +24,9 @@ __all__ = [
 ]
 
 
-_Fields = collections.namedtuple("LossScaleOptimizerState", ["inner_state", "loss_scale_state"])
-_FieldsWithStats = collections.namedtuple("LossScaleOptimizerState", ["inner_state", "loss_scale_state", "stats"])
+# The two layouts; the classes below give both the name LossScaleOptimizerState in repr.
+_Fields = collections.namedtuple("_Fields", ["inner_state", "loss_scale_state"])
+_FieldsWithStats = collections.namedtuple("_FieldsWithStats", ["inner_state", "loss_scale_state", "stats"])
 
 
 class LossScaleOptimizerState(_Fields):
@@ -60,7 +61,7 @@ class LossScaleOptimizerState(_Fields):
     def __new__(cls, inner_state: Any, loss_scale_state: LossScaleState, stats: Any = None) -> LossScaleOptimizerState:
         if stats is None:
             return _Fields.__new__(cls, inner_state, loss_scale_state)
-        return _FieldsWithStats.__new__(_StatsOptimizerState, inner_state, loss_scale_state, stats)
+        return tuple.__new__(_StatsOptimizerState, (inner_state, loss_scale_state, stats))
 
     @property
     def stats(self) -> Any:
@@ -98,7 +99,8 @@ class LossScaleOptimizerState(_Fields):
         return self.consecutive_skips > 0
 
 
-class _StatsOptimizerState(_FieldsWithStats, LossScaleOptimizerState):
+# Both bases are tuples with empty __slots__, so their layouts agree; mypy refuses any two tuple bases.
+class _StatsOptimizerState(_FieldsWithStats, LossScaleOptimizerState):  # type: ignore[misc]
     """A :class:`LossScaleOptimizerState` with ``stats_every``: the third field ``stats``.
 
     Its fields, ``__new__``, ``_make`` and ``_replace`` are the three-field
