@@ -120,6 +120,20 @@ def write_torch(out: pathlib.Path) -> dict[str, Any]:
     numbers = {"loss_scale": _number(scaler.get_scale()), "skipped_steps": int(_number(scaler.skipped_steps))}
     for name in ("torch_gradscaler.pt", "torch_gradscaler_pickle.pt", "torch_gradscaler.pkl"):
         at_save[name] = numbers
+
+    # The pickles of both with every diagnostic on: the guard's limit, the history and the overflow report travel.
+    model, model_b = recipes.torch_model(), recipes.torch_model()
+    opt = recipes.torch_optimizer(lst, model, **recipes.TORCH_DIAGNOSTICS)
+    recipes.torch_optimizer_steps(model, opt, done)
+    scaler, sgd = recipes.torch_gradscaler(lst, model_b, **recipes.TORCH_DIAGNOSTICS)
+    recipes.torch_gradscaler_steps(model_b, scaler, sgd, done)
+    together = {"model": model, "optimizer": opt, "model_b": model_b, "sgd": sgd, "scaler": scaler}
+    (out / "torch_diagnostics.pkl").write_bytes(pickle.dumps(together))
+    at_save["torch_diagnostics.pkl"] = {
+        "loss_scale": _number(opt.loss_scale),
+        "skipped_steps": int(_number(opt.skipped_steps)),
+        "history_steps": [len(opt.history), len(scaler.history)],
+    }
     return {"frameworks": {"torch": torch.__version__}, "at_save": at_save}
 
 

@@ -91,12 +91,16 @@ def torch_loss(model: Any, step: int) -> Any:
     return ((model(x) - y) ** 2).mean() * loss_factor(step)
 
 
-def torch_optimizer(lst: Any, model: Any) -> Any:
-    """``lossscale.torch.LossScaleOptimizer`` over Adam."""
+#: The diagnostics every release has, for the pickles that keep them (``torch_diagnostics.pkl``).
+TORCH_DIAGNOSTICS = {"max_consecutive_skips": 5, "history": True, "overflow_report": True}
+
+
+def torch_optimizer(lst: Any, model: Any, **options: Any) -> Any:
+    """``lossscale.torch.LossScaleOptimizer`` over Adam (``options``: e.g. :data:`TORCH_DIAGNOSTICS`)."""
     import torch
 
     inner = torch.optim.Adam(model.parameters(), lr=LEARNING_RATE)
-    return lst.LossScaleOptimizer(inner, initial_scale=INITIAL_SCALE, dynamic_growth_steps=GROWTH_STEPS)
+    return lst.LossScaleOptimizer(inner, initial_scale=INITIAL_SCALE, dynamic_growth_steps=GROWTH_STEPS, **options)
 
 
 def torch_optimizer_steps(model: Any, opt: Any, steps: range) -> None:
@@ -126,12 +130,12 @@ def torch_shared_steps(model: Any, shared: Any, opt_a: Any, opt_b: Any, steps: r
         shared.update()
 
 
-def torch_gradscaler(lst: Any, model: Any) -> tuple[Any, Any]:
-    """``lossscale.torch.GradScaler`` on the CPU and SGD with momentum."""
+def torch_gradscaler(lst: Any, model: Any, **options: Any) -> tuple[Any, Any]:
+    """``lossscale.torch.GradScaler`` on the CPU and SGD with momentum (``options``: e.g. :data:`TORCH_DIAGNOSTICS`)."""
     import torch
 
     opt = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE, momentum=0.9)
-    scaler = lst.GradScaler("cpu", init_scale=INITIAL_SCALE, growth_interval=GROWTH_STEPS)
+    scaler = lst.GradScaler("cpu", init_scale=INITIAL_SCALE, growth_interval=GROWTH_STEPS, **options)
     return scaler, opt
 
 

@@ -135,3 +135,27 @@ def test_pickled_gradscaler_resumes(version, name, uninterrupted_gradscaler):
     check_at_save(version, name, scaler.get_scale(), scaler.skipped_steps)
     recipes.torch_gradscaler_steps(model, scaler, sgd, AFTER)
     same_gradscaler_run(model, scaler, sgd, uninterrupted_gradscaler)
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_pickles_with_diagnostics_keep_them_and_resume(version):
+    loaded = load_pickle(fixture(version, "torch_diagnostics.pkl"))
+    opt, scaler = loaded["optimizer"], loaded["scaler"]
+    assert [len(opt.history), len(scaler.history)] == at_save(version, "torch_diagnostics.pkl")["history_steps"] == [
+        recipes.SAVED_AFTER, recipes.SAVED_AFTER]
+    limit = recipes.TORCH_DIAGNOSTICS["max_consecutive_skips"]
+    assert opt.max_consecutive_skips == limit
+    assert scaler._diagnostics.guard.limit == limit  # GradScaler has no public reader of it
+    recipes.torch_optimizer_steps(loaded["model"], opt, AFTER)
+    recipes.torch_gradscaler_steps(loaded["model_b"], scaler, loaded["sgd"], AFTER)
+    assert opt.last_overflow_report is not None and scaler.last_overflow_report is not None  # step 7 overflowed
+
+    ref_model, ref_model_b = recipes.torch_model(), recipes.torch_model()
+    ref_opt = recipes.torch_optimizer(lst, ref_model, **recipes.TORCH_DIAGNOSTICS)
+    recipes.torch_optimizer_steps(ref_model, ref_opt, EVERYTHING)
+    ref_scaler, ref_sgd = recipes.torch_gradscaler(lst, ref_model_b, **recipes.TORCH_DIAGNOSTICS)
+    recipes.torch_gradscaler_steps(ref_model_b, ref_scaler, ref_sgd, EVERYTHING)
+    same_run(loaded["model"], opt, (ref_model, ref_opt))
+    same_gradscaler_run(loaded["model_b"], scaler, loaded["sgd"], (ref_model_b, ref_scaler, ref_sgd))
+    for mine, theirs in [(opt.history, ref_opt.history), (scaler.history, ref_scaler.history)]:
+        assert_same([mine.steps, mine.loss_scales, mine.skipped], [theirs.steps, theirs.loss_scales, theirs.skipped])
