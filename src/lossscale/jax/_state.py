@@ -42,9 +42,9 @@ class LossScaleOptimizerState(_Fields):
             statistics and ``AutoLossScale``'s state; None otherwise.
 
     Without ``stats_every`` the tuple has the two fields ``inner_state`` and
-    ``loss_scale_state`` only (``stats`` reads None), the layout of every
-    release, so checkpoints of it (flax msgpack, orbax) restore across
-    versions; with ``stats_every`` it has a third field, ``stats``.
+    ``loss_scale_state`` only (``stats`` reads None), the layout of 0.1, so
+    checkpoints of it (flax msgpack, orbax) restore across versions; with
+    ``stats_every`` it has a third field, ``stats``.
     ``LossScaleOptimizerState(inner_state, loss_scale_state, stats)`` builds
     either, and ``isinstance(state, LossScaleOptimizerState)`` holds for both.
 
@@ -58,7 +58,10 @@ class LossScaleOptimizerState(_Fields):
 
     __slots__ = ()
 
-    def __new__(cls, inner_state: Any, loss_scale_state: LossScaleState, stats: Any = None) -> LossScaleOptimizerState:
+    # Not Self: without statistics it returns cls, with them the three-field subclass.
+    def __new__(  # noqa: PYI034
+        cls, inner_state: Any, loss_scale_state: LossScaleState, stats: Any = None
+    ) -> LossScaleOptimizerState:
         if stats is None:
             return _Fields.__new__(cls, inner_state, loss_scale_state)
         return tuple.__new__(_StatsOptimizerState, (inner_state, loss_scale_state, stats))

@@ -129,13 +129,14 @@ def _holds_0_1_optimizer(path: str) -> bool:
     scale variables (``_bad_steps_variable``, ...); no other graph has both.
     """
     import tensorflow as tf
+    from google.protobuf.message import DecodeError
     from tensorflow.core.protobuf import trackable_object_graph_pb2
 
     try:
         reader = tf.train.load_checkpoint(path)
         graph = trackable_object_graph_pb2.TrackableObjectGraph()
         graph.ParseFromString(reader.get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH"))
-    except Exception:  # not a TF object-based checkpoint: nothing of 0.1's layout to map
+    except (tf.errors.OpError, ValueError, KeyError, DecodeError):  # no object graph there: nothing of 0.1's to map
         return False
     return any(
         {"inner_optimizer", "_bad_steps_variable"} <= {child.local_name for child in node.children}

@@ -175,8 +175,9 @@ class LossScaleOptimizer(ScaleAttributes, TFMethods, keras.optimizers.LossScaleO
         return super()._checkpoint_adapter(path)
 
     def _lookup_dependency(self, name: str, cached_dependencies: Any = None) -> Any:
+        # Restores pass the node's children; TF's own tracking (a name already taken?) passes none, and is left alone.
         legacy = self.__dict__.get("_legacy_checkpoint")  # None while __init__ runs (Keras tracks attributes)
-        if legacy is not None:
+        if legacy is not None and cached_dependencies is not None:
             handled, found = legacy.lookup(name, self.inner_optimizer, self._scale.variables)
             if handled:
                 return found
