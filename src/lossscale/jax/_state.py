@@ -8,7 +8,8 @@ arguments and checkpoint restores cannot lose or change it (jmp kept
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+import collections
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -23,8 +24,13 @@ __all__ = [
 ]
 
 
-class LossScaleOptimizerState(NamedTuple):
-    """The state of :func:`~lossscale.jax.loss_scale_optimizer`.
+# The two layouts; the classes below give both the name LossScaleOptimizerState in repr.
+_Fields = collections.namedtuple("_Fields", ["inner_state", "loss_scale_state"])
+_FieldsWithStats = collections.namedtuple("_FieldsWithStats", ["inner_state", "loss_scale_state", "stats"])
+
+
+class LossScaleOptimizerState(_Fields):
+    """The state of :func:`~lossscale.jax.loss_scale_optimizer`: a NamedTuple pytree.
 
     Attributes:
         inner_state: the wrapped transformation's state, untouched by skipped
@@ -35,16 +41,35 @@ class LossScaleOptimizerState(NamedTuple):
         stats: with ``stats_every``, the step count, latest gradient
             statistics and ``AutoLossScale``'s state; None otherwise.
 
+    Without ``stats_every`` the tuple has the two fields ``inner_state`` and
+    ``loss_scale_state`` only (``stats`` reads None), the layout of 0.1, so
+    checkpoints of it (flax msgpack, orbax) restore across versions; with
+    ``stats_every`` it has a third field, ``stats``.
+    ``LossScaleOptimizerState(inner_state, loss_scale_state, stats)`` builds
+    either, and ``isinstance(state, LossScaleOptimizerState)`` holds for both.
+
     >>> import jax.numpy as jnp, optax, lossscale.jax as lsj
     >>> state = lsj.loss_scale_optimizer(optax.sgd(0.1)).init({"w": jnp.ones(2)})
-    >>> float(state.loss_scale), int(state.skipped_steps)
-    (32768.0, 0)
+    >>> float(state.loss_scale), int(state.skipped_steps), state._fields, state.stats
+    (32768.0, 0, ('inner_state', 'loss_scale_state'), None)
+    >>> lsj.loss_scale_optimizer(optax.sgd(0.1), stats_every=10).init({"w": jnp.ones(2)})._fields
+    ('inner_state', 'loss_scale_state', 'stats')
     """
 
-    inner_state: Any
-    loss_scale_state: LossScaleState
-    #: ``stats_every``'s :class:`lossscale.jax._stats.StatsState` (None when off).
-    stats: Any = None
+    __slots__ = ()
+
+    # Not Self: without statistics it returns cls, with them the three-field subclass.
+    def __new__(  # noqa: PYI034
+        cls, inner_state: Any, loss_scale_state: LossScaleState, stats: Any = None
+    ) -> LossScaleOptimizerState:
+        if stats is None:
+            return _Fields.__new__(cls, inner_state, loss_scale_state)
+        return tuple.__new__(_StatsOptimizerState, (inner_state, loss_scale_state, stats))
+
+    @property
+    def stats(self) -> Any:
+        """``stats_every``'s :class:`lossscale.jax._stats.StatsState` (None when off)."""
+        return None
 
     # The accessors convert with jnp.asarray: under flax.nnx.Optimizer the leaves are nnx's OptArray
     # wrappers, which have no arithmetic or comparison operators of their own.
@@ -75,6 +100,21 @@ class LossScaleOptimizerState(NamedTuple):
     def last_step_skipped(self) -> jax.Array:
         """Whether the last step was skipped, a 0-d bool array."""
         return self.consecutive_skips > 0
+
+
+# Both bases are tuples with empty __slots__, so their layouts agree; mypy refuses any two tuple bases.
+class _StatsOptimizerState(_FieldsWithStats, LossScaleOptimizerState):  # type: ignore[misc]
+    """A :class:`LossScaleOptimizerState` with ``stats_every``: the third field ``stats``.
+
+    Its fields, ``__new__``, ``_make`` and ``_replace`` are the three-field
+    tuple's (first in the MRO); the accessors are ``LossScaleOptimizerState``'s.
+    """
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{name}={value!r}" for name, value in zip(self._fields, self))
+        return f"LossScaleOptimizerState({fields})"
 
 
 def _is_scale_node(node: Any) -> bool:

@@ -13,6 +13,7 @@ import keras
 
 __all__ = [
     "HIDDEN_FROM_DIR",
+    "LegacyCheckpoint",
     "before_tf_restore",
     "checkpoint_children",
     "checkpoint_node",
@@ -112,3 +113,110 @@ def checkpoint_children(inner: Any, node: Any, save_type: str, **kwargs: Any) ->
 #: as slot variables; Keras 3 already saves these variables as the inner optimizer's, and TF refuses the
 #: duplicate. Public replacement: none.
 HIDDEN_FROM_DIR = ("get_slot_names",)
+
+
+#: lossscale 0.1's names of the five scale variables, tracked on the wrapper itself (today they are the children
+#: of its ``loss_scale`` node, named as in :data:`lossscale.keras._state.STATE_NAMES`).
+LEGACY_SCALE_NAMES = (
+    "dynamic_scale", "step_counter", "_bad_steps_variable", "_skipped_steps_variable", "_consecutive_skips_variable"
+)
+
+
+def _holds_0_1_optimizer(path: str) -> bool:
+    """Whether the ``tf.train.Checkpoint`` at ``path`` has a node shaped like a 0.1 ``LossScaleOptimizer``.
+
+    0.1's wrapper was its own node with an ``inner_optimizer`` child beside its
+    scale variables (``_bad_steps_variable``, ...); no other graph has both.
+    """
+    import tensorflow as tf
+    from google.protobuf.message import DecodeError
+    from tensorflow.core.protobuf import trackable_object_graph_pb2
+
+    try:
+        reader = tf.train.load_checkpoint(path)
+        graph = trackable_object_graph_pb2.TrackableObjectGraph()
+        graph.ParseFromString(reader.get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH"))
+    except (tf.errors.OpError, ValueError, KeyError, DecodeError):  # no object graph there: nothing of 0.1's to map
+        return False
+    return any(
+        {"inner_optimizer", "_bad_steps_variable"} <= {child.local_name for child in node.children}
+        for node in graph.nodes
+    )
+
+
+class LegacyCheckpoint:
+    """Restores a ``tf.train.Checkpoint`` written by lossscale 0.1 into today's graph.
+
+    0.1's wrapper node held the inner optimizer as a child (``inner_optimizer``),
+    its five scale variables under their own names (:data:`LEGACY_SCALE_NAMES`),
+    and a ``_variables`` list, ``_iterations`` and ``_learning_rate`` of its own
+    that no step used (0 and 0.0). Today the wrapper's graph is the inner
+    optimizer's (so plain checkpoints restore), and those three names are the
+    inner's: a 0.1 checkpoint restored by name would write the unused 0 into
+    ``iterations``, and its ``_variables`` list would give the scale's int32
+    counters to Adam's float slots (TF refuses: "expected dtype float").
+
+    TensorFlow's private restore hooks: ``Trackable._checkpoint_adapter(path)``
+    is called with the checkpoint's path before the node's children are looked
+    up, and ``Trackable._lookup_dependency(name)`` resolves each child's name.
+    When the checkpoint holds a 0.1 wrapper, :meth:`lookup` maps
+    ``inner_optimizer`` to the inner optimizer, the old scale names to today's
+    variables, and the unused three to throwaway variables, so the restore is
+    complete (``assert_consumed`` passes) and nothing of today's graph is
+    written twice. Before ``build`` the scale's names wait in TF's deferred
+    restorations until :meth:`built` hands them their variables. Public
+    replacement: none.
+    """
+
+    _UNUSED = ("_iterations", "_learning_rate", "_variables")
+
+    def __init__(self) -> None:
+        self.active = False
+        self._sinks: dict[str, Any] = {}
+
+    def adapter(self, path: str) -> None:
+        """``_checkpoint_adapter``'s hook: notes whether ``path`` is a 0.1 checkpoint (no adapter is returned)."""
+        self.active = _holds_0_1_optimizer(path)
+
+    def lookup(self, name: str, inner: Any, scale_variables: list[Any]) -> tuple[bool, Any]:
+        """``(handled, dependency)`` for ``name`` of a 0.1 checkpoint; ``(False, None)``: today's lookup decides."""
+        if not self.active:
+            return False, None
+        if name == "inner_optimizer":
+            return True, inner
+        if name in LEGACY_SCALE_NAMES:
+            index = LEGACY_SCALE_NAMES.index(name)
+            return True, scale_variables[index] if scale_variables else None
+        if name in self._UNUSED:
+            return True, self._sink(name, scale_variables)
+        return False, None
+
+    def _sink(self, name: str, scale_variables: list[Any]) -> Any:
+        import tensorflow as tf
+
+        if "_iterations" not in self._sinks:
+            self._sinks["_iterations"] = tf.Variable(0, dtype=tf.int64, trainable=False)
+            self._sinks["_learning_rate"] = tf.Variable(0.0, dtype=tf.float32, trainable=False)
+        if name != "_variables":
+            return self._sinks[name]
+        sinks = self._sinks
+
+        class UnusedList(tf.__internal__.tracking.Trackable):  # 0.1's own list: its 2 unused values, then the scale
+            def _trackable_children(self, save_type: str = "checkpoint", **kwargs: Any) -> dict[str, Any]:
+                found = [sinks["_iterations"], sinks["_learning_rate"], *scale_variables]
+                return {str(i): v for i, v in enumerate(found)}
+
+            def _lookup_dependency(self, name: str, cached_dependencies: Any = None) -> Any:
+                return self._trackable_children().get(name)
+
+        return UnusedList()
+
+    @staticmethod
+    def built(optimizer: Any, scale_variables: list[Any]) -> None:
+        """Hands the scale variables to restorations of a 0.1 checkpoint that waited for ``build``."""
+        waiting = getattr(optimizer, "_deferred_dependencies", None)
+        if not waiting:
+            return
+        for name, variable in zip(LEGACY_SCALE_NAMES, scale_variables):
+            if name in waiting:
+                optimizer._handle_deferred_dependencies(name=name, trackable=variable)

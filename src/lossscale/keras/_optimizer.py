@@ -11,7 +11,13 @@ import keras
 from .._auto import AutoLossScale
 from .._resolve import resolve_loss_scale
 from ._attributes import ScaleAttributes
-from ._compat import HIDDEN_FROM_DIR, checkpoint_children, checkpoint_node, no_automatic_dependency_tracking
+from ._compat import (
+    HIDDEN_FROM_DIR,
+    LegacyCheckpoint,
+    checkpoint_children,
+    checkpoint_node,
+    no_automatic_dependency_tracking,
+)
 from ._config import read_config, restore, values_record, write_config
 from ._distribute import in_replica_of_strategy, replica_apply
 from ._grads import UnscaleStage, all_finite, scale_loss, unscale
@@ -123,6 +129,7 @@ class LossScaleOptimizer(ScaleAttributes, TFMethods, keras.optimizers.LossScaleO
         self._jax_steps: dict[bool, Any] = {}
         self._pending: dict[str, Any] | None = None  # variable values restored before build (pickle, deepcopy)
         self._checkpoint_node = checkpoint_node()
+        self._legacy_checkpoint = LegacyCheckpoint()  # restores of lossscale 0.1's tf.train.Checkpoint layout
 
     # ------------------------------------------------------------ variables
 
@@ -140,6 +147,8 @@ class LossScaleOptimizer(ScaleAttributes, TFMethods, keras.optimizers.LossScaleO
             self.inner_optimizer.build(var_list)
         super(keras.optimizers.LossScaleOptimizer, self).build(var_list)
         guard_restores(self, self._scale.variables)
+        if self._checkpoint_node is not None:
+            self._legacy_checkpoint.built(self, self._scale.variables)
         pending, self._pending = self._pending, None
         if pending is not None:
             self.load_own_variables(pending)
@@ -157,6 +166,22 @@ class LossScaleOptimizer(ScaleAttributes, TFMethods, keras.optimizers.LossScaleO
     def _trackable_children(self, save_type: str = "checkpoint", **kwargs: Any) -> dict[str, Any]:
         # tf.train.Checkpoint: the inner optimizer's graph plus "loss_scale" (see _compat.checkpoint_children).
         return checkpoint_children(self.inner_optimizer, self._checkpoint_node, save_type, **kwargs)
+
+    def _checkpoint_adapter(self, path: str) -> Any:
+        # TensorFlow's restore asks before looking up this node's children: a 0.1 checkpoint? (_compat.LegacyCheckpoint)
+        legacy = self.__dict__.get("_legacy_checkpoint")
+        if legacy is not None:
+            legacy.adapter(path)
+        return super()._checkpoint_adapter(path)
+
+    def _lookup_dependency(self, name: str, cached_dependencies: Any = None) -> Any:
+        # Restores pass the node's children; TF's own tracking (a name already taken?) passes none, and is left alone.
+        legacy = self.__dict__.get("_legacy_checkpoint")  # None while __init__ runs (Keras tracks attributes)
+        if legacy is not None and cached_dependencies is not None:
+            handled, found = legacy.lookup(name, self.inner_optimizer, self._scale.variables)
+            if handled:
+                return found
+        return super()._lookup_dependency(name, cached_dependencies)
 
     def __dir__(self) -> list[str]:
         return [name for name in super().__dir__() if name not in HIDDEN_FROM_DIR]

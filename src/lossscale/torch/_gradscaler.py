@@ -49,6 +49,7 @@ from .._policy import DynamicLossScale
 from ._checkpoint import gradscaler_record, gradscaler_state_dict, growth_interval, with_torch_names
 from ._diagnostics import Diagnostics, OverflowReport, StepRecorder
 from ._iteration import UNSCALED, Iteration
+from ._legacy_pickles import gradscaler_from_0_1, is_gradscaler_0_1
 from ._sampler import measure_scaled, sampler_for
 from ._scale import IterationScale
 from ._step import Stage
@@ -345,6 +346,8 @@ class GradScaler(TorchScalerAccessors):
                 "updates": self._updates, "sampler": self._sampler}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        if is_gradscaler_0_1(state):
+            state = gradscaler_from_0_1(state)
         if not isinstance(state["scale"], IterationScale):
             raise TypeError(f"Not a pickled GradScaler: its scale is a {type(state['scale']).__name__}.")
         self._device, self._enabled, self._placed = state["device"], bool(state["enabled"]), bool(state["placed"])

@@ -88,6 +88,7 @@ from ._diagnostics import Diagnostics, OverflowReport
 from ._distributed import FlagAgreement, agreement_groups, validate_process_group
 from ._distributed import check_replicas_agree as _check_replicas_agree
 from ._inner_load import load_inner
+from ._legacy_pickles import is_optimizer_0_1, optimizer_from_0_1
 from ._policy_attributes import PolicyAttributes
 from ._sampler import measure_scaled, restored_sampler, sampler_for
 from ._scale import ScaleOwner, scale_owner_for
@@ -422,6 +423,8 @@ class LossScaleOptimizer(TFv1Methods, PolicyAttributes, torch.optim.Optimizer):
         return {"inner": self._inner, **self._steps.pickled(), "sampler": self._sampler}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        if is_optimizer_0_1(state):
+            state = optimizer_from_0_1(state)
         self._inner = state["inner"]
         self._steps = OptimizerStep.unpickled(state, FlagAgreement(None, self._params))
         self._sampler = state.get("sampler")
