@@ -35,21 +35,28 @@ def at_save(version: str, name: str) -> dict[str, Any]:
     return manifest(version)["at_save"][name]
 
 
-def assert_same(mine: Any, theirs: Any, where: str = "") -> None:
-    """Equal structure, equal keys and bit-equal numbers (tensors and arrays through numpy)."""
+def assert_same(mine: Any, theirs: Any, where: str = "", rtol: float = 0.0) -> None:
+    """Equal structure, equal keys and bit-equal numbers (tensors and arrays through numpy).
+
+    With ``rtol``, floating-point arrays may differ by that relative amount (integers, and every other value,
+    stay exact).
+    """
     if isinstance(mine, dict) or isinstance(theirs, dict):
         assert isinstance(mine, dict) and isinstance(theirs, dict), f"{where}: {type(mine)} vs {type(theirs)}"
         assert sorted(map(str, mine)) == sorted(map(str, theirs)), f"{where}: keys {list(mine)} vs {list(theirs)}"
         for key in mine:
-            assert_same(mine[key], theirs[key], f"{where}[{key!r}]")
+            assert_same(mine[key], theirs[key], f"{where}[{key!r}]", rtol)
     elif isinstance(mine, (list, tuple)) and not hasattr(mine, "shape"):
         assert isinstance(theirs, (list, tuple)) and len(mine) == len(theirs), f"{where}: {mine!r} vs {theirs!r}"
         for i, (a, b) in enumerate(zip(mine, theirs)):
-            assert_same(a, b, f"{where}[{i}]")
+            assert_same(a, b, f"{where}[{i}]", rtol)
     elif _is_array(mine) or _is_array(theirs):
         a, b = _numpy(mine), _numpy(theirs)
         assert a.shape == b.shape and a.dtype == b.dtype, f"{where}: {a.dtype}{a.shape} vs {b.dtype}{b.shape}"
-        np.testing.assert_array_equal(a, b, err_msg=where)
+        if rtol and np.issubdtype(a.dtype, np.floating):
+            np.testing.assert_allclose(a, b, rtol=rtol, atol=0, err_msg=where)
+        else:
+            np.testing.assert_array_equal(a, b, err_msg=where)
     else:
         assert mine == theirs, f"{where}: {mine!r} != {theirs!r}"
 

@@ -43,9 +43,15 @@ def check_at_save(version, name, opt_state):
     assert numbers == recorded == recipes.AT_SAVE
 
 
+#: The steps before the save were computed by the release that wrote the checkpoint. XLA may fuse another
+#: release's jitted step differently (0.2 chooses each output of the inner update where 0.1 branched with a
+#: lax.cond), which moves a weight or a moment by a few ulps; the scale and the counters stay exact.
+ULPS = 1e-5
+
+
 def assert_same_tree(mine, theirs, where):
     assert jax.tree_util.tree_structure(mine) == jax.tree_util.tree_structure(theirs), where
-    assert_same(jax.tree_util.tree_leaves(mine), jax.tree_util.tree_leaves(theirs), where)
+    assert_same(jax.tree_util.tree_leaves(mine), jax.tree_util.tree_leaves(theirs), where, rtol=ULPS)
 
 
 @functools.cache
