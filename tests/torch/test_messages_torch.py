@@ -121,3 +121,22 @@ def test_gradscaler_underflow_report_before_the_first_sample():
     with pytest.raises(ValueError, match=r"^No gradient statistics sample yet: with stats_every=3 the first sample "
                                          r"is taken at step 0; 0 steps so far"):
         lossscale.underflow_report(scaler)
+
+
+def test_underflow_report_names_from_named_parameters_label_the_right_tensors():
+    # docs/gradient_stats.md: names=[n for n, _ in model.named_parameters()] with the optimizer over
+    # model.parameters(); without names=, the report says param_groups[0]['params'][i].
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 1))
+    with torch.no_grad():
+        model[0].bias.zero_()
+    opt = lst.LossScaleOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), stats_every=2)
+    names = [name for name, _ in model.named_parameters()]
+    opt.zero_grad()
+    x = torch.ones(2, 3)
+    x[:, 1] = 0.0  # the first layer's weight column 1 gets exactly zero gradient: 4 of its 12 entries
+    opt.get_scaled_loss(model(x).sum()).backward()
+    opt.step()
+    report = lossscale.underflow_report(opt, names=names, top=1)
+    assert report.rows[0][0] == "0.weight" and report.rows[0][1] == pytest.approx(4 / 12)
+    default = lossscale.underflow_report(opt, top=1)
+    assert default.rows[0][0] == "param_groups[0]['params'][0]"

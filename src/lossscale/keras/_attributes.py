@@ -1,4 +1,4 @@
-"""The seeds' read-only attributes of :class:`LossScaleOptimizer`: its policy, and its state as tensors.
+"""TF's read-only attributes of :class:`LossScaleOptimizer`: its policy, and its state as tensors.
 
 A mixin over the two attributes the optimizer sets in ``__init__``:
 ``_policy`` (the :class:`lossscale.LossScale` followed) and ``_scale`` (its
