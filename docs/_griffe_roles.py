@@ -49,6 +49,8 @@ def fence_doctests(text: str) -> str:
             i += 1
             continue
         indent = line[: len(line) - len(stripped)]
+        if out and out[-1].strip():  # a fence opens a block: after text, it needs a blank line first
+            out.append("")
         out.append(f"{indent}```pycon")
         while i < len(lines) and lines[i].strip():
             out.append(DIRECTIVE.sub("", lines[i]) if lines[i].lstrip().startswith((">>>", "...")) else lines[i])
