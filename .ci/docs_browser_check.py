@@ -1,4 +1,4 @@
-"""The built site in a real browser: serve site/ on 127.0.0.1 and open six pages in headless Chromium.
+"""The built site in a real browser: serve site/ on 127.0.0.1 and open every page in headless Chromium.
 
 ``make docs-check`` runs it after ``make docs``: ``python .ci/docs_browser_check.py [site] [--screenshots DIR]``.
 Chromium is Debian's (``/usr/bin/chromium``, or $CHROMIUM), driven by Playwright for Python; nothing is downloaded.
@@ -8,11 +8,19 @@ For the home page, a how-to page, the Keras guide, Development, and the API page
 - the page title (the page's own title, then the site name);
 - the navigation: the site's sections are links, and the current page is marked active;
 - a rendered code block (Pygments-highlighted, with its copy button);
-- no console error, no uncaught page error and no failed request;
 - and once, the search box: typing "hysteresis" lists at least one result that links into the site.
 
-A full-page screenshot of each page (and of the search results) goes to --screenshots (default site-screenshots/).
-It exits non-zero, naming what failed, on any miss.
+On every page of the site (each ``index.html`` under site/, the API pages included), at a 1280 px wide window:
+
+- no console error, no uncaught page error and no failed request;
+- no code block and no table wider than the page's text column (nothing scrolls sideways, nothing is cut off);
+- no doctest rendered as text: a ``>>>`` outside a code block, or the nested quotes Markdown makes of a bare
+  ``>>>`` line (whose output then shows as junk or not at all);
+- on the API pages, every docstring example is a highlighted code block (the ``>>>`` prompts rendered by
+  Pygments), and the number of them is printed.
+
+A full-page screenshot of the named pages (and of the search results) goes to --screenshots (default
+site-screenshots/). It prints each page it opened and exits non-zero, naming what failed, on any miss.
 """
 
 from __future__ import annotations
@@ -42,6 +50,69 @@ PAGES = [
      "lossscale.keras.LossScaleOptimizer"),
     ("development/", "Development", "Development", None),
 ]
+
+
+#: The pages where docstring examples must render as code: each needs at least this many doctest blocks.
+API_PAGES = {"api/lossscale/": 5, "api/torch/": 5, "api/jax/": 10, "api/keras/": 2, "api/torch-integrations/": 0,
+             "api/demo/": 0}
+WIDTH = 1280  # the window the width checks run at (a common laptop screen)
+
+# Run in the page: what a reader would see wrong. Returns a list of problems (strings).
+LAYOUT_PROBLEMS = """() => {
+  const article = document.querySelector("article");
+  const problems = [];
+  const where = (el) => {
+    const h = el.closest("[id]");
+    return (h ? "#" + h.id + " " : "") + JSON.stringify(el.textContent.trim().slice(0, 70));
+  };
+  for (const pre of article.querySelectorAll("pre")) {
+    const box = pre.querySelector("code") || pre;
+    if (box.scrollWidth > box.clientWidth + 1)
+      problems.push(`code block scrolls sideways (${box.scrollWidth} px of ${box.clientWidth}): ${where(pre)}`);
+  }
+  for (const table of article.querySelectorAll("table")) {
+    const wrap = table.closest(".md-typeset__scrollwrap") || table.parentElement;
+    if (table.scrollWidth > wrap.clientWidth + 1)
+      problems.push(`table wider than the page (${table.scrollWidth} px of ${wrap.clientWidth}): ${where(table)}`);
+  }
+  const walker = document.createTreeWalker(article, NodeFilter.SHOW_TEXT);
+  for (let node = walker.nextNode(); node; node = walker.nextNode())
+    if (node.textContent.includes(">>>") && !node.parentElement.closest("pre, code"))
+      problems.push(`doctest rendered as text: ${where(node.parentElement)}`);
+  for (const quote of article.querySelectorAll("blockquote blockquote"))  // once per nest, at its second level
+    if (!quote.parentElement.closest("blockquote blockquote"))
+      problems.push(`nested quotes (a bare >>> line rendered as text): ${where(quote)}`);
+  return problems;
+}"""
+# Run in the page: [docstring examples rendered as highlighted code, output lines shown in them].
+DOCTEST_BLOCKS = """() => {
+  const blocks = [...document.querySelectorAll("article div.highlight pre code")]
+    .filter((code) => code.querySelector("span.gp") && code.textContent.trimStart().startsWith(">>>"));
+  return [blocks.length, blocks.reduce((n, code) => n + code.querySelectorAll("span.go").length, 0)];
+}"""
+
+
+def site_pages(site: Path) -> list[str]:
+    """Every page of the built site, as a path under it ("" for the home page); not 404.html or search."""
+    pages = []
+    for index in sorted(site.rglob("index.html")):
+        rel = index.parent.relative_to(site).as_posix()
+        if rel.split("/")[0] not in ("search", "assets"):
+            pages.append("" if rel == "." else rel + "/")
+    return pages
+
+
+def check_layout(page, base: str, path: str) -> tuple[list[str], str]:
+    """The problems :data:`LAYOUT_PROBLEMS` finds on one page (and the doctest blocks of an API page), and a note."""
+    page.goto(base + path, wait_until="networkidle")
+    found = [f"{path or 'home'}: {problem}" for problem in page.evaluate(LAYOUT_PROBLEMS)]
+    note = ""
+    if path in API_PAGES:
+        blocks, outputs = page.evaluate(DOCTEST_BLOCKS)
+        note = f"; {blocks} docstring examples as code blocks ({outputs} output lines)"
+        if blocks < API_PAGES[path]:
+            found.append(f"{path}: {blocks} docstring examples rendered as code, expected at least {API_PAGES[path]}")
+    return found, note
 
 
 def free_port() -> int:
@@ -114,7 +185,7 @@ def main() -> int:
     try:
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page = browser.new_page(viewport={"width": WIDTH, "height": 1000})
             page.on("console", lambda m: m.type == "error" and problems.append(f"console error: {m.text}"))
             page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
             page.on("requestfailed", lambda r: problems.append(f"request failed: {r.url} {r.failure}"))
@@ -124,6 +195,13 @@ def main() -> int:
                 print(f"ok  {base}{path}")
             check_search(page, base, shots)
             print("ok  search: 'hysteresis' has results")
+            pages = site_pages(site)
+            missing = sorted(set(API_PAGES) - set(pages))
+            problems.extend(f"{path}: API page missing from the site" for path in missing)
+            for path in pages:
+                found, note = check_layout(page, base, path)
+                problems.extend(found)
+                print(f"{'FAIL' if found else 'ok'}  {base}{path} at {WIDTH} px: code blocks, tables, doctests{note}")
             browser.close()
     finally:
         server.shutdown()

@@ -113,6 +113,23 @@ def test_cli_help_documents_the_options():
         assert option in out
 
 
+def test_python_m_lossscale_help_lists_the_commands_and_version_prints_it():
+    from importlib import metadata
+
+    import lossscale
+
+    run = subprocess.run([sys.executable, "-m", "lossscale", "--help"], check=False, capture_output=True, text=True)
+    assert run.returncode == 0 and run.stdout.startswith("usage: python -m lossscale [-h] [-V] <command> [options]")
+    assert "\ncommands:\n  demo       train a digits autoencoder" in run.stdout
+    assert "python -m lossscale demo --help` lists its options" in run.stdout and "-V, --version" in run.stdout
+    bare = subprocess.run([sys.executable, "-m", "lossscale"], check=False, capture_output=True, text=True)
+    assert bare.returncode == 2 and bare.stderr == run.stdout  # no command: the same help, as an error
+    for flag in ("--version", "-V"):
+        run = subprocess.run([sys.executable, "-m", "lossscale", flag], check=False, capture_output=True, text=True)
+        assert run.returncode == 0 and run.stdout == f"lossscale {metadata.version('lossscale')}\n"
+    assert metadata.version("lossscale") == lossscale.__version__
+
+
 def test_python_m_lossscale_names_its_one_command():
     run = subprocess.run([sys.executable, "-m", "lossscale", "train"], check=False, capture_output=True, text=True)
     assert run.returncode == 2 and "unknown command 'train'; the one command is 'demo'" in run.stderr

@@ -36,6 +36,13 @@ def test_all_is_pinned():
         assert getattr(lossscale, name) is not None
 
 
+def test_dir_shows_the_public_names_only():
+    # `from __future__ import annotations` in the package root would leave a public `annotations` attribute.
+    public = {name for name in dir(lossscale) if not name.startswith("_")}
+    assert "annotations" not in public
+    assert public - set(lossscale.__all__) <= {"demo", "jax", "keras", "torch"}  # submodules, once imported
+
+
 def test_version():
     # One version: the package's equals pyproject.toml's (what the wheel's metadata says).
     from pathlib import Path

@@ -91,3 +91,16 @@ def test_use_it_where_you_train_runs(capsys):
     assert capsys.readouterr().out.split() == ["32768.0", "False", "1"]
     opt, model = namespace["opt"], namespace["model"]
     assert [int(opt.state[p]["step"]) for p in model.parameters()] == [2, 2]
+
+
+@pytest.mark.parametrize(
+    "page, heading",
+    [("getting-started/torch.md", "Quickstart: PyTorch"), ("getting-started/jax.md", "Quickstart: JAX / optax"),
+     ("getting-started/keras.md", "Quickstart: Keras 3"), ("how-to/trainers.md", "Use it where you train")],
+)
+def test_the_site_shows_the_readme_quickstarts(page, heading):
+    # The pages' first example is the README's, which the tests above run; lines fit the site's code column.
+    text = (Path(__file__).resolve().parents[1] / "docs" / page).read_text(encoding="utf-8")
+    shown = re.search(r"```python\n(.*?)```", text, re.DOTALL).group(1)
+    assert shown == first_python_block(heading)
+    assert max(len(line) for line in shown.splitlines()) <= 100

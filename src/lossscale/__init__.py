@@ -6,8 +6,6 @@ Framework bindings live in :mod:`lossscale.torch`, :mod:`lossscale.jax` and
 :mod:`lossscale.demo` imports its frameworks only when it runs.
 """
 
-from __future__ import annotations
-
 from ._errors import LossScaleError
 from ._history import History
 from ._policy import (

@@ -406,7 +406,10 @@ def get(identifier: Any, custom_objects: Mapping[str, Any] | None = None) -> Los
     if identifier is None or isinstance(identifier, LossScale):
         return identifier
     if _is_number(identifier):
-        return FixedLossScale(identifier)
+        try:
+            return FixedLossScale(identifier)
+        except (TypeError, ValueError) as error:  # passed as loss_scale=: the error names that argument
+            raise type(error)(str(error).replace("loss_scale_value", "loss_scale")) from None
     if isinstance(identifier, str):
         if identifier == "dynamic":
             return DynamicLossScale()
@@ -431,7 +434,10 @@ def get(identifier: Any, custom_objects: Mapping[str, Any] | None = None) -> Los
                 f"Invalid loss scale config for {class_name}: {error}. Expected the keys that "
                 f"{class_name}(...).get_config() returns."
             ) from error
-        return cls.from_config(config)
+        try:
+            return cls.from_config(config)
+        except (TypeError, ValueError) as error:  # the constructor's own words name the field and why
+            raise type(error)(f"Invalid loss scale config for {class_name}: {error}") from error
     raise ValueError(
         f"Invalid loss scale {identifier!r} of type {type(identifier).__name__}: pass a number (fixed scale), "
         '"dynamic", a LossScale instance, a serialized LossScale dict, or None.'

@@ -57,18 +57,50 @@ def _host(value: Any) -> np.ndarray:
     return np.asarray(value, dtype=np.float64)
 
 
-def underflow_report(stats: Mapping[str, Any], top: int = 10, names: Sequence[str] | None = None) -> UnderflowReport:
+def _no_sample(holder: Any, step: int | None) -> str:
+    """Why there is no sample to report, and when the first one comes."""
+    progress = getattr(holder, "_stats_progress", None)
+    every, done = progress() if callable(progress) else (None, None)
+    if every is not None and done is not None:
+        first = -(-done // every) * every  # the next step count that is a multiple of stats_every
+        return (
+            f"No gradient statistics sample yet: with stats_every={every} the first sample is taken at step {first}; "
+            f"{done} step{'' if done == 1 else 's'} so far. Call underflow_report after that step."
+        )
+    if step == -1:
+        return (
+            "stats holds no sample yet (step -1): the first sample is taken at the first step (step 0), then "
+            "every stats_every-th step. Call underflow_report after a training step."
+        )
+    return (
+        "stats is None: no gradient statistics sample. Either the optimizer records none (pass stats_every=N to "
+        "it), or no sample was taken yet: the first is taken at the first step (step 0), then every N-th step. "
+        "Pass the optimizer itself, underflow_report(opt), to be told which."
+    )
+
+
+def underflow_report(stats: Any, top: int = 10, names: Sequence[str] | None = None) -> UnderflowReport:
     """The ``top`` tensors that lose the most to underflow in ``stats`` (an optimizer's ``gradient_stats``).
 
     Args:
         stats: the ``gradient_stats`` mapping of any binding (torch
-            ``LossScaleOptimizer``/``GradScaler``, a JAX state).
+            ``LossScaleOptimizer``/``GradScaler``, a JAX state, a Keras
+            ``LossScaleOptimizer``), or the object itself. Given the
+            object, an error before the first sample says when it comes.
         top: how many tensors to list.
-        names: tensor names, overriding ``stats["per_tensor"]["names"]``
-            (e.g. ``lossscale.jax.tensor_names(params)``).
+        names: tensor names, overriding ``stats["per_tensor"]["names"]``, in
+            the order of the sampled gradients (e.g.
+            ``lossscale.jax.tensor_names(params)``; on torch the parameters
+            that had a gradient, in the optimizer's ``param_groups`` order).
 
     Cost: one transfer of the sample to the host (a host sync); call it when
     you look, not every step.
+
+    Raises:
+        TypeError: ``stats`` is not a sample, or the optimizer records none
+            (no ``stats_every``).
+        ValueError: no sample yet (the message says at which step the first
+            is taken), a bad ``top``, or ``names`` of the wrong length.
 
     >>> import numpy as np
     >>> from lossscale._stats import as_mapping, gradient_stats
@@ -77,21 +109,31 @@ def underflow_report(stats: Mapping[str, Any], top: int = 10, names: Sequence[st
     >>> ", ".join(row[0] for row in report.rows)
     'w, b'
     """
+    holder = None
+    if not isinstance(stats, Mapping) and hasattr(stats, "gradient_stats"):
+        holder, stats = stats, stats.gradient_stats
+        if stats is None and getattr(holder, "_stats_progress", lambda: None)() is None:
+            raise TypeError(
+                f"This {type(holder).__name__} records no gradient statistics: build the optimizer with "
+                "stats_every=N (e.g. stats_every=100) to sample them every N-th step."
+            )
+    if stats is None:
+        raise (ValueError if holder is not None else TypeError)(_no_sample(holder, None))
     if not isinstance(stats, Mapping) or "per_tensor" not in stats:
         raise TypeError(
-            "stats must be an optimizer's gradient_stats mapping (with 'per_tensor'); got "
+            "stats must be an optimizer's gradient_stats mapping (with 'per_tensor') or the optimizer itself; got "
             f"{type(stats).__name__}. Pass stats_every=N to the optimizer to record it."
         )
     if isinstance(top, bool) or not isinstance(top, int) or top < 1:
         raise ValueError(f"top must be a positive int, got {top!r}.")
+    step = int(_host(stats["step"]))
+    if step < 0:
+        raise ValueError(_no_sample(holder, step))
     per = stats["per_tensor"]
     zeros, subnormal, headroom = (_host(per[k]) for k in ("zero_fraction", "subnormal_fraction", "headroom_bits"))
     labels = tuple(per["names"] if names is None else names)
     if len(labels) != len(zeros):
         raise ValueError(f"names must name each of the {len(zeros)} tensors, got {len(labels)}.")
-    step = int(_host(stats["step"]))
-    if step < 0:
-        raise ValueError("stats holds no sample yet (step -1): take a training step first.")
     order = sorted(range(len(zeros)), key=lambda i: (-zeros[i], -subnormal[i]))[:top]
     return UnderflowReport(
         step=step,
@@ -100,4 +142,3 @@ def underflow_report(stats: Mapping[str, Any], top: int = 10, names: Sequence[st
         headroom_bits=float(_host(stats["headroom_bits"])),
         rows=tuple((labels[i], float(zeros[i]), float(subnormal[i]), float(headroom[i])) for i in order),
     )
-

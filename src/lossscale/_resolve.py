@@ -2,8 +2,8 @@
 
 TF has two: the experimental ``LossScaleOptimizer(opt, loss_scale)`` and the
 stable ``LossScaleOptimizer(opt, dynamic=True, initial_scale=None,
-dynamic_growth_steps=None)``. Seed 001's examples state which pairs are the
-same; :func:`resolve_loss_scale` maps both onto one :class:`LossScale` so the
+dynamic_growth_steps=None)``; TF's API pages state which pairs are the same.
+:func:`resolve_loss_scale` maps both onto one :class:`LossScale` so the
 bindings never handle them separately.
 """
 
@@ -43,9 +43,11 @@ def resolve_loss_scale(
 
     >>> resolve_loss_scale(123) == resolve_loss_scale(dynamic=False, initial_scale=123)
     True
-    >>> resolve_loss_scale(DynamicLossScale(2048, 500)) == resolve_loss_scale(initial_scale=2048, dynamic_growth_steps=500)
+    >>> stable = resolve_loss_scale(initial_scale=2048, dynamic_growth_steps=500)
+    >>> resolve_loss_scale(DynamicLossScale(2048, 500)) == stable
     True
-    >>> resolve_loss_scale(dynamic_growth_steps=500, min_loss_scale=0.5) == DynamicLossScale(2**15, 500, min_loss_scale=0.5)
+    >>> refined = resolve_loss_scale(dynamic_growth_steps=500, min_loss_scale=0.5)
+    >>> refined == DynamicLossScale(2**15, 500, min_loss_scale=0.5)
     True
     """
     extras = {k: v for k, v in zip(_EXTRAS, (min_loss_scale, max_loss_scale, hysteresis)) if v is not None}

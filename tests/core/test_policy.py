@@ -249,7 +249,7 @@ class TestGet:
 
     @pytest.mark.parametrize("value", [0, -1, math.inf, math.nan, 0.5])
     def test_bad_numbers(self, value):
-        with pytest.raises(ValueError, match="loss_scale_value"):
+        with pytest.raises(ValueError, match="^loss_scale must be "):  # the argument the user passed
             get(value)
 
     def test_invalid_config_values_are_validated(self):

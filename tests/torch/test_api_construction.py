@@ -142,7 +142,7 @@ def test_dynamic_must_be_bool(value):
 @pytest.mark.parametrize(
     "kwargs,error,match",
     [
-        ({"loss_scale": 0}, ValueError, "loss_scale_value must be positive"),
+        ({"loss_scale": 0}, ValueError, "^loss_scale must be positive, got 0.0. .*loss_scale=2\\*\\*15"),
         ({"loss_scale": "static"}, ValueError, 'only string accepted is "dynamic"'),
         ({"loss_scale": object()}, ValueError, "Invalid loss scale"),
         ({"initial_scale": -1.0}, ValueError, "initial_scale must be positive"),

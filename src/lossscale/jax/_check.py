@@ -60,7 +60,8 @@ def check_state(state: Any, policy: Any = None) -> Any:
     >>> state = lsj.loss_scale_optimizer(optax.sgd(0.1)).init({"w": jnp.ones(2)})
     >>> lsj.check_state(state) is state
     True
-    >>> bad = state._replace(loss_scale_state=state.loss_scale_state._replace(loss_scale=jnp.float32("nan")))
+    >>> nan = state.loss_scale_state._replace(loss_scale=jnp.float32("nan"))
+    >>> bad = state._replace(loss_scale_state=nan)
     >>> lsj.check_state(bad)
     Traceback (most recent call last):
     ...

@@ -56,7 +56,7 @@ def value_and_grad(
         ``scan`` trace (or a ``vmap`` over its arguments), raises
         ``RuntimeError`` naming the call-time form. Rebuilt each step, as in the step body, it is right;
         reused, it would scale every loss by that one state's ``S`` (after a
-        backoff, a 2x update: issue 23), whatever replaced the state, an
+        backoff, a 2x update), whatever replaced the state, an
         eager or a jitted ``update``.
 
       ``opt_state=`` at call time overrides the state given here, and such a
@@ -102,13 +102,13 @@ def value_and_grad(
     >>> loss, grads = grad_fn(params, opt_state=state)
     >>> float(loss), grads.tolist()                  # true loss, gradients of 1024 * loss
     (5.0, [2048.0, 4096.0])
-    >>> built = lsj.value_and_grad(lambda p: jnp.sum(p**2), state)   # built with a concrete state: one call
+    >>> built = lsj.value_and_grad(lambda p: jnp.sum(p**2), state)  # a concrete state: one call
     >>> built(params)[1].tolist()
     [2048.0, 4096.0]
     >>> built(params)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    RuntimeError: value_and_grad(fun, opt_state) was built with a concrete optimizer state and called a second time...
+    RuntimeError: value_and_grad(fun, opt_state) was built with a concrete optimizer state ...
     """
     if not callable(fun):
         raise TypeError(f"value_and_grad() needs a callable loss function, got {type(fun).__name__}.")

@@ -1,4 +1,4 @@
-"""The seeds' read-only attributes of :class:`LossScaleOptimizer`: its policy, and its state as tensors.
+"""TF's read-only attributes of :class:`LossScaleOptimizer`: its policy, and its state as tensors.
 
 A mixin over the two attributes the optimizer sets in ``__init__``:
 ``_policy`` (the :class:`lossscale.LossScale` followed) and ``_scale`` (its
@@ -9,6 +9,9 @@ A mixin over the two attributes the optimizer sets in ``__init__``:
 from __future__ import annotations
 
 from typing import Any
+
+import keras
+import numpy as np
 
 from .. import LossScale
 from .._resolve import stable_form
@@ -69,6 +72,13 @@ class ScaleAttributes:
         (``names``: the variables' paths). No copy, no host sync.
         """
         return None if self._scale.stats is None else self._scale.stats.mapping()
+
+    def _stats_progress(self) -> tuple[int, int] | None:
+        """``(stats_every, applies so far)`` for ``lossscale.underflow_report``'s errors; None when off (host read)."""
+        stats = self._scale.stats
+        if stats is None:
+            return None
+        return stats.every, int(np.asarray(keras.ops.convert_to_numpy(stats.count))) if stats.built else 0
 
     @property
     def history(self) -> Any:

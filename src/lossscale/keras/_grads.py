@@ -1,7 +1,7 @@
 """Passes over the gradients (unscale, check), and which of the two gradient contracts a call follows.
 
 Keras 3 (and ``model.fit``) hands ``apply``/``apply_gradients``/``stateless_apply``
-the gradients of the *scaled* loss; the seeds' loop hands ``apply_gradients``
+the gradients of the *scaled* loss; TF's loop hands ``apply_gradients``
 gradients that already went through ``get_unscaled_gradients``.
 :class:`UnscaleStage` tells them apart, as torch's ``GradScaler`` remembers an
 ``unscale_()`` until the next ``step()``.
@@ -127,8 +127,8 @@ class UnscaleStage:
     * there was one, and every gradient given is one of the *scaled* tensors
       it was given (it was called on the side, e.g. for logging): scaled;
     * there was one, and the gradients are anything else (what it returned,
-      or tensors computed from that, e.g. clipped): already unscaled (the
-      seeds' contract), not unscaled again.
+      or tensors computed from that, e.g. clipped): already unscaled (TF's
+      contract), not unscaled again.
 
     The one pattern it cannot tell apart: calling ``get_unscaled_gradients``
     and then applying *new* tensors computed from the scaled gradients

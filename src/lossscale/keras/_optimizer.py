@@ -1,4 +1,4 @@
-"""``LossScaleOptimizer`` for Keras 3: the seeds' API and TF's rule, on the TensorFlow, JAX and torch backends."""
+"""``LossScaleOptimizer`` for Keras 3: TF's API and rule, on the TensorFlow, JAX and torch backends."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ __all__ = ["LossScaleOptimizer"]
 @keras.saving.register_keras_serializable(package="lossscale")
 @forward_inner_settings
 class LossScaleOptimizer(ScaleAttributes, TFMethods, keras.optimizers.LossScaleOptimizer):
-    """An optimizer that applies loss scaling; the seeds' ``LossScaleOptimizer`` for Keras 3.
+    """An optimizer that applies loss scaling; TF's ``tf.keras.mixed_precision.LossScaleOptimizer`` for Keras 3.
 
     The loss is multiplied by ``S`` before differentiation and the gradients by
     ``1/S`` (the float32 reciprocal, as TF) before the update, so that float16
@@ -195,7 +195,7 @@ class LossScaleOptimizer(ScaleAttributes, TFMethods, keras.optimizers.LossScaleO
     def get_scaled_loss(self, loss: Any) -> Any:
         """``loss * loss_scale``, computed in at least float32 and returned in ``loss``'s dtype.
 
-        A callable gives a callable (the seeds' form). Cost: one scalar multiply.
+        A callable gives a callable (TF's form). Cost: one scalar multiply.
         """
         if callable(loss):
             return lambda: self.get_scaled_loss(loss())
@@ -267,13 +267,13 @@ class LossScaleOptimizer(ScaleAttributes, TFMethods, keras.optimizers.LossScaleO
     ) -> Any:
         """Applies ``(gradient, variable)`` pairs; returns ``iterations`` (not advanced on a skip).
 
-        The seeds' signature. Under a ``tf.distribute`` strategy,
+        TF's signature. Under a ``tf.distribute`` strategy,
         ``experimental_aggregate_gradients=True`` sums the gradients over the
         replicas before the check (so that a NaN or Inf on one replica skips
         the step on all); with False the caller has summed them (e.g.
         ``tf.distribute.get_replica_context().all_reduce("sum", grads)``) and
         they are applied as given. Without a strategy both are the same.
-        ``name`` is accepted for the seeds' signature and unused (Keras 3
+        ``name`` is accepted for TF's signature and unused (Keras 3
         names its ops after the optimizer).
         """
         pairs = list(grads_and_vars)

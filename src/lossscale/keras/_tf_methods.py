@@ -1,4 +1,4 @@
-"""The seeds' TensorFlow-era methods over Keras 3: ``minimize``, ``get_gradients`` and the slot accessors.
+"""tf-keras's TensorFlow-era methods over Keras 3: ``minimize``, ``get_gradients`` and the slot accessors.
 
 Each function takes the loss-scale optimizer (or its inner optimizer) and
 uses only its public methods.
@@ -36,7 +36,7 @@ def _backend() -> str:
 
 
 def minimize(opt: Any, loss: Any, var_list: Sequence[Any], tape: Any = None) -> Any:
-    """The seeds' ``minimize`` (TensorFlow backend): scale, differentiate, unscale, apply; returns ``iterations``."""
+    """TF's ``minimize`` (TensorFlow backend): scale, differentiate, unscale, apply; returns ``iterations``."""
     if _backend() != "tensorflow":
         raise NotImplementedError(
             f"minimize() needs tf.GradientTape (TensorFlow backend); on {_backend()} compute the gradients of "
@@ -63,7 +63,7 @@ _OTHER_WAY = {
 
 
 def get_gradients(opt: Any, loss: Any, params: Sequence[Any]) -> list[Any]:
-    """The seeds' ``get_gradients``: gradients of ``loss`` (a tensor or a callable) w.r.t. ``params``, unscaled.
+    """TF's ``get_gradients``: gradients of ``loss`` (a tensor or a callable) w.r.t. ``params``, unscaled.
 
     TensorFlow backend, in graph mode (inside ``tf.function``), as tf-keras's:
     ``tf.gradients`` of ``get_scaled_loss(loss)``, then
@@ -137,7 +137,7 @@ def add_slot(inner: Any, variable: Any, slot_name: str, initializer: Any = "zero
 
 
 class TFMethods:
-    """The seeds' TensorFlow-era methods on the loss-scale optimizer; the functions above do the work.
+    """tf-keras's TensorFlow-era methods on the loss-scale optimizer; the functions above do the work.
 
     The host class provides ``inner_optimizer`` and Keras' own ``_trainable_variables`` (set by ``build``).
     """
@@ -146,11 +146,11 @@ class TFMethods:
     _trainable_variables: Any
 
     def minimize(self, loss: Any, var_list: Sequence[Any], tape: Any = None) -> Any:
-        """The seeds' ``minimize`` (TensorFlow backend): scale, differentiate, unscale, apply."""
+        """TF's ``minimize`` (TensorFlow backend): scale, differentiate, unscale, apply."""
         return minimize(self, loss, var_list, tape)
 
     def get_gradients(self, loss: Any, params: Sequence[Any]) -> list[Any]:
-        """The seeds' ``get_gradients``: unscaled gradients of the scaled loss (TensorFlow, in a tf.function)."""
+        """TF's ``get_gradients``: unscaled gradients of the scaled loss (TensorFlow, in a tf.function)."""
         return get_gradients(self, loss, params)
 
     def get_slot_names(self) -> list[str]:

@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from .._policy import DynamicLossScale, LossScale, get, serialize
+from .._policy import _BUILTINS, DynamicLossScale, LossScale, get, serialize
 from .._resolve import built_in_names
 from .._rule import COUNTER_MAX, LossScaleState
 from .._validate import check_counter, check_scale, plain
@@ -79,7 +79,7 @@ def read_policy(saved: Any, custom_objects: Mapping[str, type] | None, current: 
         policy = get(saved, custom_objects=custom or None)
     except (TypeError, ValueError) as error:
         name = saved.get("class_name") if isinstance(saved, Mapping) else None
-        if isinstance(name, str) and name not in custom:
+        if isinstance(name, str) and name not in custom and name not in _BUILTINS:
             raise ValueError(
                 f"This checkpoint's loss scale policy is unreadable: its class {name!r} is not a built-in policy. "
                 f"Pass the class: "

@@ -270,6 +270,10 @@ class GradScaler(TorchScalerAccessors):
         """
         return None if self._sampler is None else self._sampler.gradient_stats
 
+    def _stats_progress(self) -> tuple[int, int] | None:
+        """``(stats_every, steps so far)`` for ``lossscale.underflow_report``'s errors; None when off."""
+        return None if self._sampler is None else (self._sampler.every, self._sampler.iteration)
+
     def state_dict(self) -> dict[str, Any]:
         """torch's five keys plus a ``"lossscale"`` entry, plain values only (``{}`` when disabled); one sync."""
         return gradscaler_state_dict(self._owner.policy, self._owner.state) if self._enabled else {}

@@ -370,6 +370,10 @@ class LossScaleOptimizer(TFv1Methods, PolicyAttributes, torch.optim.Optimizer):
         """The latest ``stats_every`` sample (tensors; see ``docs/gradient_stats.md``), None when off or before one."""
         return None if self._sampler is None else self._sampler.gradient_stats
 
+    def _stats_progress(self) -> tuple[int, int] | None:
+        """``(stats_every, steps so far)`` for ``lossscale.underflow_report``'s errors; None when off."""
+        return None if self._sampler is None else (self._sampler.every, self._sampler.iteration)
+
     @property
     def last_overflow_report(self) -> OverflowReport | None:
         """The report of the last skipped step (needs ``overflow_report=True``), or None."""
