@@ -67,7 +67,9 @@ def main(port, pid):
 
 def run(pid):
     assert jax.process_count() == 2 and jax.device_count() == 2 and jax.local_device_count() == 1
-    mesh = jax.make_mesh((2,), ("d",), axis_types=(jax.sharding.AxisType.Auto,))
+    # jax.sharding.AxisType (JAX >= 0.5.2); older JAX's meshes are all "Auto".
+    axis_types = {"axis_types": (jax.sharding.AxisType.Auto,)} if hasattr(jax.sharding, "AxisType") else {}
+    mesh = jax.make_mesh((2,), ("d",), **axis_types)
     rows = NamedSharding(mesh, P("d"))
 
     def global_array(full, sharding=rows):
