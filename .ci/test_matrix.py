@@ -7,7 +7,7 @@ installed editable (``-e .``), pytest, hypothesis and the cell's packages, then 
 ``-m "not slow"``. The table at the end gives each cell's installed versions, its passed/failed/skipped counts,
 and the wall time of the install and of the tests; ``--markdown FILE`` writes it as a Markdown table too.
 
-Python versions other than the default come from pyenv (``PYENV_VERSION=3.10.13 python3``); a cell whose
+Python versions other than the default come from pyenv (``~/.pyenv/versions/3.10.13/bin/python3``); a cell whose
 interpreter is missing is reported as not run. Exit status: 0 when every cell that ran passed, else 1.
 """
 
@@ -47,7 +47,11 @@ class Cell:
 
 CELLS = [
     Cell("numpy-floor", "numpy>=2 (oldest)", ("numpy==2.0.0",), ("tests", "src"), show=("numpy",), ci=True),
-    Cell("numpy-newest", "numpy>=2 (newest)", ("numpy",), ("tests", "src"), show=("numpy",), ci=True),
+    Cell("numpy-newest", "numpy>=2 (newest)", ("numpy",), ("tests", "src"), show=("numpy",)),
+    Cell("py310-core", "Python 3.10 (oldest), core", ("numpy",), ("tests", "src"), python="3.10.13",
+         show=("numpy",), ci=True),
+    Cell("py313-core", "Python 3.13 (newest), core", ("numpy",), ("tests", "src"), python="3.13.0",
+         show=("numpy",), ci=True),
     Cell("py310", "Python 3.10 (oldest), core + torch (oldest)", ("torch==2.5.1",), TORCH_PATHS,
          python="3.10.13", show=("numpy", "torch")),
     Cell("py313", "Python 3.13 (newest), core + torch (newest)", ("torch",), TORCH_PATHS,
@@ -86,16 +90,27 @@ class Result:
 
 
 def interpreter(cell: Cell) -> list[str] | None:
-    """The command that starts the cell's Python, or None when it is not on this machine."""
+    """The command that starts the cell's Python, or None when it is not on this machine.
+
+    pyenv's own directory of that version when it exists (under ``pyenv exec``, as when this script itself runs
+    from a pyenv shim, ``python3`` on PATH is the running version whatever PYENV_VERSION says), else
+    ``pyenv exec python3`` with PYENV_VERSION set.
+    """
     if cell.python is None:
         return [sys.executable]
-    env = dict(os.environ, PYENV_VERSION=cell.python)
-    try:
-        out = subprocess.run(["python3", "-c", "import sys; print(sys.version.split()[0])"], env=env,
-                             capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    return ["env", f"PYENV_VERSION={cell.python}", "python3"] if out == cell.python else None
+    root = pathlib.Path(os.environ.get("PYENV_ROOT", pathlib.Path.home() / ".pyenv"))
+    candidates = [[str(root / "versions" / cell.python / "bin" / "python3")]]
+    if shutil.which("pyenv"):
+        candidates.append(["env", f"PYENV_VERSION={cell.python}", "pyenv", "exec", "python3"])
+    for command in candidates:
+        try:
+            out = subprocess.run([*command, "-c", "import sys; print(sys.version.split()[0])"], check=True,
+                                 capture_output=True, text=True).stdout.strip()
+        except (OSError, subprocess.CalledProcessError):
+            continue
+        if out == cell.python:
+            return command
+    return None
 
 
 def spec_hash(cell: Cell) -> str:
