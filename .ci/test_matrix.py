@@ -2,7 +2,8 @@
 
 ``make test-matrix`` runs every cell; ``make test-matrix ARGS="--cells jax-floor,numpy-floor"`` runs some;
 ``python .ci/test_matrix.py --list`` lists them. Each cell gets its own virtualenv under ``.venv-matrix/<cell>``
-(git-ignored, kept between runs and rebuilt when the cell's packages or pyproject.toml change), with lossscale
+(git-ignored, kept between runs and rebuilt when the cell's packages or lossscale's own dependencies change, or
+with ``--rebuild``, which a "newest" cell needs to pick up a later release), with lossscale
 installed editable (``-e .``), pytest, hypothesis and the cell's packages, then runs its test paths with
 ``-m "not slow"``. The table at the end gives each cell's installed versions, its passed/failed/skipped counts,
 and the wall time of the install and of the tests; ``--markdown FILE`` writes it as a Markdown table too.
@@ -121,11 +122,11 @@ def spec_hash(cell: Cell) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def install(cell: Cell, venv: pathlib.Path, log: pathlib.Path) -> bool:
+def install(cell: Cell, venv: pathlib.Path, log: pathlib.Path, rebuild: bool) -> bool:
     """Builds (or reuses) the cell's venv; True on success. Output goes to ``log``."""
     stamp = venv / ".matrix-installed"
     want = spec_hash(cell)
-    if stamp.exists() and stamp.read_text() == want:
+    if not rebuild and stamp.exists() and stamp.read_text() == want:
         return True
     python = interpreter(cell)
     assert python is not None
@@ -220,6 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cells", help="comma-separated cell names (default: all; see --list)")
     parser.add_argument("--ci", action="store_true", help="only the cells CI runs (the quick half)")
     parser.add_argument("--list", action="store_true", help="list the cells and exit")
+    parser.add_argument("--rebuild", action="store_true", help="rebuild the cells' venvs (the newest releases again)")
     parser.add_argument("--markdown", type=pathlib.Path, nargs="?", const=pathlib.Path("-"),
                         help="also write the table as Markdown to this file (with --report: print it as Markdown)")
     parser.add_argument("--report", action="store_true",
@@ -259,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         print(f"[{cell.name}] installing {' '.join(cell.packages)} (log: {log.relative_to(ROOT)})", flush=True)
         start = time.monotonic()
-        ok = install(cell, venv, log)
+        ok = install(cell, venv, log, args.rebuild)
         result.install_s = time.monotonic() - start
         if not ok:
             result.status = "install failed"
