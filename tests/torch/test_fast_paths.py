@@ -312,6 +312,27 @@ def test_lossscale_work_of_a_step_traces_as_one_graph(make_model):
     assert int(opt.dynamic_counter) == 1
 
 
+def test_grouping_used_under_torch_compile_equals_torchs():
+    # Under torch.compile the gradients are grouped in Python (torch 2.5's dynamo cannot trace torch's C++
+    # grouping): the same groups, in each the same tensors in the same order, and the same indices.
+    from torch.utils._foreach_utils import _group_tensors_by_device_and_dtype
+
+    from lossscale.torch._compat import _group_in_python
+
+    grads = [torch.ones(2), torch.ones(3, dtype=torch.float16), torch.zeros(4), torch.ones(1, dtype=torch.bfloat16),
+             torch.full((5,), 3.0, dtype=torch.float16)]
+    states = [g * 2 for g in grads]
+    for with_indices in (False, True):
+        ours = _group_in_python([grads, states], with_indices)
+        torchs = _group_tensors_by_device_and_dtype([grads, states], with_indices=with_indices)
+        assert set(ours) == set(torchs) == {(torch.device("cpu"), d) for d in (torch.float32, torch.float16,
+                                                                                 torch.bfloat16)}
+        for key, (lists, indices) in torchs.items():
+            assert [[t.data_ptr() for t in ts] for ts in ours[key][0]] == [[t.data_ptr() for t in ts] for ts in lists]
+            assert list(ours[key][1]) == list(indices)
+    assert _group_in_python([grads, states], True)[(torch.device("cpu"), torch.float16)][1] == [1, 4]
+
+
 @_REASONS_OF_TORCH_2_13
 def test_torch_compile_unfused_step_breaks_once_more_at_the_documented_sync(make_model):
     _, opt = _steady_state(make_model, foreach=True)
