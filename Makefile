@@ -9,6 +9,9 @@
 #   make docs-check  the built site in headless Chromium (Debian's chromium; apt-get installs it when missing)
 #   make wheel-check sdist + wheel, twine check, the wheel in a numpy-only venv (.ci/wheel_check.sh)
 #   make typecheck   mypy over src/ with every framework (.venv), zero errors (config: pyproject.toml)
+# and the version matrix (.ci/test_matrix.py; CI runs its quick half, `make test-matrix ARGS=--ci`):
+#   make test-matrix each binding's tests against the oldest and newest release of each stated range, one venv
+#                    per cell under .venv-matrix/; `make test-matrix ARGS="--cells jax-floor,py313"` runs some
 PYTHON ?= python3
 VENV ?= .venv
 DEMO_VENV ?= .venv-demo
@@ -22,7 +25,7 @@ KERAS_BACKENDS := tensorflow jax torch
 KERAS_PATHS := $(wildcard tests/keras src/lossscale/keras)
 MAIN_IGNORES := --ignore=tests/keras --ignore=src/lossscale/keras
 
-.PHONY: demo test test-main test-keras test-keras-distributed test-fast test-core lint ci bench clean docs docs-check wheel-check typecheck
+.PHONY: demo test test-matrix test-main test-keras test-keras-distributed test-fast test-core lint ci bench clean docs docs-check wheel-check typecheck
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -85,6 +88,10 @@ test-fast: $(VENV)/.installed
 test-core: $(CORE_VENV)/.installed
 	$(CORE_VENV)/bin/python -m pytest -q $(ARGS)
 
+# The version matrix (docs/development.md): `python3 .ci/test_matrix.py --list` names the cells.
+test-matrix:
+	$(PYTHON) .ci/test_matrix.py $(ARGS)
+
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
 
@@ -108,4 +115,4 @@ bench: $(VENV)/.installed
 	$(PY) benchmarks/bench_torch.py $(ARGS)
 
 clean:
-	rm -rf $(VENV) $(DEMO_VENV) $(CORE_VENV) $(DOCS_VENV) .venv-wheel site site-screenshots dist
+	rm -rf $(VENV) $(DEMO_VENV) $(CORE_VENV) $(DOCS_VENV) .venv-wheel .venv-matrix site site-screenshots dist

@@ -14,6 +14,8 @@ import importlib.util
 _NEEDS = {
     "src/lossscale/torch/*": ["torch"],
     "src/lossscale/torch/integrations/accelerate.py": ["torch", "accelerate"],
+    "src/lossscale/torch/integrations/_compat.py": ["torch", "accelerate"],
+    "src/lossscale/torch/integrations/lightning.py": ["torch", "lightning"],
     "src/lossscale/jax/*": ["jax", "optax"],
     "src/lossscale/jax/train_state.py": ["jax", "optax", "flax"],
     "src/lossscale/keras/*": ["keras"],

@@ -13,6 +13,15 @@ from jax.sharding import PartitionSpec as P
 import lossscale
 import lossscale.jax as lsj
 
+try:
+    from jax import shard_map  # public in newer JAX
+except ImportError:  # older JAX: jax.experimental's, whose replication check knows no rule for lax.pmin
+    import functools
+
+    from jax.experimental.shard_map import shard_map as _experimental
+
+    shard_map = functools.partial(_experimental, check_rep=False)
+
 
 def summary(updates, state):
     return {
@@ -47,7 +56,7 @@ def main():
     params = jnp.zeros(8)
     state = opt.init(params)
     state_spec = jax.tree.map(lambda x: P("d") if x.ndim else P(), state)
-    f = jax.shard_map(opt.update, mesh=mesh, in_specs=(P("d"), state_spec), out_specs=(P("d"), state_spec))
+    f = shard_map(opt.update, mesh=mesh, in_specs=(P("d"), state_spec), out_specs=(P("d"), state_spec))
     state = jax.tree.map(lambda x, spec: jax.device_put(x, NamedSharding(mesh, spec)), state, state_spec)
     grads = jax.device_put(bad.reshape(8) * 1024, NamedSharding(mesh, P("d")))
     updates, state = jax.jit(f)(grads, state)

@@ -4,6 +4,7 @@ Usage: python _multiprocess_worker.py PORT PROCESS_ID. Prints one JSON line of r
 Every socket is on 127.0.0.1: the coordinator's bind address, and gloo's (see ``use_gloo_on_loopback``).
 """
 
+import inspect
 import json
 import sys
 
@@ -49,6 +50,9 @@ def local(x):
 
 def main(port, pid):
     use_gloo_on_loopback()
+    # Newer JAX takes the heartbeat and shutdown timeouts; older releases keep their defaults.
+    known = inspect.signature(jax.distributed.initialize).parameters
+    timeouts = {k: 30 for k in ("heartbeat_timeout_seconds", "shutdown_timeout_seconds") if k in known}
     jax.distributed.initialize(
         coordinator_address=f"127.0.0.1:{port}",
         coordinator_bind_address=f"127.0.0.1:{port}",
@@ -56,8 +60,7 @@ def main(port, pid):
         process_id=pid,
         local_device_ids=[0],
         initialization_timeout=60,
-        heartbeat_timeout_seconds=30,
-        shutdown_timeout_seconds=30,
+        **timeouts,
     )
     try:
         run(pid)
@@ -67,7 +70,9 @@ def main(port, pid):
 
 def run(pid):
     assert jax.process_count() == 2 and jax.device_count() == 2 and jax.local_device_count() == 1
-    mesh = jax.make_mesh((2,), ("d",), axis_types=(jax.sharding.AxisType.Auto,))
+    # jax.sharding.AxisType (JAX >= 0.5.2); older JAX's meshes are all "Auto".
+    axis_types = {"axis_types": (jax.sharding.AxisType.Auto,)} if hasattr(jax.sharding, "AxisType") else {}
+    mesh = jax.make_mesh((2,), ("d",), **axis_types)
     rows = NamedSharding(mesh, P("d"))
 
     def global_array(full, sharding=rows):

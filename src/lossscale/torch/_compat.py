@@ -45,8 +45,27 @@ def group_by_device_and_dtype(tensorlists: list[list[torch.Tensor]], with_indice
 
     Private: ``torch.utils._foreach_utils._group_tensors_by_device_and_dtype``.
     No public replacement; torch.optim's foreach and fused paths use it.
+    Under ``torch.compile`` the grouping is done in Python, at trace time:
+    torch 2.5's dynamo cannot trace the C++ function (a graph break), and
+    the groups depend only on the devices and dtypes, which it guards on.
     """
+    if torch.compiler.is_compiling():
+        return _group_in_python(tensorlists, with_indices)
     return _group_tensors_by_device_and_dtype(tensorlists, with_indices=with_indices)
+
+
+def _group_in_python(tensorlists: list[list[torch.Tensor]], with_indices: bool) -> dict:
+    """The same grouping as torch's C++ one, keyed by the first list's tensors (the others follow them)."""
+    groups: dict = {}
+    for i, first in enumerate(tensorlists[0]):
+        key = (first.device, first.dtype)
+        if key not in groups:
+            groups[key] = ([[] for _ in tensorlists], [])
+        lists, indices = groups[key]
+        for out, tensors in zip(lists, tensorlists):
+            out.append(tensors[i])
+        indices.append(i)
+    return {key: (lists, indices if with_indices else []) for key, (lists, indices) in groups.items()}
 
 
 def non_finite_check_and_unscale_(tensors: list[torch.Tensor], found_inf: torch.Tensor, inv_scale: torch.Tensor) -> None:

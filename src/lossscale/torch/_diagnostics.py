@@ -27,12 +27,15 @@ import logging
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .._errors import LossScaleError
 from ._compat import TorchDispatchMode, sparse_values
+
+if TYPE_CHECKING:  # typing.Self is Python 3.11+; the annotations are strings (from __future__ import annotations)
+    from typing import Self
 
 __all__ = ["Diagnostics", "HostSyncCounter", "OverflowReport", "OverflowReporter", "SkipGuard", "StepRecorder"]
 
