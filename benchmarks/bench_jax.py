@@ -11,7 +11,8 @@ compiled step makes (``benchmarks/xla_passes.py``: bytes of weight-sized
 arrays read and written by its kernels, over the weights' bytes; static, so
 the same on a busy machine) with the size of its temporary buffer (XLA's
 ``memory_analysis``; on CPU a buffer over glibc's 32 MB mmap threshold is
-mapped afresh, and its pages faulted in, at every step). The load average is printed before and after,
+mapped afresh, and its pages faulted in, at every step), and the minor page
+faults per step (``getrusage``, median over rounds). The load average is printed before and after,
 because other jobs on the machine move every time.
 
 The contenders compute the same thing (a float32 model; loss scaling costs
@@ -43,6 +44,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import resource
 import statistics
 import time
 
@@ -174,18 +176,23 @@ def bench(n_params: int, batch: int, rounds: int, steps: int, donate: bool, pass
         jax.block_until_ready(carry)
         runs[name] = [fn, carry]
     times: dict[str, list[float]] = {name: [] for name in runs}
+    faults: dict[str, list[float]] = {name: [] for name in runs}
     names = list(runs)
     rng = random.Random(seed)
     for _ in range(rounds if runs else 0):
         rng.shuffle(names)
         for name in names:
             fn, carry = runs[name]
+            before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             start = time.perf_counter()
             for _ in range(steps):
                 carry = fn(*carry, x, y)
             jax.block_until_ready(carry)
             times[name].append((time.perf_counter() - start) / steps)
+            faults[name].append((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / steps)
             runs[name][1] = carry
+    for name, count in counts.items():
+        count.faults = statistics.median(faults[name]) if faults.get(name) else 0.0
     return times, counts
 
 
@@ -206,14 +213,15 @@ def main() -> None:
         for donate in modes:
             t, counts = bench(int(size), args.batch, args.rounds, args.steps, donate, args.passes_only)
             print(f"\n{size:.0e} parameters, {'donated' if donate else 'not donated'}")
-            print(f"  {'':>10} {'ms/step':>8} {'/ optax':>8}   passes over the state (+ conditional branches)")
+            print(f"  {'':>10} {'ms/step':>8} {'/ optax':>8} {'faults':>7}   passes over the state "
+                  "(+ conditional branches)")
             for name, count in counts.items():
                 branches = "".join(f" +{b.taken:.2f}" for b in count.branches)
                 timing = ""
                 if t:
                     ratio = statistics.median(a / b for a, b in zip(t[name], t["optax"]))
-                    timing = f"{statistics.median(t[name]) * 1e3:8.2f} {ratio:8.3f}"
-                print(f"  {name:>10} {timing:>17}   {count.total:6.2f}{branches}  "
+                    timing = f"{statistics.median(t[name]) * 1e3:8.2f} {ratio:8.3f} {count.faults:7.0f}"
+                print(f"  {name:>10} {timing:>25}   {count.total:6.2f}{branches}  "
                       f"({count.kernels} kernels, {count.copies} copies; {count.temp_mb:.0f} MB of temporaries)")
     print(f"\nload average after: {os.getloadavg()[0]:.2f}")
 
