@@ -52,10 +52,29 @@ def uninterrupted_gradscaler():
     return model, scaler, sgd
 
 
+def known_here(state, reference):
+    """``state`` with each of its ``param_groups`` limited to the keys of ``reference``'s groups.
+
+    The fixtures were written with a newer torch, whose optimizers define hyperparameters an older torch's do
+    not (Adam's ``decoupled_weight_decay`` from torch 2.6): ``load_state_dict`` keeps such a key in the group and
+    the older step never reads it. Every other entry is compared whole.
+    """
+    if isinstance(state, dict) and isinstance(reference, dict):
+        out = {}
+        for key, value in state.items():
+            if key == "param_groups" and isinstance(reference.get(key), list):
+                out[key] = [{k: v for k, v in group.items() if k in ref} for group, ref in zip(value, reference[key])]
+            else:
+                out[key] = known_here(value, reference.get(key))
+        return out
+    return state
+
+
 def same_run(model, opt, reference):
     ref_model, ref_opt = reference
     assert_same(model.state_dict(), ref_model.state_dict(), "model")
-    assert_same(opt.state_dict(), ref_opt.state_dict(), "optimizer")  # scale, counters, policy, inner state
+    ref_state = ref_opt.state_dict()  # scale, counters, policy, inner state
+    assert_same(known_here(opt.state_dict(), ref_state), ref_state, "optimizer")
     assert (float(opt.loss_scale), int(opt.skipped_steps), int(opt.consecutive_skips)) == (
         float(ref_opt.loss_scale), int(ref_opt.skipped_steps), int(ref_opt.consecutive_skips))
 
@@ -101,7 +120,7 @@ def test_shared_loss_scale_state_dicts_resume(version):
     assert float(ref[0].loss_scale) == recipes.AT_END["loss_scale"]
     assert_same(model.state_dict(), ref_model.state_dict(), "model")
     for name, mine, theirs in zip(["shared", "opt_a", "opt_b"], [shared, opt_a, opt_b], ref):
-        assert_same(mine.state_dict(), theirs.state_dict(), name)
+        assert_same(known_here(mine.state_dict(), theirs.state_dict()), theirs.state_dict(), name)
 
 
 def same_gradscaler_run(model, scaler, sgd, reference):
