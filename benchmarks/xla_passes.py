@@ -1,19 +1,23 @@
 """How many passes over the model's state a compiled XLA program makes, read from its HLO text.
 
 ``passes(jax.jit(step).lower(*args).compile().as_text(), n_params)`` walks
-the entry computation's kernels (fusions, copies, dots, reductions, ...) and,
-for a ``conditional``, the kernels of each branch, and adds up the bytes each
-kernel reads (its operands) and writes (its result), counting only arrays of
-at least ``min_elements`` elements (the weights, the gradients, the optimizer
-moments; not activations of a small batch, nor scalars). Dividing by the
-parameters' bytes gives *passes*: plain Adam reads the gradient, both moments
-and the weights and writes the moments and the weights, 7 passes, on top of
-the backward pass's own reads and writes.
+the entry computation's kernels (fusions, copies, dots, reductions, ...),
+those of the computations it ``call``s, and, for a ``conditional`` or a
+``while``, the kernels of each branch or of the loop's body, and adds up the
+bytes each kernel reads (its operands) and writes (its result), counting only
+arrays of at least ``min_elements`` elements (default: 2 % of the parameters,
+so the weight matrices and their gradients and moments, not biases, scalars or
+the activations of a small batch). Dividing by the parameters' bytes gives
+*passes*: plain Adam reads the gradient, both moments and the weights and
+writes the moments and the weights, 7 passes, on top of the backward pass's
+own reads and writes.
 
 The count is static: it says what the program will move, not how fast the
-machine moves it, so it is the same on a busy machine and a quiet one. It
+machine moves it, so it is the same on a busy machine and a quiet one for the
+same XLA version and backend (another backend compiles another program). It
 counts an operand as read whole, which slightly overstates a kernel that reads
-a slice. A conditional's branches are reported apart, since only one runs.
+a slice. A conditional's branches and a loop's body are reported apart (only one
+branch runs; a body runs an unknown number of times).
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ _ARRAY = re.compile(r"\b(" + "|".join(_BYTES) + r")\[([\d,]*)\]")
 _HEADER = re.compile(r"^(ENTRY )?%([\w.\-]+) \(.*\{\s*$")
 _INSTRUCTION = re.compile(r"\s*(?:ROOT )?%([\w.\-]+) = (.+?) ([\w\-]+)\((.*?)\)(.*)$")
 _NO_KERNEL = {"parameter", "get-tuple-element", "tuple", "constant", "bitcast", "after-all", "partition-id"}
+_BYTES.update({"c64": 8, "c128": 16, "f8e4m3fn": 1, "f8e5m2": 1, "s4": 1, "u4": 1})
+_ARRAY = re.compile(r"\b(" + "|".join(sorted(_BYTES, key=len, reverse=True)) + r")\[([\d,]*)\]")
 
 
 @dataclass
@@ -78,8 +84,10 @@ def _computations(hlo: str) -> tuple[str, dict[str, list[str]]]:
     return entry, bodies
 
 
-def passes(hlo: str, n_params: int, param_bytes: int = 4, min_elements: int = 10_000) -> Passes:
+def passes(hlo: str, n_params: int, param_bytes: int = 4, min_elements: int | None = None) -> Passes:
     """The passes of the program ``hlo`` (``compiled.as_text()``) over ``n_params`` parameters."""
+    if min_elements is None:
+        min_elements = max(1, n_params // 50)
     entry, bodies = _computations(hlo)
     shapes = {}
     for lines in bodies.values():
@@ -104,7 +112,16 @@ def passes(hlo: str, n_params: int, param_bytes: int = 4, min_elements: int = 10
                 ]
                 out.branches += [walk(b) for b in names]
                 continue
-            if op in _NO_KERNEL or op in ("call", "while"):
+            if op == "call":
+                called = walk(re.search(r"to_apply=%?([\w.\-]+)", rest).group(1))
+                out.reads, out.writes = out.reads + called.reads, out.writes + called.writes
+                out.kernels, out.copies = out.kernels + called.kernels, out.copies + called.copies
+                out.branches += called.branches
+                continue
+            if op == "while":
+                out.branches += [walk(b) for b in re.findall(r"(?:body|condition)=%?([\w.\-]+)", rest)]
+                continue
+            if op in _NO_KERNEL:
                 continue
             read = sum(_size(shapes.get(a, ""), min_elements) for a in re.findall(r"%([\w.\-]+)", args))
             written = _size(shape, min_elements)

@@ -117,6 +117,20 @@ def test_an_inner_state_that_changes_shape_is_refused():
     with pytest.raises(TypeError, match="returned a state whose structure differs"):
         opt.update(_grads(0, 2.0), opt.init(params), params)
 
+    def grows(updates, state, params=None):
+        return updates, {"n": state["n"] + jnp.arange(3.0)}
+
+    opt = lsj.loss_scale_optimizer(optax.GradientTransformation(init, grows), 2.0)
+    with pytest.raises(TypeError, match=r"returned a state leaf of shape \(3,\) for one of shape \(\)"):
+        opt.update(_grads(0, 2.0), opt.init(params), params)
+
+
+def test_complex_gradients_whose_magnitude_overflows_are_finite():
+    big = jnp.array([3e38 + 3e38j, 1.0], jnp.complex64)
+    assert bool(lsj.all_finite([big, jnp.ones(2)]))
+    assert not bool(lsj.all_finite([big.at[1].set(jnp.nan), jnp.ones(2)]))
+    assert not bool(jax.jit(lsj.all_finite)([jnp.array([complex(1.0, float("inf"))], jnp.complex64)]))
+
 
 def _step_passes(step, init, donate: bool, n: int):
     width = int((n / 2) ** 0.5)

@@ -82,11 +82,13 @@ def eval_jaxpr_choosing(closed: Any, args: Sequence[Any], choose: Callable[[int,
     one output position is replaced at the end instead. The equations are
     bound in the current trace (under ``jit``, they are staged as usual), as
     ``jax.extend.core.jaxpr_as_fun`` does; only the order of evaluation is
-    this function's.
+    this function's. The equations are bound without their source
+    information, so the inner update's ops carry no name scopes in XLA's
+    metadata (profiles name them by primitive only).
 
     Uses ``jax.extend.core`` (JAX's API for library authors: ``Literal``,
     ``Primitive.bind``, ``Primitive.get_bind_params``, whose result changed
-    shape in JAX 0.5), the same calls as ``jax.core.eval_jaxpr``.
+    shape between releases), the same calls as ``jax.core.eval_jaxpr``.
     """
     literal = _literal_type()
     jaxpr = closed.jaxpr
@@ -106,8 +108,8 @@ def eval_jaxpr_choosing(closed: Any, args: Sequence[Any], choose: Callable[[int,
             positions.setdefault(v, []).append(i)
     early = {v: p[0] for v, p in positions.items() if len(p) == 1 and v not in bound}
     for eqn in jaxpr.eqns:
-        bind = eqn.primitive.get_bind_params(eqn.params)  # JAX < 0.5: (subfuns, params); later: params
-        subfuns, params = bind if isinstance(bind, tuple) else ((), bind)
+        bind = eqn.primitive.get_bind_params(eqn.params)  # older JAX: (subfuns, params); newer: params
+        subfuns, params = ((), bind) if isinstance(bind, dict) else bind
         ctx = getattr(eqn, "ctx", None)
         with contextlib.nullcontext() if ctx is None else ctx.manager:
             answer = eqn.primitive.bind(*subfuns, *map(read, eqn.invars), **params)

@@ -97,9 +97,10 @@ def all_finite(tree: Any) -> jax.Array:
     sum overflows) does the exact ``all(isfinite(x))`` run, in a
     ``lax.cond``, so the answer is always the exact one. XLA reduces a plain
     sum at memory speed, several times faster on CPU than
-    ``all(isfinite(x))`` or ``sum(x * 0)``. Half-precision leaves, whose own
-    sums are slow on CPU, are checked through ``max(|x|)``, which is NaN or
-    Inf exactly when an element is.
+    ``all(isfinite(x))`` or ``sum(x * 0)``. float16 and bfloat16 leaves,
+    whose own sums are slow on CPU, are checked through ``max(|x|)``, which
+    is NaN or Inf exactly when an element is; complex leaves through the
+    exact check (``|z|`` can overflow where ``z`` does not).
 
     Cost: one read pass over the leaves (a second one only on a step that
     holds a NaN or an Inf, or whose sum overflows float32); no host sync. An
@@ -114,10 +115,11 @@ def all_finite(tree: Any) -> jax.Array:
     """
     leaves = [jnp.asarray(leaf) for leaf in jax.tree_util.tree_leaves(tree)]
     wide = [leaf for leaf in leaves if leaf.dtype in (jnp.float32, jnp.float64)]
-    flag = jnp.ones((), jnp.bool_)
-    for leaf in leaves:
-        if leaf.dtype not in (jnp.float32, jnp.float64):
-            flag = flag & jnp.isfinite(jnp.max(jnp.abs(leaf), initial=0).astype(jnp.float32))
+    half = [leaf for leaf in leaves if leaf.dtype in (jnp.float16, jnp.bfloat16)]
+    other = [leaf for leaf in leaves if leaf.dtype not in (jnp.float32, jnp.float64, jnp.float16, jnp.bfloat16)]
+    flag = _exactly_finite(other)  # complex (|z| can overflow where z does not), and any other dtype
+    for leaf in half:
+        flag = flag & jnp.isfinite(jnp.max(jnp.abs(leaf), initial=0).astype(jnp.float32))
     if wide:
         total = jnp.zeros((), jnp.float32)
         for leaf in wide:

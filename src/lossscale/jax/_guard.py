@@ -46,7 +46,7 @@ def _raise(streak: Any, scale: Any, *, limit: int) -> None:
 
 
 def guard_skip(streak: jax.Array, scale: jax.Array, limit: int) -> None:
-    """Inside the skip branch: raise on the host iff ``streak >= limit``.
+    """Raise on the host iff ``streak >= limit`` (which only a skipped step reaches).
 
     ``streak`` is the consecutive-skip count *after* this step. The callback
     is a ``jax.debug.callback`` behind a ``lax.cond``, so a finite step and a

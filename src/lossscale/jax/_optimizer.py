@@ -83,6 +83,13 @@ def _chosen(finite: jax.Array, update: Callable, operands: Any, olds: Any) -> An
         [None] * first_tree.num_leaves if old_first is None else jax.tree_util.tree_leaves(old_first)
     ) + jax.tree_util.tree_leaves(old_rest)
     avals = closed.out_avals
+    for old, aval in zip(old_leaves, avals):
+        if old is not None and tuple(jnp.shape(old)) != tuple(aval.shape):
+            raise TypeError(
+                f"The inner optimizer's update() returned a state leaf of shape {tuple(aval.shape)} for one of "
+                f"shape {tuple(jnp.shape(old))}; a skipped step could not keep the old state. Use an optax "
+                "transformation whose update returns the state in the shape init() made."
+            )
 
     def choose(i: int, new: Any) -> Any:
         aval = avals[i]
@@ -138,7 +145,8 @@ def loss_scale_optimizer(
     skip adds no pass over the state, with or without donated buffers (a
     ``lax.cond`` would copy the state, its operands when they are not
     donated or its results when they are). The inner update runs, and is
-    thrown away, on a skipped step too.
+    thrown away, on a skipped step too (host callbacks inside ``inner``,
+    such as ``jax.debug.print``, run on every step).
 
     Args:
         inner: the optax transformation that receives the unscaled gradients,
@@ -176,8 +184,9 @@ def loss_scale_optimizer(
         max_consecutive_skips: raise :class:`lossscale.LossScaleError`, with
             likely causes and fixes, from the jitted step in which the
             ``N``-th step in a row is skipped (default None: never). It is a
-            ``jax.debug.callback`` inside the skip branch behind a second
-            ``lax.cond``: a finite step runs no host code and adds no sync.
+            ``jax.debug.callback`` behind a ``lax.cond`` on the streak, which
+            only a skipped step reaches: a finite step runs no host code and
+            adds no sync.
             JAX re-raises it wrapped in its runtime error (the message is
             kept) when the step's results are next read, on CPU at once.
         history: a :class:`lossscale.History` that gets one row per step
