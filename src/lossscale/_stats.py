@@ -134,7 +134,9 @@ def summarize(
 def _headroom(amax: Any, xp: Any) -> Any:
     """``log2(65504 / amax)``: +inf for 0, NaN for NaN, -inf for +inf (no warning for 0)."""
     positive = amax > 0
-    return xp.where(positive, LOG2_FLOAT16_MAX - xp.log2(xp.where(positive, amax, 1.0)), math.inf)
+    # Not positive: 0 (no gradient at all: +inf), or NaN (an overflowed step: NaN, not the safest-looking +inf).
+    unmeasured = xp.where(amax >= 0, math.inf, amax)
+    return xp.where(positive, LOG2_FLOAT16_MAX - xp.log2(xp.where(positive, amax, 1.0)), unmeasured)
 
 
 def gradient_stats(grads: Sequence[Any], xp: Any, step: Any = 0) -> GradientStats:

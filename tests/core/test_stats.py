@@ -68,6 +68,9 @@ def test_non_finite_gradients_show_in_amax_and_headroom():
     stats = gradient_stats([np.array([1.0, np.inf], np.float16), np.array([np.nan], np.float32)], np)
     assert math.isinf(float(stats.tensor_amax[0])) and math.isnan(float(stats.tensor_amax[1]))
     assert float(stats.tensor_headroom_bits[0]) == -math.inf
+    # A NaN gradient has NaN headroom (it read +inf, the safest-looking value, in a History), overall too.
+    assert math.isnan(float(stats.tensor_headroom_bits[1]))
+    assert math.isnan(float(stats.amax)) and math.isnan(float(stats.headroom_bits))
 
 
 def test_all_zero_gradients_have_infinite_headroom_and_no_rms():

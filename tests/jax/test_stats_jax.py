@@ -124,3 +124,14 @@ def test_the_one_pass_check_skips_nan_and_inf(bad):
     updates, state = jax.jit(opt.update)(grads, state, p)
     assert int(state.skipped_steps) == 1 and float(state.loss_scale) == 2.0**14
     assert not bool(jnp.any(updates["w"]))
+
+
+def test_a_nan_gradient_has_nan_headroom_not_infinite():
+    opt = lsj.loss_scale_optimizer(optax.sgd(0.1), 2.0**10, stats_every=1)
+    grads = grads_at(2.0**10)
+    grads["b"] = grads["b"].at[0].set(jnp.nan)
+    _, state = jax.jit(opt.update)(grads, opt.init(params()), params())
+    got = state.gradient_stats
+    assert bool(state.last_step_skipped)
+    assert np.isnan(float(got["headroom_bits"])) and np.isnan(float(got["per_tensor"]["headroom_bits"][0]))
+    assert np.isfinite(float(got["per_tensor"]["headroom_bits"][1]))

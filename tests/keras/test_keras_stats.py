@@ -116,6 +116,18 @@ def test_stats_equal_the_numpy_reference(compiled):
     assert float(ref.amax) == 4.0 and float(ref.zero_fraction) == float(np.float32(3 / 7))  # the reference is not trivial
 
 
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_a_nan_gradient_has_nan_headroom_not_infinite(compiled):
+    opt = lsk.LossScaleOptimizer(keras.optimizers.SGD(0.1), stats_every=1)
+    step = driver(opt, variables(), compiled)
+    grads = known_grads()
+    grads[0][1] = np.nan
+    step(grads)
+    got = host(opt.gradient_stats)
+    assert np.isnan(got["headroom_bits"]) and np.isnan(got["per_tensor"]["headroom_bits"][0])
+    assert float(got["per_tensor"]["headroom_bits"][1]) == pytest.approx(np.log2(65504 / 4.0))
+
+
 def test_stats_of_already_unscaled_gradients_are_in_scaled_units():
     opt = lsk.LossScaleOptimizer(keras.optimizers.SGD(0.1), initial_scale=2.0**4, stats_every=1)
     ws = variables()

@@ -282,3 +282,9 @@ def test_history_gets_the_stats_columns_on_sampled_steps():
     zeros = h.stat("zero_fraction")
     assert np.isfinite(zeros[[0, 2]]).all() and np.isnan(zeros[[1, 3]]).all()
     assert float(h.stat("headroom_bits")[2]) == pytest.approx(float(opt.gradient_stats["headroom_bits"]))
+
+
+def test_a_nan_gradient_has_nan_headroom_not_infinite():
+    got = gradient_stats([torch.tensor([1.0, float("nan")]), torch.tensor([0.5], dtype=torch.float16)])
+    assert math.isnan(float(got.headroom_bits)) and math.isnan(float(got.tensor_headroom_bits[0]))
+    assert float(got.tensor_headroom_bits[1]) == pytest.approx(math.log2(65504 / 0.5))
