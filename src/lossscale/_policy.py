@@ -127,6 +127,17 @@ def _set(policy: LossScale, **fields: Any) -> None:
         object.__setattr__(policy, name, value)
 
 
+def _fixed_value(name: str, value: Any) -> float:
+    """A fixed scale, checked under the name the caller passed it as (``loss_scale_value`` or ``loss_scale``)."""
+    value = _n.scale(name, value)
+    if value < 1:
+        raise ValueError(
+            f"{name} must be at least 1, got {value!r}: a scale below 1 makes small gradients "
+            "underflow sooner instead of later. Use FixedLossScale(1) for no scaling."
+        )
+    return value
+
+
 @dataclass(frozen=True, repr=False)
 class FixedLossScale(LossScale):
     """A loss scale that never changes.
@@ -143,13 +154,7 @@ class FixedLossScale(LossScale):
     loss_scale_value: float
 
     def __post_init__(self) -> None:
-        value = _n.scale("loss_scale_value", self.loss_scale_value)
-        if value < 1:
-            raise ValueError(
-                f"loss_scale_value must be at least 1, got {value!r}: a scale below 1 makes small gradients "
-                "underflow sooner instead of later. Use FixedLossScale(1) for no scaling."
-            )
-        _set(self, loss_scale_value=value)
+        _set(self, loss_scale_value=_fixed_value("loss_scale_value", self.loss_scale_value))
 
     @property
     def dynamic(self) -> bool:
@@ -406,10 +411,7 @@ def get(identifier: Any, custom_objects: Mapping[str, Any] | None = None) -> Los
     if identifier is None or isinstance(identifier, LossScale):
         return identifier
     if _is_number(identifier):
-        try:
-            return FixedLossScale(identifier)
-        except (TypeError, ValueError) as error:  # passed as loss_scale=: the error names that argument
-            raise type(error)(str(error).replace("loss_scale_value", "loss_scale")) from None
+        return FixedLossScale(_fixed_value("loss_scale", identifier))  # passed as loss_scale=: errors name it
     if isinstance(identifier, str):
         if identifier == "dynamic":
             return DynamicLossScale()
