@@ -185,6 +185,8 @@ def next_auto_state(
     stats: GradientStats | None,
     sampled: Any,
     xp: Any,
+    *,
+    micro_batches: Any = 1,
 ) -> tuple[LossScaleState, AutoState]:
     """The states after one step (the rule is in :class:`AutoLossScale`'s docstring).
 
@@ -199,6 +201,14 @@ def next_auto_state(
         sampled: a 0-d bool array (or Python bool): whether ``stats`` was
             measured on this step. Ignored (False) when ``stats`` is None.
         xp: the array namespace.
+        micro_batches: the number of backward passes summed into the measured
+            gradients (gradient accumulation; 1 without). Each of them was a
+            float16 backward of its own: a micro-batch's tensor RMS is about
+            ``rms / micro_batches`` when the micro-batches agree and up to
+            ``sqrt(micro_batches)`` times that when they are independent, so
+            ``lo`` reads the smaller, ``rms_min / micro_batches``, and the scale
+            is set for one micro-batch's backward. ``amax`` is read as measured
+            (one micro-batch may carry the whole sum).
 
     Returns ``(state, auto)``. The skip counters move exactly as in
     :func:`lossscale.next_state`; ``bad_steps`` stays 0; ``good_steps``
@@ -230,7 +240,7 @@ def next_auto_state(
         pushed = xp.where(xp.arange(window.shape[0]) == 0, x, xp.roll(window, 1))
         window = xp.where(seen, pushed, window)
         hi_new = xp.floor(LOG2_FLOAT16_MAX - m - xp.max(window))
-        r = xp.log2(xp.where(rms_min > 0, rms_min, 1.0)) - log_s
+        r = xp.log2(xp.where(rms_min > 0, rms_min / micro_batches, 1.0)) - log_s
         lo_new = xp.where(rms_min > 0, xp.ceil(_LOG2_TINY + policy.underflow_bits - r), -math.inf)
         raised = xp.where(e + policy.max_jump_bits < lo_new + 1, e + policy.max_jump_bits, lo_new + 1)
         measured = xp.where(e < lo_new, raised, e)
@@ -266,14 +276,18 @@ def next_auto_state(
     )
 
 
-def check_stats_every(stats_every: Any, policy: LossScale) -> int | None:
-    """``stats_every`` validated (None or an int >= 1): every binding's one check; 1 for ``AutoLossScale`` when not given.
+#: ``stats_every`` of an ``AutoLossScale`` when not given: a sample every 16 steps.
+AUTO_STATS_EVERY = 16
 
-    >>> check_stats_every(None, AutoLossScale()), check_stats_every(16, AutoLossScale())
-    (1, 16)
+
+def check_stats_every(stats_every: Any, policy: LossScale) -> int | None:
+    """``stats_every`` validated (None or an int >= 1): every binding's one check; 16 for ``AutoLossScale`` when not given.
+
+    >>> check_stats_every(None, AutoLossScale()), check_stats_every(1, AutoLossScale())
+    (16, 1)
     """
     if stats_every is None:
-        return 1 if isinstance(policy, AutoLossScale) else None
+        return AUTO_STATS_EVERY if isinstance(policy, AutoLossScale) else None
     if isinstance(stats_every, bool) or not isinstance(stats_every, Integral):
         raise TypeError(f"stats_every must be an int (measure every N-th step) or None (off), got {stats_every!r}.")
     every = int(stats_every)
