@@ -31,7 +31,7 @@ _MAX_EXPONENT = 126.0
 class AutoLossScale(LossScale):
     """EXPERIMENTAL. A loss scale set in one jump from sampled gradient statistics.
 
-    A binding that measures gradients (``stats_every=N``; ``N=1`` when not
+    A binding that measures gradients (``stats_every=N``; ``N=16`` when not
     given) feeds each sample to :func:`next_auto_state`. All quantities are
     in bits (log2); ``S = 2**e`` is the scale, ``m`` the current margin
     (``margin_bits`` at the start), ``F = log2(65504)``. After each step::

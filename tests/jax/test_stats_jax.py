@@ -74,7 +74,7 @@ def test_sampled_every_n_compiled_once_without_host_transfers():
 def test_auto_follows_the_core_rule():
     """The jitted step's scale trajectory equals the numpy core's on the same gradients."""
     policy = lossscale.AutoLossScale(1.0)
-    opt = lsj.loss_scale_optimizer(optax.sgd(0.0), policy)  # stats_every defaults to 1
+    opt = lsj.loss_scale_optimizer(optax.sgd(0.0), policy, stats_every=1)
     state = opt.init(params())
     ref_state, ref_auto = lossscale.initial_state(policy, np), initial_auto_state(policy, np)
     update = jax.jit(opt.update)
@@ -135,3 +135,30 @@ def test_a_nan_gradient_has_nan_headroom_not_infinite():
     assert bool(state.last_step_skipped)
     assert np.isnan(float(got["headroom_bits"])) and np.isnan(float(got["per_tensor"]["headroom_bits"][0]))
     assert np.isfinite(float(got["per_tensor"]["headroom_bits"][1]))
+
+
+@pytest.mark.parametrize("every", [1, 2])
+def test_history_carries_the_sampled_statistics(every):
+    """``history=`` with ``stats_every``: a sampled step's row holds its sample's columns, the others NaN.
+
+    On 47dcf92 the JAX binding left every statistics column NaN.
+    """
+    history = lossscale.History()
+    opt = lsj.loss_scale_optimizer(optax.sgd(0.0), 2.0**10, stats_every=every, history=history)
+    state = opt.init(params())
+    update = jax.jit(opt.update)
+    refs = []
+    for i in range(4):
+        grads = grads_at(2.0**10 * (i + 1))
+        _, state = update(grads, state, params())
+        refs.append(gradient_stats([np.asarray(g) for g in jax.tree_util.tree_leaves(grads)], np, i))
+    jax.effects_barrier()
+    assert history.steps.tolist() == [0, 1, 2, 3]
+    for name in ("headroom_bits", "zero_fraction", "subnormal_fraction"):
+        column = history.stat(name)
+        for i, ref in enumerate(refs):
+            if i % every == 0:
+                np.testing.assert_allclose(column[i], float(getattr(ref, name)), rtol=1e-6, err_msg=f"{name}[{i}]")
+            else:
+                assert np.isnan(column[i]), (name, i, column[i])
+    assert history.has_stats

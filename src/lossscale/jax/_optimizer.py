@@ -199,7 +199,7 @@ def loss_scale_optimizer(
             device records); under ``jit`` over several processes the
             process holding device 0 records.
         stats_every: measure the scaled gradients every ``N``-th update
-            (default None: never; 1 with ``loss_scale="auto"``): per tensor
+            (default None: never; 16 with ``loss_scale="auto"``): per tensor
             and overall ``amax``, ``headroom_bits = log2(65504 / amax)``,
             the share of exact zeros and of float16 subnormals
             (:mod:`lossscale._stats`). The latest sample is
@@ -318,16 +318,13 @@ def loss_scale_optimizer(
             factor = jnp.where(norm < max_norm, jnp.float32(1), jnp.float32(max_norm) / norm)
         if axes is not None:
             finite = lax.pmin(finite.astype(jnp.int32), axes) > 0
-        if every is None:
-            new_scale_state, new_stats = next_state(rule, scale_state, finite, jnp), state.stats
-        else:
-            if sample is not None and axes is not None:
-                sample = _reduce_across(sample, leaves, axes)
-            new_scale_state, new_stats = step_scale(
-                policy, every, leaves, scale_state, state.stats, finite, axes, sample
-            )
+        if sample is not None and axes is not None:
+            sample = _reduce_across(sample, leaves, axes)
+        new_scale_state, new_stats, sampled = step_scale(
+            policy, every, leaves, scale_state, state.stats, finite, axes, sample
+        )
         if recorder is not None:
-            recorder.record(scale, finite, axes)
+            recorder.record(scale, finite, axes, None if new_stats is None else (sampled, new_stats.sample))
 
         def taken(grads: Any, inner_state: Any, params: Any) -> Any:
             updates, inner_state = inner.update(unscale(grads, scale, factor), inner_state, params, **extra_args)

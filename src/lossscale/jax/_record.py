@@ -6,16 +6,17 @@ from collections.abc import Hashable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .._history import History
+from .._history import STATS_COLUMNS, History
 
 __all__ = ["StepRecorder", "recorder_for"]
 
 
 class StepRecorder:
-    """Appends ``(step, loss_scale used, skipped)`` to a :class:`lossscale.History` from inside the step.
+    """Appends ``(step, loss_scale used, skipped)``, and with ``stats_every`` the sample's columns, to a History.
 
     The step numbers count the steps this transformation recorded, after
     the last one already in the history (0 for an empty one). Losses are not
@@ -38,18 +39,31 @@ class StepRecorder:
         self.history = history
         self._next = int(history.steps[-1]) + 1 if len(history) else 0
 
-    def _append(self, scale: Any, finite: Any) -> None:
+    def _append(self, scale: Any, finite: Any, sampled: Any = False, *columns: Any) -> None:
         step, self._next = self._next, self._next + 1
-        self.history.append(step, float(np.asarray(scale)), not bool(np.asarray(finite)))
+        stats = None
+        if bool(np.asarray(sampled)):  # the History's stats columns, from this step's sample
+            stats = {name: float(np.asarray(value)) for name, value in zip(STATS_COLUMNS, columns)}
+        self.history.append(step, float(np.asarray(scale)), not bool(np.asarray(finite)), stats=stats)
 
-    def record(self, scale: jax.Array, finite: jax.Array, axes: tuple[Hashable, ...] | None) -> None:
-        """Stages the callback (under ``jit``) or runs it (eagerly)."""
+    def record(
+        self, scale: jax.Array, finite: jax.Array, axes: tuple[Hashable, ...] | None, measured: Any = None
+    ) -> None:
+        """Stages the callback (under ``jit``) or runs it (eagerly).
+
+        ``measured``: ``(sampled, sample)`` with ``stats_every``: a sampled step's row carries the sample's
+        ``headroom_bits``, ``zero_fraction`` and ``subnormal_fraction`` (three more scalars to the host).
+        """
+        args: tuple[Any, ...] = (scale, finite)
+        if measured is not None:
+            sampled, sample = measured
+            args += (jnp.asarray(sampled), *(getattr(sample, name) for name in STATS_COLUMNS))
         if axes is None:
-            jax.debug.callback(self._append, scale, finite)
+            jax.debug.callback(self._append, *args)
         else:
             lax.cond(
                 lax.axis_index(axes) == 0,
-                lambda: jax.debug.callback(self._append, scale, finite),
+                lambda: jax.debug.callback(self._append, *args),
                 lambda: None,
             )
 
