@@ -1,141 +1,205 @@
-"""What ``stats_every`` costs: the jitted JAX step, and the torch statistics pass, with and without it.
+"""What ``stats_every`` costs: a whole training step with and without statistics, in every binding, one run.
 
-JAX: one process, one jitted training step (an MLP, Adam, ``loss_scale_optimizer``)
-per contender, parameters and state donated, interleaved rounds in a shuffled
-order; the median time per step over the rounds and its ratio to the step
-without statistics:
+One subprocess per binding (Keras fixes its backend per process); in each, one
+model per contender, timed in interleaved rounds in a shuffled order, so every
+ratio compares steps measured side by side. The median time per step over the
+rounds and its ratio to ``off``:
 
-* ``off``: ``stats_every=None`` (today's step);
-* ``every1``: statistics on every step (in the same jitted function as the check);
-* ``every16``: on every 16th step (a ``lax.cond``), so the average cost is the
-  sampled cost / 16 plus the branch;
-* ``auto``: ``loss_scale="auto"`` (statistics every step and the auto rule).
+* ``off``: ``loss_scale="dynamic"``, no statistics;
+* ``N=1``: ``stats_every=1`` (a sample every step);
+* ``N=16``: ``stats_every=16``, the default N of ``loss_scale="auto"``: the
+  average over 16 steps, one of them sampled (``--steps`` is a multiple of 16);
+* ``auto``: ``loss_scale="auto"`` with its defaults (a sample every 16 steps,
+  and the auto rule every step).
 
-torch (``--torch``): the time of ``lossscale.torch._stats.gradient_stats``
-(the sampled step's extra work) against the time of the unscale-and-check
-(``torch._amp_foreach_non_finite_check_and_unscale_``) on the same gradients.
+Bindings (``--bindings``):
+
+* ``torch``: ``lossscale.torch.LossScaleOptimizer`` over fused ``AdamW``,
+  forward under ``torch.autocast("cpu", float16)``, backward, step;
+* ``jax``: ``loss_scale_optimizer(optax.adam)``, the whole step jitted, parameters and state donated;
+* ``keras-tensorflow``, ``keras-jax``, ``keras-torch``: ``model.train_on_batch``
+  (``fit``'s compiled step), Adam, ``mixed_float16``.
+
+The model is an MLP of ``--layers`` square layers holding about ``--params``
+parameters, batch 64.
 
 Usage::
 
-    python benchmarks/bench_stats.py                  # JAX, 1M and 10M parameters
-    python benchmarks/bench_stats.py --sizes 1e6 --rounds 5 --torch
+    python benchmarks/bench_stats.py                                 # every binding, 1M parameters
+    python benchmarks/bench_stats.py --bindings torch jax --rounds 9
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import statistics
+import subprocess
+import sys
 import time
+from collections.abc import Callable
 
-DEPTH = 4
+BINDINGS = ("torch", "jax", "keras-tensorflow", "keras-jax", "keras-torch")
+CONTENDERS = {"off": ("dynamic", None), "N=1": ("dynamic", 1), "N=16": ("dynamic", 16), "auto": ("auto", None)}
 
 
-def jax_bench(sizes: list[float], rounds: int, steps: int) -> None:
+def interleaved(steps: dict[str, Callable[[int], None]], rounds: int, count: int) -> dict[str, float]:
+    """Median seconds per step of each ``steps[name](count)`` over ``rounds`` shuffled rounds."""
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    for _ in range(rounds):
+        for name in random.sample(list(steps), len(steps)):
+            start = time.perf_counter()
+            steps[name](count)
+            times[name].append((time.perf_counter() - start) / count)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def torch_steps(args: argparse.Namespace) -> dict[str, Callable[[int], None]]:
+    import torch
+
+    from lossscale.torch import LossScaleOptimizer
+
+    width = int((args.params / args.layers) ** 0.5)
+    x, y = torch.randn(64, width), torch.randn(64, width)
+    out = {}
+    for name, (loss_scale, every) in CONTENDERS.items():
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(*(torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.Tanh())
+                                      for _ in range(args.layers)))
+        opt = LossScaleOptimizer(torch.optim.AdamW(model.parameters(), 1e-4, fused=True), loss_scale,
+                                 stats_every=every)
+
+        def run(n: int, model: torch.nn.Module = model, opt: LossScaleOptimizer = opt) -> None:
+            for _ in range(n):
+                opt.zero_grad(set_to_none=True)
+                with torch.autocast("cpu", dtype=torch.float16):
+                    loss = torch.nn.functional.mse_loss(model(x).float(), y)
+                opt.get_scaled_loss(loss).backward()
+                opt.step()
+            float(opt.loss_scale)
+
+        run(2)
+        out[name] = run
+    return out
+
+
+def jax_steps(args: argparse.Namespace) -> dict[str, Callable[[int], None]]:
     import jax
     import jax.numpy as jnp
     import optax
 
     import lossscale.jax as lsj
 
-    for n in sizes:
-        width = int((n / DEPTH) ** 0.5)
-        keys = jax.random.split(jax.random.PRNGKey(0), DEPTH + 2)
-        params0 = [{"w": jax.random.normal(k, (width, width)) / width**0.5, "b": jnp.zeros(width)} for k in keys[:DEPTH]]
-        x = jax.random.normal(keys[-2], (64, width))
-        y = jax.random.normal(keys[-1], (64, width))
+    width = int((args.params / args.layers) ** 0.5)
+    keys = jax.random.split(jax.random.PRNGKey(0), args.layers + 2)
+    params0 = [{"w": jax.random.normal(k, (width, width)) / width**0.5, "b": jnp.zeros(width)}
+               for k in keys[:args.layers]]
+    x, y = jax.random.normal(keys[-2], (64, width)), jax.random.normal(keys[-1], (64, width))
 
-        def loss(p, x, y):
-            for layer in p:
-                x = jnp.tanh(x @ layer["w"] + layer["b"])
-            return jnp.mean((x - y) ** 2)
+    def loss(p: list, x: jax.Array, y: jax.Array) -> jax.Array:
+        for layer in p:
+            x = jnp.tanh(x @ layer["w"] + layer["b"])
+        return jnp.mean((x - y) ** 2)
 
-        contenders = {}
-        for name, kwargs in {
-            "off": {},
-            "every1": {"stats_every": 1},
-            "every16": {"stats_every": 16},
-            "auto": {"loss_scale": "auto"},
-        }.items():
-            opt = lsj.loss_scale_optimizer(optax.adam(1e-3), **kwargs)
+    out = {}
+    for name, (loss_scale, every) in CONTENDERS.items():
+        opt = lsj.loss_scale_optimizer(optax.adam(1e-4), loss_scale, stats_every=every)
 
-            def step(p, s, x, y, opt=opt):
-                g = jax.grad(lambda p: lsj.get_scaled_loss(loss(p, x, y), s))(p)
-                u, s = opt.update(g, s, p)
-                return optax.apply_updates(p, u), s
+        def step(p: list, s: object, opt: optax.GradientTransformation = opt) -> tuple:
+            g = jax.grad(lambda p: lsj.get_scaled_loss(loss(p, x, y), s))(p)
+            u, s = opt.update(g, s, p)
+            return optax.apply_updates(p, u), s
 
-            step = jax.jit(step, donate_argnums=(0, 1))
-            p = jax.tree.map(jnp.array, params0)
-            s = opt.init(p)
-            p, s = step(p, s, x, y)
+        step = jax.jit(step, donate_argnums=(0, 1))
+        box = [jax.tree.map(jnp.array, params0)]
+        box.append(opt.init(box[0]))
+
+        def run(n: int, step: Callable = step, box: list = box) -> None:
+            p, s = box
+            for _ in range(n):
+                p, s = step(p, s)
             jax.block_until_ready(p)
-            contenders[name] = [step, p, s, []]
-        for _ in range(rounds):
-            order = list(contenders)
-            random.shuffle(order)
-            for name in order:
-                c = contenders[name]
-                step, p, s = c[0], c[1], c[2]
-                t = time.perf_counter()
-                for _ in range(steps):
-                    p, s = step(p, s, x, y)
-                jax.block_until_ready(p)
-                c[3].append((time.perf_counter() - t) / steps)
-                c[1], c[2] = p, s
-        base = statistics.median(contenders["off"][3])
-        print(f"\nJAX, {n:.0e} parameters, {DEPTH} layers, median of {rounds} rounds x {steps} steps:")
-        print("| contender | ms/step | ratio to off |\n|---|---|---|")
-        for name, c in contenders.items():
-            med = statistics.median(c[3])
-            print(f"| {name} | {med * 1e3:.2f} | {med / base:.3f} |")
+            box[:] = [p, s]
+
+        run(2)
+        out[name] = run
+    return out
 
 
-def torch_bench(sizes: list[float], rounds: int) -> None:
-    import torch
+def keras_steps(args: argparse.Namespace) -> dict[str, Callable[[int], None]]:
+    import keras
+    import numpy as np
 
-    from lossscale.torch._stats import gradient_stats
+    import lossscale.keras as lsk
 
-    torch.set_num_threads(1)
-    for n in sizes:
-        per = int(n) // 100
-        grads = [torch.randn(per) * 2.0**-10 for _ in range(100)]
-        found = torch.zeros(1)
-        inv = torch.ones(1)
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    width = int((args.params / args.layers) ** 0.5)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((64, width)).astype(np.float32)
+    y = rng.standard_normal((64, width)).astype(np.float32)
+    out = {}
+    for name, (loss_scale, every) in CONTENDERS.items():
+        keras.utils.set_random_seed(0)
+        layers = [keras.layers.Dense(width, activation="tanh") for _ in range(args.layers - 1)]
+        model = keras.Sequential([keras.Input((width,)), *layers, keras.layers.Dense(width, dtype="float32")])
+        model.compile(optimizer=lsk.LossScaleOptimizer(keras.optimizers.Adam(1e-4), loss_scale, stats_every=every),
+                      loss="mse")
 
-        def check(grads=grads, found=found, inv=inv):
-            torch._amp_foreach_non_finite_check_and_unscale_(grads, found, inv)
+        def run(n: int, model: keras.Model = model) -> None:
+            for _ in range(n):
+                loss = model.train_on_batch(x, y)
+            float(np.asarray(loss))
 
-        def stats(grads=grads):
-            gradient_stats(grads)
+        run(2)
+        out[name] = run
+    return out
 
-        times = {"check": [], "stats": []}
-        for _ in range(rounds):
-            for name, fn in random.sample([("check", check), ("stats", stats)], 2):
-                t = time.perf_counter()
-                for _ in range(5):
-                    fn()
-                times[name].append((time.perf_counter() - t) / 5)
-        c, s = statistics.median(times["check"]), statistics.median(times["stats"])
-        print(f"\ntorch, {n:.0e} parameters in 100 tensors, 1 thread, median of {rounds} rounds:")
-        print("| pass | ms | ratio to the check |\n|---|---|---|")
-        print(f"| unscale + finite check | {c * 1e3:.2f} | 1.00 |")
-        print(f"| statistics (sampled step) | {s * 1e3:.2f} | {s / c:.2f} |")
-        print(f"| statistics averaged over N=16 | {s / 16 * 1e3:.3f} | {s / 16 / c:.3f} |")
+
+def child(args: argparse.Namespace) -> None:
+    binding = args.child
+    if binding.startswith("keras-"):
+        steps = keras_steps(args)
+    else:
+        steps = {"torch": torch_steps, "jax": jax_steps}[binding](args)
+    medians = interleaved(steps, args.rounds, args.steps)
+    print(json.dumps({"binding": binding, "medians": medians}))
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--sizes", type=float, nargs="+", default=[1e6, 1e7])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--bindings", nargs="+", choices=BINDINGS, default=list(BINDINGS))
+    parser.add_argument("--params", type=float, default=1e6)
+    parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--torch", action="store_true", help="also time the torch statistics pass")
+    parser.add_argument("--steps", type=int, default=32, help="steps per round, a multiple of 16")
+    parser.add_argument("--child", choices=BINDINGS, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.steps % 16:
+        parser.error(f"--steps must be a multiple of 16 (N=16 averages over whole sampling periods), got {args.steps}.")
+    if args.child:
+        child(args)
+        return
     print(f"load average before: {os.getloadavg()}")
-    jax_bench(args.sizes, args.rounds, args.steps)
-    if args.torch:
-        torch_bench(args.sizes, args.rounds)
-    print(f"load average after: {os.getloadavg()}")
+    print(f"MLP of {args.layers} layers, about {args.params:.0e} parameters, batch 64; median of {args.rounds} rounds "
+          f"x {args.steps} steps; time per step over `off` (same process, interleaved)\n")
+    print("| binding | off ms/step | N=1 | N=16 | auto (N=16) |\n|---|---|---|---|---|")
+    for binding in args.bindings:
+        env = dict(os.environ)
+        if binding.startswith("keras-"):
+            env["KERAS_BACKEND"] = binding.removeprefix("keras-")
+        command = [sys.executable, __file__, "--child", binding, "--params", str(args.params), "--layers",
+                   str(args.layers), "--rounds", str(args.rounds), "--steps", str(args.steps)]
+        done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+        lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+        if done.returncode or not lines:
+            print(f"| {binding} | failed: {done.stderr.strip().splitlines()[-1:]} | | | |")
+            continue
+        m = json.loads(lines[-1])["medians"]
+        base = m["off"]
+        print(f"| {binding} | {base * 1e3:.2f} | {m['N=1'] / base:.3f} | {m['N=16'] / base:.3f} | {m['auto'] / base:.3f} |")
+    print(f"\nload average after: {os.getloadavg()}")
 
 
 if __name__ == "__main__":

@@ -6,21 +6,19 @@ Framework bindings live in :mod:`lossscale.torch`, :mod:`lossscale.jax` and
 :mod:`lossscale.demo` imports its frameworks only when it runs.
 """
 
+from ._auto import AutoLossScale
 from ._errors import LossScaleError
 from ._history import History
 from ._policy import (
-    AutoLossScale,
     DynamicLossScale,
     ExponentialUpdateLossScaleManager,
     FixedLossScale,
     FixedLossScaleManager,
     LossScale,
     RuleParams,
-    get,
-    serialize,
 )
 from ._report import underflow_report
-from ._resolve import resolve_loss_scale
+from ._resolve import get, resolve_loss_scale, serialize
 from ._rule import LossScaleState, initial_state, next_state
 
 __version__ = "0.2.0"

@@ -17,24 +17,19 @@ are TF's config keys, validated and normalised to ``float``/``int`` in
 from __future__ import annotations
 
 import abc
-import inspect
 from collections.abc import Mapping
 from dataclasses import KW_ONLY, dataclass, fields
-from numbers import Real
 from typing import Any
 
 from . import _numbers as _n
 
 __all__ = [
-    "AutoLossScale",
     "DynamicLossScale",
     "ExponentialUpdateLossScaleManager",
     "FixedLossScale",
     "FixedLossScaleManager",
     "LossScale",
     "RuleParams",
-    "get",
-    "serialize",
 ]
 
 
@@ -118,7 +113,7 @@ def _rebuild(cls: type[LossScale], config: Mapping[str, Any]) -> LossScale:
 
 def _from_config(class_name: str, config: Mapping[str, Any]) -> LossScale:
     """Unpickles policies pickled by lossscale 0.1 (by class name): built-in classes only."""
-    return _BUILTINS[class_name].from_config(config)
+    return _PICKLED_BY_NAME[class_name].from_config(config)
 
 
 def _set(policy: LossScale, **fields: Any) -> None:
@@ -338,115 +333,8 @@ class ExponentialUpdateLossScaleManager(LossScale):
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
-#: The built-in policies, by the class name that :func:`serialize` writes. Classes of your own are found only
-#: through ``get(..., custom_objects=...)``; nothing registers itself here.
-_BUILTINS: dict[str, type[LossScale]] = {
+#: The classes lossscale 0.1 pickled by name (read by :func:`_from_config`); the registry is in :mod:`._resolve`.
+_PICKLED_BY_NAME: dict[str, type[LossScale]] = {
     cls.__name__: cls
     for cls in (FixedLossScale, DynamicLossScale, FixedLossScaleManager, ExponentialUpdateLossScaleManager)
 }
-
-
-# ------------------------------------------------------------------ get/serialize
-
-
-def serialize(loss_scale: LossScale) -> dict[str, Any]:
-    """``{"class_name": ..., "config": ...}``, the form :func:`get` reads back."""
-    if not isinstance(loss_scale, LossScale):
-        raise TypeError(f"serialize() takes a LossScale, got {type(loss_scale).__name__}.")
-    return {"class_name": type(loss_scale).__name__, "config": loss_scale.get_config()}
-
-
-def _is_number(value: Any) -> bool:
-    """A real number or a 0-d array (not a bool): what ``get`` turns into a fixed scale."""
-    if isinstance(value, (bool, str, bytes)) or "bool" in str(getattr(value, "dtype", "")):
-        return False
-    if isinstance(value, Real):
-        return True
-    shape = getattr(value, "shape", None)
-    return shape is not None and tuple(shape) == () and hasattr(value, "__float__")
-
-
-def _class_for(identifier: Mapping[str, Any], custom_objects: Mapping[str, Any] | None) -> type[LossScale]:
-    class_name = identifier.get("class_name")
-    custom = dict(custom_objects or {})
-    cls = None
-    if isinstance(class_name, str):
-        cls = custom.get(class_name, _BUILTINS.get(class_name))
-    if cls is None or set(identifier) - {"class_name", "config"}:
-        known = ", ".join(sorted(set(_BUILTINS) | set(custom)))
-        raise ValueError(
-            f"Invalid loss scale config {dict(identifier)!r}: expected "
-            f'{{"class_name": <one of {known}>, "config": {{...}}}}, as lossscale.serialize() returns. '
-            "A class of your own is found only through custom_objects={'MyLossScale': MyLossScale}."
-        )
-    if not (isinstance(cls, type) and issubclass(cls, LossScale)):
-        raise TypeError(f"custom_objects[{class_name!r}] must be a LossScale subclass, got {cls!r}.")
-    return cls
-
-
-def get(identifier: Any, custom_objects: Mapping[str, Any] | None = None) -> LossScale | None:
-    """Turns what a user may pass as ``loss_scale`` into a policy, as ``keras.*.get`` does.
-
-    * ``None`` -> ``None``;
-    * a number or a 0-d array -> ``FixedLossScale(identifier)``;
-    * ``"dynamic"`` -> ``DynamicLossScale()``; ``"auto"`` -> ``AutoLossScale()`` (experimental);
-    * a :class:`LossScale` -> itself;
-    * ``{"class_name": ..., "config": {...}}`` (see :func:`serialize`) -> that
-      policy. ``class_name`` names a built-in class, or a class of your own
-      given in ``custom_objects`` (``{"MyLossScale": MyLossScale}``), which
-      takes precedence. No class is found by name anywhere else: a checkpoint
-      cannot make ``get`` build a class you did not pass.
-
-    Anything else raises ``ValueError``.
-
-    >>> get(128)
-    FixedLossScale(loss_scale_value=128.0)
-    >>> get("dynamic") == DynamicLossScale()
-    True
-    >>> get({"class_name": "DynamicLossScale", "config": {"initial_loss_scale": 1024}})
-    DynamicLossScale(initial_loss_scale=1024.0, increment_period=2000, multiplier=2.0)
-    """
-    if custom_objects is not None and not isinstance(custom_objects, Mapping):
-        raise TypeError(f"custom_objects must be a dict of class name to class, got {type(custom_objects).__name__}.")
-    if identifier is None or isinstance(identifier, LossScale):
-        return identifier
-    if _is_number(identifier):
-        return FixedLossScale(_fixed_value("loss_scale", identifier))  # passed as loss_scale=: errors name it
-    if isinstance(identifier, str):
-        if identifier == "dynamic":
-            return DynamicLossScale()
-        if identifier == "auto":
-            return _BUILTINS["AutoLossScale"]()
-        raise ValueError(
-            f'Invalid loss scale string {identifier!r}: the only string accepted is "dynamic" '
-            '(and "auto", the experimental AutoLossScale).'
-        )
-    if isinstance(identifier, Mapping):
-        cls = _class_for(identifier, custom_objects)
-        class_name = identifier["class_name"]
-        config = identifier.get("config", {})
-        if not isinstance(config, Mapping):
-            raise ValueError(  # noqa: TRY004 - a malformed config is a bad value, as every config error here
-                f"Invalid loss scale config for {class_name}: 'config' must be a dict, got {config!r}."
-            )
-        try:
-            inspect.signature(cls).bind(**config)
-        except TypeError as error:
-            raise ValueError(
-                f"Invalid loss scale config for {class_name}: {error}. Expected the keys that "
-                f"{class_name}(...).get_config() returns."
-            ) from error
-        try:
-            return cls.from_config(config)
-        except (TypeError, ValueError) as error:  # the constructor's own words name the field and why
-            raise type(error)(f"Invalid loss scale config for {class_name}: {error}") from error
-    raise ValueError(
-        f"Invalid loss scale {identifier!r} of type {type(identifier).__name__}: pass a number (fixed scale), "
-        '"dynamic", a LossScale instance, a serialized LossScale dict, or None.'
-    )
-
-
-# AutoLossScale subclasses LossScale, so it is defined after it, in its own module, and registered here.
-from ._auto import AutoLossScale
-
-_BUILTINS[AutoLossScale.__name__] = AutoLossScale

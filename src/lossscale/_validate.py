@@ -33,7 +33,8 @@ from typing import Any
 import numpy as np
 
 from . import _numbers as _n
-from ._policy import LossScale, RuleParams, get
+from ._policy import LossScale, RuleParams
+from ._resolve import get
 
 __all__ = ["COUNTERS", "check_counter", "check_policy", "check_scale", "check_state", "plain"]
 

@@ -7,7 +7,8 @@ from typing import Any
 
 import jax
 
-from .._policy import LossScale, get
+from .._policy import LossScale
+from .._resolve import get
 from .._validate import COUNTERS, check_counter, check_policy, plain
 from .._validate import check_state as check_fields
 

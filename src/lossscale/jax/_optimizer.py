@@ -12,7 +12,7 @@ import optax
 from jax import lax
 
 from .._resolve import resolve_loss_scale
-from .._rule import initial_state, next_state
+from .._rule import initial_state
 from ._compat import eval_jaxpr_choosing, like
 from ._grads import all_finite, check_gradients, squared_norm, unscale
 from ._guard import check_limit, guard_skip

@@ -37,8 +37,8 @@ from typing import Any
 
 import torch
 
-from .._policy import _BUILTINS, DynamicLossScale, LossScale, get, serialize
-from .._resolve import built_in_names
+from .._policy import DynamicLossScale, LossScale
+from .._resolve import _BUILTINS, built_in_names, get, serialize
 from .._rule import COUNTER_MAX, LossScaleState
 from .._validate import check_counter, check_scale, plain
 from ._validated import counter_tensor, refuse_extra, state_tensors

@@ -34,7 +34,8 @@ from typing import Any
 import torch
 
 from .._errors import LossScaleError
-from .._policy import LossScale, serialize
+from .._policy import LossScale
+from .._resolve import serialize
 from .._rule import LossScaleState
 from ._compat import device_mesh_type, dtensor_type
 

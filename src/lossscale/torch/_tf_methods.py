@@ -22,8 +22,7 @@ from typing import Any
 
 import torch
 
-from .._policy import serialize
-from .._resolve import stable_form
+from .._resolve import serialize, stable_form
 from ._checkpoint import read_policy
 from ._grads import GradGroups, check_finite, unscaled_copies
 from ._step import OptimizerStep
