@@ -177,6 +177,13 @@ def _pow2(e: Any, xp: Any) -> Any:
     return xp.ldexp(one, xp.asarray(e, dtype=xp.int32))
 
 
+def _floor_log2(scale: Any, log_s: Any, xp: Any) -> Any:
+    """``floor(log2(scale))``, exact: XLA's ``log2(2**15)`` can be ``14.999999``, so the floor is corrected by comparing powers of two."""
+    e = xp.floor(log_s)
+    e = xp.where(_pow2(e + 1, xp) <= scale, e + 1, e)
+    return xp.where(_pow2(e, xp) > scale, e - 1, e)
+
+
 def next_auto_state(
     policy: AutoLossScale,
     state: LossScaleState,
@@ -225,7 +232,7 @@ def next_auto_state(
     skipped, streak = next_skip_counters(skipped, streak, finite, xp)
     m = auto.margin
     log_s = xp.log2(scale)
-    e = xp.floor(log_s)  # integral; exact for the powers of two the rule produces
+    e = _floor_log2(scale, log_s, xp)
 
     # Overflow: back off by the margin and widen it; forget the window.
     down = scale / _pow2(m, xp)

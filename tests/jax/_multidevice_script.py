@@ -76,6 +76,17 @@ def main():
     out["sharded_jit"]["update_sharding"] = str(updates.sharding.spec)
     updates, state = jax.jit(opt.update)(jax.device_put(good.reshape(8) * 1024, sharded), state, params)
     out["sharded_jit_next"] = summary(updates, state)
+
+    # Statistics across devices (pmap with axis_name, every step and every 2nd): the global gradient's sample.
+    rows = np.stack([np.array([0.0, 2.0**-20, 1.0, -3.0], np.float32), np.array([0.0, 0.0, 2.0**-30, 7.0], np.float32)])
+    for every in (1, 2):
+        opt = lsj.loss_scale_optimizer(optax.sgd(0.0), 1.0, axis_name="d", stats_every=every)
+        state = jax.pmap(opt.init)(jnp.zeros((2, 4)))
+        _, state = jax.pmap(opt.update, axis_name="d")(jnp.asarray(rows), state)
+        sample = state.gradient_stats
+        out[f"pmap_stats_{every}"] = {
+            k: np.asarray(sample[k]).tolist() for k in ("step", "amax", "zero_fraction", "subnormal_fraction", "rms_min")
+        }
     print(json.dumps(out))
 
 

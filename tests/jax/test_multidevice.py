@@ -53,3 +53,18 @@ def test_sharded_jit_is_global_without_axis_name(results):
     assert res["update_sharding"].endswith("('d',)")  # the updates stay sharded
     nxt = results["sharded_jit_next"]
     assert nxt["skipped"] == 1 and nxt["count"] == 1 and all(u < 0 for u in nxt["updates"])
+
+
+@pytest.mark.parametrize("every", [1, 2])
+def test_pmap_statistics_are_those_of_the_gradients_of_both_devices(results, every):
+    """Under pmap with axis_name, every device holds the sample of all the devices' gradients (numpy reference)."""
+    import numpy as np
+
+    from lossscale._stats import gradient_stats
+
+    rows = [np.array([0.0, 2.0**-20, 1.0, -3.0], np.float32), np.array([0.0, 0.0, 2.0**-30, 7.0], np.float32)]
+    ref = gradient_stats([np.concatenate(rows)], np)
+    got = results[f"pmap_stats_{every}"]
+    assert got["step"] == [0, 0]
+    for key in ("amax", "zero_fraction", "subnormal_fraction", "rms_min"):
+        np.testing.assert_allclose(got[key], [float(getattr(ref, key))] * 2, rtol=1e-6, err_msg=key)

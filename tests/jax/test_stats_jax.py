@@ -162,3 +162,83 @@ def test_history_carries_the_sampled_statistics(every):
             else:
                 assert np.isnan(column[i]), (name, i, column[i])
     assert history.has_stats
+
+
+def _reference_run(policy, every, grads_seq):
+    """The numpy core's scale and sampler states after ``grads_seq`` (scaled gradients per step)."""
+    from lossscale._sampler import initial_sampler_state, is_due, next_sampler_state
+
+    scale, sampler = lossscale.initial_state(policy, np), initial_sampler_state(policy, 2, np)
+    for grads in grads_seq:
+        leaves = [np.asarray(g) for g in jax.tree_util.tree_leaves(grads)]
+        finite = all(np.isfinite(g).all() for g in leaves)
+        sampled = is_due(every, sampler.count)
+        with np.errstate(all="ignore"):
+            sample = gradient_stats(leaves, np, sampler.count) if sampled else None
+        scale, sampler = next_sampler_state(policy, scale, sampler, finite, sample, sampled, np)
+    return scale, sampler
+
+
+def _check_against(state, ref_scale, ref_sampler):
+    assert float(state.loss_scale) == float(ref_scale.loss_scale)
+    assert int(state.skipped_steps) == int(ref_scale.skipped_steps)
+    got = state.gradient_stats
+    assert int(got["step"]) == int(ref_sampler.sample.step)
+    for key in ("amax", "headroom_bits", "zero_fraction", "subnormal_fraction", "rms_min"):
+        np.testing.assert_allclose(np.asarray(got[key]), getattr(ref_sampler.sample, key), rtol=1e-6, err_msg=key)
+    if ref_sampler.auto is not None:
+        for got_field, want in zip(state.stats.auto, ref_sampler.auto):
+            np.testing.assert_allclose(np.asarray(got_field), want, rtol=1e-6)
+
+
+def _steps(scale_of, n=5, inf_at=2):
+    """Scaled gradients for ``n`` steps at the scale each step runs at; an Inf at step ``inf_at``."""
+    for i in range(n):
+        grads = grads_at(scale_of() * 2.0**-i)
+        if i == inf_at:
+            grads["b"] = grads["b"].at[1].set(jnp.inf)
+        yield grads
+
+
+@pytest.mark.parametrize("loss_scale,every", [(2.0**10, 2), ("auto", None), ("auto", 1)])
+def test_apply_gradients_samples_and_scales_as_the_numpy_core(loss_scale, every):
+    opt = lsj.loss_scale_optimizer(optax.sgd(0.0), loss_scale, stats_every=every)
+    policy = lossscale.get(loss_scale)
+    n_every = every or 16
+    state, seen = opt.init(params()), []
+    step = jax.jit(lambda g, s, p: lsj.apply_gradients(opt, g, s, p))
+    for grads in _steps(lambda: float(state.loss_scale)):
+        seen.append(grads)
+        _, state = step(grads, state, params())
+    _check_against(state, *_reference_run(policy, n_every, seen))
+
+
+def test_value_and_grad_and_update_sample_the_scaled_gradients():
+    """lsj.value_and_grad scales the loss by the state's S; the sample is of those scaled gradients."""
+    opt = lsj.loss_scale_optimizer(optax.sgd(0.0), "auto", stats_every=1)
+    w = {"b": jnp.linspace(-1.0, 1.0, 8), "w": jnp.full((16, 8), 2.0**-12, jnp.float32)}
+
+    def loss(p):
+        return (jnp.sum(p["b"] ** 2) * 2.0**-18 + jnp.sum(p["w"] ** 2)) * 2.0**-10
+
+    grad_fn = lsj.value_and_grad(loss)
+    state, seen = opt.init(w), []
+    for _ in range(3):
+        _, grads = grad_fn(w, opt_state=state)
+        seen.append(grads)
+        _, state = jax.jit(opt.update)(grads, state, w)
+    _check_against(state, *_reference_run(lossscale.AutoLossScale(), 1, seen))
+    assert float(state.loss_scale) != 2.0**15  # the auto rule moved the scale
+
+
+def test_flax_train_state_samples_and_scales_as_the_numpy_core():
+    pytest.importorskip("flax")
+    from lossscale.jax.train_state import TrainState
+
+    tx = lsj.loss_scale_optimizer(optax.sgd(0.0), "auto", stats_every=2)
+    ts = TrainState.create(apply_fn=None, params=params(), tx=tx)
+    seen = []
+    for grads in _steps(lambda: float(lsj.find_state(ts.opt_state).loss_scale)):
+        seen.append(grads)
+        ts = jax.jit(lambda t, g: t.apply_gradients(grads=g))(ts, grads)
+    _check_against(lsj.find_state(ts.opt_state), *_reference_run(lossscale.AutoLossScale(), 2, seen))
