@@ -191,13 +191,12 @@ def _check_against(state, ref_scale, ref_sampler):
             np.testing.assert_allclose(np.asarray(got_field), want, rtol=1e-6)
 
 
-def _steps(scale_of, n=5, inf_at=2):
-    """Scaled gradients for ``n`` steps at the scale each step runs at; an Inf at step ``inf_at``."""
-    for i in range(n):
-        grads = grads_at(scale_of() * 2.0**-i)
-        if i == inf_at:
-            grads["b"] = grads["b"].at[1].set(jnp.inf)
-        yield grads
+def _grads_for(i, scale, inf_at=2):
+    """Step ``i``'s scaled gradients at the scale it runs at (a level falling 2x per step); an Inf at ``inf_at``."""
+    grads = grads_at(scale * 2.0**-i)
+    if i == inf_at:
+        grads["b"] = grads["b"].at[1].set(jnp.inf)
+    return grads
 
 
 @pytest.mark.parametrize("loss_scale,every", [(2.0**10, 2), ("auto", None), ("auto", 1)])
@@ -207,7 +206,8 @@ def test_apply_gradients_samples_and_scales_as_the_numpy_core(loss_scale, every)
     n_every = every or 16
     state, seen = opt.init(params()), []
     step = jax.jit(lambda g, s, p: lsj.apply_gradients(opt, g, s, p))
-    for grads in _steps(lambda: float(state.loss_scale)):
+    for i in range(5):
+        grads = _grads_for(i, float(state.loss_scale))
         seen.append(grads)
         _, state = step(grads, state, params())
     _check_against(state, *_reference_run(policy, n_every, seen))
@@ -238,7 +238,8 @@ def test_flax_train_state_samples_and_scales_as_the_numpy_core():
     tx = lsj.loss_scale_optimizer(optax.sgd(0.0), "auto", stats_every=2)
     ts = TrainState.create(apply_fn=None, params=params(), tx=tx)
     seen = []
-    for grads in _steps(lambda: float(lsj.find_state(ts.opt_state).loss_scale)):
+    for i in range(5):
+        grads = _grads_for(i, float(lsj.find_state(ts.opt_state).loss_scale))
         seen.append(grads)
         ts = jax.jit(lambda t, g: t.apply_gradients(grads=g))(ts, grads)
     _check_against(lsj.find_state(ts.opt_state), *_reference_run(lossscale.AutoLossScale(), 2, seen))
