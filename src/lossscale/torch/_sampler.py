@@ -30,7 +30,7 @@ from ._stats import tensor_sums
 
 __all__ = ["StatsSampler", "check_stats_every"]
 
-Pairs = list[tuple[Any, torch.Tensor]]  # (where, gradient): ``where`` keys the name (a parameter and its place)
+Triples = list[tuple[Any, torch.Tensor, torch.Tensor]]  # (where, parameter, gradient); ``where`` gives the name
 
 
 class StatsSampler:
@@ -53,17 +53,17 @@ class StatsSampler:
         """Whether this step is sampled (a Python int's modulo: no device work)."""
         return is_due(self.every, self.state.count)
 
-    def measure(self, slot: int, pairs: Pairs, name_of: Callable[[Any], str], factor: torch.Tensor | None = None) -> None:
+    def measure(self, slot: int, grads: Triples, name_of: Callable[[Any], str], factor: torch.Tensor | None = None) -> None:
         """Keeps the sums of optimizer ``slot``'s scaled gradients (times ``factor`` if given); call only when :attr:`due`."""
-        if not pairs:
+        if not grads:
             return
-        key = (pairs[0][1].device, tuple((where, g.numel()) for where, g in pairs))
+        key = (slot, grads[0][2].device, tuple((where, id(p), g.numel()) for where, p, g in grads))
         known = self._sets.get(key)
         if known is None:  # a new parameter set: its names and sizes, once (the sizes' one copy to the device)
-            self._sets = {k: v for k, v in list(self._sets.items())[-7:]}
-            sizes = torch.tensor([float(g.numel()) for _, g in pairs], device=key[0])
-            known = self._sets[key] = (tuple(name_of(where) for where, _ in pairs), sizes)
-        self._sums[slot] = ([tensor_sums(g, factor) for _, g in pairs], *known, max(1, self.backwards))
+            self._sets = dict(list(self._sets.items())[-7:])
+            sizes = torch.tensor([float(g.numel()) for _, _, g in grads], device=key[1])
+            known = self._sets[key] = (tuple(name_of(where) for where, _, _ in grads), sizes)
+        self._sums[slot] = ([tensor_sums(g, factor) for _, _, g in grads], *known, max(1, self.backwards))
 
     def forget(self) -> None:
         """``zero_grad()``: this step's measurements and backward count are dropped (the kept sample stays)."""

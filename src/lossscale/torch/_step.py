@@ -271,14 +271,15 @@ class OptimizerStep:
     def measure(self, inner: torch.optim.Optimizer, pairs: Any = None, factor: torch.Tensor | None = None) -> None:
         """On a sampled step, the sampler keeps the sums of the *scaled* gradients (``pairs``' times ``factor``).
 
-        Every entry point calls it before it unscales. ``pairs``: ``((group, index), gradient)``; by default
-        every parameter's ``.grad``. An unsampled step returns at once: no walk over the parameters.
+        Every entry point calls it before it unscales. ``pairs``:
+        ``((group, index), parameter, gradient)``; by default every parameter's ``.grad``. An unsampled step
+        returns at once: no walk over the parameters.
         """
         sampler = self.sampler
         if sampler is None or not sampler.due:
             return
         if pairs is None:
-            pairs = [((g, i), p.grad) for g, group in enumerate(inner.param_groups)
+            pairs = [((g, i), p, p.grad) for g, group in enumerate(inner.param_groups)
                      for i, p in enumerate(group["params"]) if p.grad is not None]
         reporter, prefix = self.diagnostics.reporter, "" if self.slot is None else f"opt{self.slot}."
 
