@@ -81,7 +81,7 @@ def test_sampler_runs_the_core_auto_rule():
         if i == 4:
             grads[1][0] = float("inf")
         if sampler.due:
-            sampler.measure(0, [("w", grads[0]), ("b", grads[1])], str)
+            sampler.measure(0, [("w", None, grads[0]), ("b", None, grads[1])], str)
         found_inf = torch.tensor(float(not all(torch.isfinite(x).all() for x in grads)))
         live = sampler.advance(live, found_inf)
         with np.errstate(all="ignore"):
@@ -100,7 +100,7 @@ def test_sampler_checkpoint_round_trip():
     policy = lossscale.AutoLossScale(2.0**4, window=4)
     a = StatsSampler(1, policy)
     state = lossscale.initial_state(policy, torch)
-    a.measure(0, [(0, torch.full((8,), 2.0**-3))], str)
+    a.measure(0, [(0, None, torch.full((8,), 2.0**-3))], str)
     a.advance(state, torch.tensor(0.0))
     b = StatsSampler(1, policy).restored(a.state_dict(), policy)
     assert b.state.count == 1 and all(torch.equal(x, y) for x, y in zip(a.state.auto, b.state.auto))

@@ -294,6 +294,8 @@ class GradScaler(TorchScalerAccessors):
             return
         self._owner.load_record(gradscaler_record(state_dict, self._owner.policy, self._owner.state, custom_objects))
         self._iteration.reset()
+        if self._sampler is not None:  # the iteration's measurements go with it
+            self._sampler.forget()
 
     # ------------------------------------------------------------ lossscale's attributes (no sync)
 

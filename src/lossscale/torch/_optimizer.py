@@ -187,15 +187,23 @@ class LossScaleOptimizer(TFv1Methods, PolicyAttributes, torch.optim.Optimizer):
         check: ``"step"``, the only mode (gradients are checked in
             ``step()``); any other value raises ``ValueError``.
         stats_every: measure the *scaled* gradients every ``N``-th step
-            (default None: never; 1 with ``loss_scale="auto"``), before
-            ``step()``, ``unscale_()`` or ``clip_grad_norm_()`` unscales
-            them; the latest sample is :attr:`gradient_stats`
+            (default None: never; 16 with ``loss_scale="auto"``) before
+            anything unscales them: ``step()`` (a closure's first
+            evaluation), ``unscale_()``, ``clip_grad_norm_()``, or
+            ``apply_gradients``/``minimize`` (the given gradients times the
+            scale); the latest sample is :attr:`gradient_stats`
             (``docs/gradient_stats.md``). ``lossscale.AutoLossScale`` sets
-            the scale from it. Cost: nothing on an unsampled step (a
-            Python counter); on a sampled one about 8 arithmetic kernels
-            per gradient, no host sync. Measured (``benchmarks/bench_stats.py``,
-            CPU, 1 thread): 4.0 ms per 1M parameters in 100 tensors, 24x the
-            fused unscale-and-check; averaged over ``N=16``, 1.5x the check.
+            the scale from it, reading the calls of :meth:`get_scaled_loss`
+            since the last step or ``zero_grad()`` as the micro-batches
+            summed into the gradients (gradient accumulation). Cost:
+            nothing on an unsampled step (a Python counter: no walk over
+            the parameters, no device work; the auto rule's scalar ops
+            only); on a sampled one one pass of about 8 arithmetic kernels
+            per gradient, no host sync and no copy from the host (a sparse
+            gradient's coalesce is one sync on CUDA). Measured
+            (``benchmarks/bench_stats.py``, CPU, 1 thread): 4.0 ms per 1M
+            parameters in 100 tensors, 24x the fused unscale-and-check;
+            averaged over ``N=16``, 1.5x the check.
 
     See the module docstring for the torch idiom and closures (LBFGS).
 

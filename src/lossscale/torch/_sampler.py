@@ -1,16 +1,15 @@
 """``stats_every`` for torch: measuring and keeping the samples; the decisions are the core's :mod:`lossscale._sampler`.
 
-Per step (per ``update()`` for a ``GradScaler``): every entry point that unscales (``step()``, ``step(closure)``,
-``unscale_``, ``clip_grad_norm_``, ``apply_gradients``/``minimize``) first calls :meth:`StatsSampler.measure`,
-which on a due step (:func:`~lossscale._sampler.is_due` of a Python count) keeps the per-tensor sums of one
-optimizer's scaled gradients; :meth:`StatsSampler.advance` ends the step: the sums of every optimizer measured
-become one sample (:func:`lossscale._stats.summarize`) and :func:`~lossscale._sampler.next_sampler_state` keeps it,
-counts the step and, for ``AutoLossScale``, returns the scale state to write.
+Every entry point, before it unscales (``step()``, ``step(closure)``, ``unscale_``, ``clip_grad_norm_``,
+``apply_gradients``, ``minimize``), calls :meth:`StatsSampler.measure` on a due step (:func:`~lossscale._sampler.is_due`
+of a Python count): the per-tensor sums of one optimizer's scaled gradients. :meth:`StatsSampler.advance` ends the
+step (a ``GradScaler``'s iteration): every optimizer's sums become one sample, which the core's
+:func:`~lossscale._sampler.next_sampler_state` keeps while it counts the step and, for ``AutoLossScale``, sets the scale.
 
-Cost: an unsampled step does no device work and no walk over the parameters. A sampled one: one pass of about 8
-arithmetic kernels per gradient (:func:`~lossscale.torch._stats.tensor_sums`) and about 30 on ``(T,)`` tensors;
-the names and the sizes tensor are built once per parameter set, so no Python value is copied to the device.
-No host sync (a sparse gradient's coalesce is one on CUDA).
+Cost: an unsampled step does no device work and no walk over the parameters. A sampled one: about 8 arithmetic
+kernels per gradient (:func:`~lossscale.torch._stats.tensor_sums`: one pass) and about 30 on ``(T,)`` tensors; names
+and sizes are built once per parameter set, so no Python value is copied to the device. No host sync (a sparse
+gradient's coalesce is one on CUDA).
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ from .._policy import LossScale
 from .._rule import LossScaleState
 from .._sampler import (check_stats_every, counted_sampler_state, initial_sampler_state, is_due, next_sampler_state,
                         read_sampler_record, sampler_record)
-from .._stats import GradientStats, as_mapping, summarize
+from .._stats import as_mapping, summarize
 from ._stats import tensor_sums
 
 __all__ = ["StatsSampler", "check_stats_every"]
@@ -43,15 +42,12 @@ class StatsSampler:
     def __init__(self, every: int, policy: LossScale, count: int = 0, auto: AutoState | None = None) -> None:
         self.every, self.policy, self.names, self.backwards = every, policy, None, 0
         self.state = initial_sampler_state(policy, 0, torch, count=count)
-        if auto is not None:
+        if auto is not None:  # a checkpoint's (numpy, from read_sampler_record)
             self.state = self.state._replace(auto=AutoState(*(torch.as_tensor(v).clone() for v in auto)))
-        self._sums: dict[int, tuple[list, tuple[str, ...], torch.Tensor, int]] = {}  # optimizer slot -> its sums
+        self._sums: dict[int, tuple] = {}  # optimizer slot -> (sums, names, sizes, micro-batches) of this step
         self._sets: dict[Any, tuple[tuple[str, ...], torch.Tensor]] = {}  # parameter set -> (names, sizes)
 
-    @property
-    def due(self) -> bool:
-        """Whether this step is sampled (a Python int's modulo: no device work)."""
-        return is_due(self.every, self.state.count)
+    due = property(lambda self: is_due(self.every, self.state.count), doc="Whether this step is sampled (no device work).")
 
     def measure(self, slot: int, grads: Triples, name_of: Callable[[Any], str], factor: torch.Tensor | None = None) -> None:
         """Keeps the sums of optimizer ``slot``'s scaled gradients (times ``factor`` if given); call only when :attr:`due`."""
@@ -70,11 +66,8 @@ class StatsSampler:
         self._sums, self.backwards = {}, 0
 
     def advance(self, scale: LossScaleState | None, found_inf: torch.Tensor | None, recorder: Any = None) -> Any:
-        """Ends a step; returns the auto rule's new scale state (for the caller to write), else None.
-
-        ``scale``/``found_inf``: the state the step's gradients were computed at and its flag (None: the caller's
-        own rule advances the scale). ``recorder``: a history recorder that gets a sample's three columns.
-        """
+        """Ends a step: the auto rule's new scale state from ``scale`` (the step's) and ``found_inf``, for the caller
+        to write; None where the caller's own rule advances the scale. ``recorder`` gets a sample's history columns."""
         parts, self._sums, self.backwards = [self._sums[k] for k in sorted(self._sums)], {}, 0
         sample = None
         if parts:
@@ -105,13 +98,8 @@ class StatsSampler:
         return sampler_record(self.state, lambda t: t.detach().clone())
 
     def restored(self, record: Mapping[str, Any] | None, policy: LossScale) -> StatsSampler:
-        """A sampler over ``policy`` holding ``record`` (validated first; None: the count carries over, auto afresh).
-
-        The latest sample and names carry over; this sampler is unchanged.
-        """
+        """A new sampler over ``policy`` holding ``record`` (validated; None: the count stays, auto afresh); the sample stays."""
         count, auto = (self.state.count, None) if record is None else read_sampler_record(record, policy)
-        if record is None and policy == self.policy:
-            auto = self.state.auto
         fresh = StatsSampler(self.every, policy, count, auto)
         fresh.state, fresh.names = fresh.state._replace(sample=self.state.sample), self.names
         return fresh
