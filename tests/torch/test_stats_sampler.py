@@ -381,3 +381,72 @@ def test_a_sampled_step_copies_no_python_value_to_the_device(monkeypatch, owner)
     assert copies == []
     got = (opt if owner == "optimizer" else scaler).gradient_stats
     assert int(got["step"]) == 2
+
+
+def test_an_auto_checkpoint_loaded_without_stats_every_samples_and_runs_the_auto_rule():
+    model = _model()
+    source = _auto_opt(model)
+    saved = source.state_dict()
+    target = lst.LossScaleOptimizer(torch.optim.SGD(model.parameters(), lr=0.0), "dynamic")
+    assert target.gradient_stats is None and target._sampler is None
+    target.load_state_dict(saved)
+    assert target._sampler.every == 16  # AutoLossScale's default
+    scaled = _backward(target, model)
+    target.step()
+    assert_sample(target.gradient_stats, scaled, step=0)
+    assert float(target.loss_scale) == auto_scale_after(POLICY, scaled) != 2.0**10
+
+
+def test_a_bad_stats_record_is_refused_before_anything_loads():
+    model = _model()
+    source = _auto_opt(model, inner=torch.optim.Adam)
+    _backward(source, model)
+    source.step()
+    saved = source.state_dict()
+    saved["lossscale_stats"] = {"iteration": 1}  # no auto state
+    target = _auto_opt(_model(), inner=torch.optim.Adam)
+    with pytest.raises(ValueError, match=r"no AutoLossScale state \(saved with another policy\?\)"):
+        target.load_state_dict(saved)
+    assert target.state_dict()["state"] == {} and target._sampler.state.count == 0
+
+
+def test_pickled_optimizers_keep_sampling():
+    import copy
+    import pickle
+
+    model = _model()
+    opt = _auto_opt(model)
+    _backward(opt, model)
+    opt.step()
+    clone = pickle.loads(pickle.dumps(opt))
+    params = [p for g in clone.param_groups for p in g["params"]]
+    clone.zero_grad()
+    clone.get_scaled_loss(sum((p**2).sum() for p in params) * 1e-6).backward()
+    scaled = [p.grad.clone() for p in params]
+    clone.step()
+    assert clone._sampler.state.count == 2
+    assert_sample(clone.gradient_stats, scaled, step=1)
+    a, b, opt_a, opt_b = _two_optimizers()
+    scaler = lst.GradScaler("cpu", stats_every=1)
+    _scaler_iteration(scaler, a, b, opt_a, opt_b, "ab")
+    twin = copy.deepcopy(scaler)
+    scaled = _scaler_iteration(twin, a, b, opt_a, opt_b, "ab")
+    assert_sample(twin.gradient_stats, scaled["a"] + scaled["b"], step=1)
+
+
+def test_each_optimizer_on_a_shared_scale_keeps_its_own_sample():
+    a, b, _, _ = _two_optimizers()
+    shared = lst.SharedLossScale(initial_scale=2.0**6)
+    opt_a = lst.LossScaleOptimizer(torch.optim.SGD(a.parameters(), lr=0.0), shared, stats_every=1)
+    opt_b = lst.LossScaleOptimizer(torch.optim.SGD(b.parameters(), lr=0.0), shared, stats_every=2)
+    for step in range(2):
+        opt_a.zero_grad(), opt_b.zero_grad()
+        shared.get_scaled_loss(_loss(a) + _loss(b)).backward()
+        scaled_a, scaled_b = [p.grad.clone() for p in a.parameters()], [p.grad.clone() for p in b.parameters()]
+        opt_a.step()
+        opt_b.step()
+        shared.update()
+        assert_sample(opt_a.gradient_stats, scaled_a, step=step)
+        if step == 0:
+            assert_sample(opt_b.gradient_stats, scaled_b, step=0)
+    assert int(opt_b.gradient_stats["step"]) == 0 and opt_b._sampler.state.count == 2
