@@ -450,3 +450,16 @@ def test_each_optimizer_on_a_shared_scale_keeps_its_own_sample():
         if step == 0:
             assert_sample(opt_b.gradient_stats, scaled_b, step=0)
     assert int(opt_b.gradient_stats["step"]) == 0 and opt_b._sampler.state.count == 2
+
+
+def test_the_sampler_keeps_every_value_on_the_gradients_device():
+    # "meta" stands for an accelerator: torch refuses to mix it with CPU tensors, as it refuses CUDA.
+    from lossscale.torch._sampler import StatsSampler
+
+    sampler = StatsSampler(1, lossscale.DynamicLossScale())
+    grads = [((0, i), None, g) for i, g in enumerate([torch.ones(3, device="meta"), torch.ones(2, 2, device="meta")])]
+    sampler.measure(0, grads, str)
+    sampler.measure(1, grads, str)
+    assert sampler.advance(None, None) is None
+    assert {t.device.type for t in sampler.state.sample} == {"meta"} and sampler.state.sample.tensor_amax.shape == (4,)
+    assert sampler.names == ("(0, 0)", "(0, 1)", "(0, 0)", "(0, 1)") and sampler.state.count == 1
