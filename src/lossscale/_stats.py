@@ -94,7 +94,7 @@ def tensor_sums(g: Any, xp: Any) -> tuple[Any, Any, Any, Any]:
 
 
 def summarize(
-    sums: Sequence[tuple[Any, Any, Any, Any]], sizes: Sequence[int], step: Any, xp: Any, **array_kwargs: Any
+    sums: Sequence[tuple[Any, Any, Any, Any]], sizes: Sequence[int] | Any, step: Any, xp: Any, **array_kwargs: Any
 ) -> GradientStats:
     """The :class:`GradientStats` of per-tensor :func:`tensor_sums` (``sizes``: each tensor's element count).
 

@@ -364,7 +364,7 @@ def test_a_sampled_step_copies_no_python_value_to_the_device(monkeypatch, owner)
     model = _model()
     if owner == "optimizer":
         opt = _auto_opt(model)
-        run = lambda: (_backward(opt, model), opt.step())  # noqa: E731
+        run = lambda: (_backward(opt, model), opt.step())
     else:
         inner, scaler = torch.optim.SGD(model.parameters(), lr=0.0), lst.GradScaler("cpu", stats_every=1)
 

@@ -26,7 +26,10 @@ from .._stats import FLOAT16_TINY, GradientStats, summarize
 __all__ = ["gradient_stats", "tensor_sums"]
 
 
-def tensor_sums(g: torch.Tensor, factor: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+Sums = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+def tensor_sums(g: torch.Tensor, factor: torch.Tensor | None = None) -> Sums:
     """``(max|g|, #zeros, #subnormals, sum g**2)`` of one gradient (dense or sparse), 0-d float32 tensors.
 
     ``factor``: a 0-d tensor the values are multiplied by first (the scale, for

@@ -127,8 +127,8 @@ class TFv1Methods:
         owner = self.shared_loss_scale  # type: ignore[attr-defined]
         owner.to_(given[0].device)
         # the sample of a sampled step: the given gradients times S, the scaled values (R, no change to them)
-        self._steps.measure(self.inner_optimizer, [(index[id(v)], v, g) for g, v in pairs if g is not None],  # type: ignore[attr-defined]
-                            owner.state.loss_scale)
+        measured = [(index[id(v)], v, g) for g, v in pairs if g is not None]
+        self._steps.measure(self.inner_optimizer, measured, owner.state.loss_scale)  # type: ignore[attr-defined]
         found_inf = check_finite(GradGroups(given), out_device=owner.device)
         reporter = self._steps.diagnostics.reporter
         named = (
