@@ -8,13 +8,15 @@ Keras variables, an optax state). Per step::
 
     sampled = is_due(every, count)                 # count % every == 0
     sample  = statistics of the scaled gradients   # by the binding, only when sampled
-    scale, sampler = next_sampler_state(policy, every, scale, sampler, finite, sample, sampled)
+    scale, sampler = next_sampler_state(policy, scale, sampler, finite, sample, sampled, xp)
 
 :func:`next_sampler_state` keeps the new sample (the previous one when not
 sampled), runs :func:`lossscale._auto.next_auto_state` for an
 :class:`~lossscale.AutoLossScale` and :func:`lossscale.next_state` otherwise,
 and counts the step (every step, skipped ones included, saturating at
-2**31 - 1). ``count`` may be a Python int (torch keeps it on the host, so an
+2**31 - 1); :func:`counted_sampler_state` only keeps and counts, for a
+binding whose scale moves by its own rule (torch's ``GradScaler``, a
+shared scale). ``count`` may be a Python int (torch keeps it on the host, so an
 unsampled step does no device work at all) or a 0-d int32 array (JAX and
 Keras keep it on the device, inside the compiled step); ``sampled`` then is a
 Python bool or a 0-d bool array. No host sync either way.

@@ -11,6 +11,10 @@ optimizer and what ``GradScaler`` keeps per optimizer (torch's
 * ``agree``: the found-inf agreement across ranks
   (:class:`~lossscale.torch._distributed.FlagAgreement`);
 * ``diagnostics``: the opt-in report, history and stall guard;
+* ``sampler``: ``stats_every``'s :class:`~lossscale.torch._sampler.StatsSampler`
+  (None: off), which every entry point feeds through :meth:`OptimizerStep.measure`
+  before it unscales; :meth:`OptimizerStep.finish` ends its step (for
+  ``AutoLossScale`` its rule sets the scale in place of the owner's);
 
 and talks to one scale owner (``_scale.py``: a private scale, a
 :class:`SharedLossScale`, or GradScaler's per-iteration scale). The torch
