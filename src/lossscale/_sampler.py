@@ -8,13 +8,15 @@ Keras variables, an optax state). Per step::
 
     sampled = is_due(every, count)                 # count % every == 0
     sample  = statistics of the scaled gradients   # by the binding, only when sampled
-    scale, sampler = next_sampler_state(policy, every, scale, sampler, finite, sample, sampled)
+    scale, sampler = next_sampler_state(policy, scale, sampler, finite, sample, sampled, xp)
 
 :func:`next_sampler_state` keeps the new sample (the previous one when not
 sampled), runs :func:`lossscale._auto.next_auto_state` for an
 :class:`~lossscale.AutoLossScale` and :func:`lossscale.next_state` otherwise,
 and counts the step (every step, skipped ones included, saturating at
-2**31 - 1). ``count`` may be a Python int (torch keeps it on the host, so an
+2**31 - 1); :func:`counted_sampler_state` only keeps and counts, for a
+binding whose scale moves by its own rule (torch's ``GradScaler``, a
+shared scale). ``count`` may be a Python int (torch keeps it on the host, so an
 unsampled step does no device work at all) or a 0-d int32 array (JAX and
 Keras keep it on the device, inside the compiled step); ``sampled`` then is a
 Python bool or a 0-d bool array. No host sync either way.
@@ -40,6 +42,7 @@ from ._stats import GradientStats, empty_stats
 __all__ = [
     "SamplerState",
     "check_stats_every",
+    "counted_sampler_state",
     "initial_sampler_state",
     "is_due",
     "next_sampler_state",
@@ -146,12 +149,25 @@ def next_sampler_state(
         )
     else:
         scale_state = next_state(policy.rule_params(), scale_state, finite, xp)
-    count = sampler.count
+    return scale_state, SamplerState(_next_count(sampler.count, xp), kept, auto)
+
+
+def counted_sampler_state(sampler: SamplerState, sample: GradientStats | None, sampled: Any, xp: Any) -> SamplerState:
+    """The sampler state after a step whose scale the binding advanced by its own rule: the kept sample, the count + 1.
+
+    For a binding whose scale moves elsewhere (torch's ``GradScaler`` and a
+    scale shared by several optimizers advance once per iteration, with the
+    TF rule); the auto state is left as it is. Cost as :func:`next_sampler_state`
+    without the rule. No host sync.
+    """
+    return SamplerState(_next_count(sampler.count, xp), _kept(sampled, sample, sampler.sample, xp), sampler.auto)
+
+
+def _next_count(count: Any, xp: Any) -> Any:
+    """``count + 1``, saturating at 2**31 - 1 (a Python int stays one)."""
     if isinstance(count, Integral):
-        count = min(int(count) + 1, COUNTER_MAX)
-    else:
-        count = xp.where(count < COUNTER_MAX, count + 1, count)
-    return scale_state, SamplerState(count, kept, auto)
+        return min(int(count) + 1, COUNTER_MAX)
+    return xp.where(count < COUNTER_MAX, count + 1, count)
 
 
 def sampler_record(sampler: SamplerState, to_host: Any = np.asarray) -> dict[str, Any]:

@@ -94,24 +94,31 @@ def tensor_sums(g: Any, xp: Any) -> tuple[Any, Any, Any, Any]:
 
 
 def summarize(
-    sums: Sequence[tuple[Any, Any, Any, Any]], sizes: Sequence[int], step: Any, xp: Any, **array_kwargs: Any
+    sums: Sequence[tuple[Any, Any, Any, Any]], sizes: Sequence[int] | Any, step: Any, xp: Any, **array_kwargs: Any
 ) -> GradientStats:
     """The :class:`GradientStats` of per-tensor :func:`tensor_sums` (``sizes``: each tensor's element count).
 
     ``sums`` may come from :func:`tensor_sums` or from a binding's own
     kernels (e.g. torch's ``_foreach_norm``), as long as the four values are
     0-d float32 arrays; an empty tensor is ``(0, 0, 0, 0)`` with size 0.
-    ``step`` is the step number recorded with the sample. ``array_kwargs``
-    go to ``xp.asarray`` for the sizes, e.g. ``device=`` (torch: the sums'
+    ``step`` is the step number recorded with the sample. ``sizes`` is a
+    list of ints, or a ``(T,)`` array on the sums' device (no copy from the
+    host: torch keeps one per parameter set). ``array_kwargs`` go to
+    ``xp.asarray`` for a list of sizes, e.g. ``device=`` (torch: the sums'
     device, else the sizes would be a CPU tensor beside CUDA ones).
     """
     if not sums:
         raise ValueError("gradient statistics need at least one gradient; got none.")
     amax, zeros, subnormal, sumsq = (xp.stack(list(column)) for column in zip(*sums))
-    size = xp.asarray([float(n) for n in sizes], dtype=xp.float32, **array_kwargs)
+    if isinstance(sizes, (list, tuple)):
+        size = xp.asarray([float(n) for n in sizes], dtype=xp.float32, **array_kwargs)
+        total: Any = float(sum(sizes)) or 1.0
+    else:  # a (T,) array already on the sums' device (a binding's cached sizes): no copy from the host
+        size = xp.asarray(sizes, dtype=xp.float32)
+        total = xp.sum(size)
+        total = xp.where(total > 0, total, 1.0)
     safe = xp.where(size > 0, size, 1.0)
     rms = xp.sqrt(sumsq / safe)
-    total = float(sum(sizes)) or 1.0
     overall = xp.max(amax)
     inf = _f32(math.inf, xp)
     positive_rms = xp.where(rms > 0, rms, inf)

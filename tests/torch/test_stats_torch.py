@@ -50,7 +50,7 @@ def test_does_not_touch_the_gradients():
 
 def test_stats_every_is_validated():
     assert check_stats_every(None, lossscale.DynamicLossScale()) is None
-    assert check_stats_every(None, lossscale.AutoLossScale()) == 1
+    assert check_stats_every(None, lossscale.AutoLossScale()) == 16
     with pytest.raises(TypeError, match="stats_every must be an int"):
         check_stats_every("4", lossscale.DynamicLossScale())
     with pytest.raises(ValueError, match="at least 1"):
@@ -68,7 +68,7 @@ def test_stats_stay_on_the_gradients_device():
     assert got.tensor_zero_fraction.shape == (2,)
 
 
-def test_sampler_runs_the_core_auto_rule_in_place():
+def test_sampler_runs_the_core_auto_rule():
     policy = lossscale.AutoLossScale(1.0)
     sampler = StatsSampler(2, policy)
     live = lossscale.initial_state(policy, torch)
@@ -80,9 +80,10 @@ def test_sampler_runs_the_core_auto_rule_in_place():
         grads = [(t * scale).half().float() for t in true]
         if i == 4:
             grads[1][0] = float("inf")
-        sampler.measure(grads, ["w", "b"], live)
+        if sampler.due:
+            sampler.measure(0, [("w", None, grads[0]), ("b", None, grads[1])], str)
         found_inf = torch.tensor(float(not all(torch.isfinite(x).all() for x in grads)))
-        sampler.advance(live, found_inf)
+        live = sampler.advance(live, found_inf)
         with np.errstate(all="ignore"):
             ref, ref_auto = next_auto_state(
                 policy, ref, ref_auto, np.bool_(float(found_inf) == 0),
@@ -99,15 +100,14 @@ def test_sampler_checkpoint_round_trip():
     policy = lossscale.AutoLossScale(2.0**4, window=4)
     a = StatsSampler(1, policy)
     state = lossscale.initial_state(policy, torch)
-    a.measure([torch.full((8,), 2.0**-3)], None, state)
+    a.measure(0, [(0, None, torch.full((8,), 2.0**-3))], str)
     a.advance(state, torch.tensor(0.0))
-    b = StatsSampler(1, policy)
-    b.load_state_dict(a.state_dict())
-    assert b.iteration == 1 and all(torch.equal(x, y) for x, y in zip(a.auto, b.auto))
+    b = StatsSampler(1, policy).restored(a.state_dict(), policy)
+    assert b.state.count == 1 and all(torch.equal(x, y) for x, y in zip(a.state.auto, b.state.auto))
     with pytest.raises(ValueError, match="window"):
-        StatsSampler(1, lossscale.AutoLossScale(window=8)).load_state_dict(a.state_dict())
+        StatsSampler(1, policy).restored(a.state_dict(), lossscale.AutoLossScale(window=8))
     with pytest.raises(ValueError, match="no AutoLossScale state"):
-        StatsSampler(1, policy).load_state_dict({"iteration": 3})
+        StatsSampler(1, policy).restored({"iteration": 3}, policy)
 
 
 # ----------------------------------------------------------------------------- LossScaleOptimizer(stats_every=N)
@@ -180,7 +180,7 @@ def test_no_host_sync_added_on_unsampled_or_sampled_steps():
 def test_auto_in_the_optimizer_follows_the_core_rule():
     model = _model()
     policy = lossscale.AutoLossScale(1.0)
-    opt = lst.LossScaleOptimizer(torch.optim.SGD(model.parameters(), lr=0.0), policy)
+    opt = lst.LossScaleOptimizer(torch.optim.SGD(model.parameters(), lr=0.0), policy, stats_every=1)
     ref, ref_auto = lossscale.initial_state(policy, np), initial_auto_state(policy, np)
     for step in range(4):
         _backward(opt, model)
@@ -211,8 +211,8 @@ def test_auto_checkpoint_resumes_exactly():
     model_b, b = make()
     model_b.load_state_dict(model_a.state_dict())
     b.load_state_dict(saved)
-    assert b._sampler.iteration == 3
-    assert all(torch.equal(x, y) for x, y in zip(a._sampler.auto, b._sampler.auto))
+    assert b._sampler.state.count == 3
+    assert all(torch.equal(x, y) for x, y in zip(a._sampler.state.auto, b._sampler.state.auto))
     for _ in range(3):
         batch = opt_calls(a)
         for model, opt in ((model_a, a), (model_b, b)):
@@ -231,12 +231,12 @@ def test_a_dynamic_checkpoint_loaded_into_auto_follows_the_dynamic_rule():
     target = lst.LossScaleOptimizer(torch.optim.SGD(model.parameters(), lr=1e-3), "auto")
     target.load_state_dict(source.state_dict())
     assert isinstance(target.loss_scale_policy, lossscale.DynamicLossScale)
-    assert not isinstance(target._sampler.policy, lossscale.AutoLossScale) and target._sampler.every == 1
+    assert not isinstance(target._sampler.policy, lossscale.AutoLossScale) and target._sampler.every == 16
     for _ in range(3):
         _backward(target, model)
         target.step()
     assert float(target.loss_scale) == 2.0**15 and int(target.skipped_steps) == 0
-    assert int(target.gradient_stats["step"]) == 2
+    assert int(target.gradient_stats["step"]) == 0 and target._sampler.state.count == 3
 
 
 def test_auto_refuses_a_shared_scale():

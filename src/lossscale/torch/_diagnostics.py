@@ -299,7 +299,9 @@ class Diagnostics:
             return
         if skipped is None:
             skipped = bool(found_inf.item())  # the report's sync on the fused path
-        self.reporter.observe(skipped, named_grads() if callable(named_grads) else named_grads, scale_used, step)
+        if callable(named_grads):  # named (a walk over the parameters) on a skipped step only
+            named_grads = named_grads() if skipped else ()
+        self.reporter.observe(skipped, named_grads, scale_used, step)
 
     def record(self, step: int, scale_used: Any, found_inf: torch.Tensor) -> None:
         if self.recorder is not None:

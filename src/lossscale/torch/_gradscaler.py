@@ -50,7 +50,7 @@ from ._checkpoint import gradscaler_record, gradscaler_state_dict, growth_interv
 from ._diagnostics import Diagnostics, OverflowReport, StepRecorder
 from ._iteration import UNSCALED, Iteration
 from ._legacy_pickles import gradscaler_from_0_1, is_gradscaler_0_1
-from ._sampler import measure_scaled, sampler_for
+from ._sampler import StatsSampler, check_stats_every
 from ._scale import IterationScale
 from ._step import Stage
 from ._torch_accessors import TorchScalerAccessors
@@ -111,8 +111,11 @@ class GradScaler(TorchScalerAccessors):
             fused kernel skips on the device, 0 syncs, as torch's.
         stats_every: measure the scaled gradients every ``N``-th iteration
             (default None: never); the latest sample is
-            :attr:`gradient_stats`. Cost as in :class:`LossScaleOptimizer`;
-            no host sync. (``AutoLossScale`` needs ``LossScaleOptimizer``.)
+            :attr:`gradient_stats`, one per iteration over every optimizer
+            stepped; with ``history``, its statistics columns. Cost as in
+            :class:`LossScaleOptimizer`; no host sync. ``scale()`` calls
+            since the last ``update()`` count the micro-batches.
+            (``AutoLossScale`` needs ``LossScaleOptimizer``.)
 
     >>> import torch
     >>> w = torch.nn.Parameter(torch.tensor([1.0]))
@@ -149,14 +152,15 @@ class GradScaler(TorchScalerAccessors):
             self._enabled = False
         policy = torch_policy(init_scale, growth_factor, backoff_factor, growth_interval, min_loss_scale=min_loss_scale,
                               max_loss_scale=max_loss_scale, hysteresis=hysteresis)
+        every = check_stats_every(stats_every, policy)
         self._owner = IterationScale(policy)
         self._placed = False
         self._diagnostics = Diagnostics(max_consecutive_skips, overflow_report, named_parameters, None)
-        self._iteration = Iteration(self._owner, self._diagnostics)
+        self._sampler = None if every is None else StatsSampler(every, policy)
+        self._iteration = Iteration(self._owner, self._diagnostics, self._sampler)
         self._recorder = None if history is None or history is False else StepRecorder(history)
         self.sync_skips = bool(sync_skips)
         self._updates = 0
-        self._sampler = sampler_for(stats_every, self._owner)
 
     # ------------------------------------------------------------ scaling
 
@@ -164,6 +168,8 @@ class GradScaler(TorchScalerAccessors):
         """``outputs * S``: a tensor, or nested lists/tuples (other iterables: a lazy ``map``) of them. No sync."""
         if not self._enabled:
             return outputs
+        if self._sampler is not None:  # a backward pass summed into the gradients (micro-batches, for the sample)
+            self._sampler.backwards += 1
         if isinstance(outputs, torch.Tensor):
             if self._recorder is not None and outputs.numel() == 1:
                 self._recorder.note_loss(outputs)
@@ -210,7 +216,6 @@ class GradScaler(TorchScalerAccessors):
             )
         if slot.record.stage is Stage.STEPPED:
             raise RuntimeError("unscale_() is being called after step(). Call it before step(), or after update().")
-        measure_scaled(self._sampler, slot, optimizer)
         slot.unscale_(optimizer)
 
     def step(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
@@ -240,7 +245,6 @@ class GradScaler(TorchScalerAccessors):
             result[0] = optimizer.step(*args, **kwargs)
 
         named = lambda: self._diagnostics.named_grads(optimizer.param_groups)
-        measure_scaled(self._sampler, slot, optimizer)
         slot.step(optimizer, on_host=self.sync_skips, call=call, named_grads=named)
         return result[0]
 
@@ -256,8 +260,8 @@ class GradScaler(TorchScalerAccessors):
         recorder = self._recorder
         scale_used = self._owner.loss_scale if recorder is not None else None
         pending = self._iteration.close(new_scale)
-        if self._sampler is not None:
-            self._sampler.advance(self._owner.state, torch.zeros(()))  # counts the iteration
+        if self._sampler is not None and pending is not None:  # one sample of every optimizer measured
+            self._sampler.advance(None, None, recorder)
         if recorder is not None and pending is not None:
             recorder.record(self._updates, scale_used, pending > 0)  # type: ignore[arg-type]
         self._updates += 1
@@ -266,13 +270,15 @@ class GradScaler(TorchScalerAccessors):
     def gradient_stats(self) -> dict[str, Any] | None:
         """The latest ``stats_every`` sample (tensors; ``docs/gradient_stats.md``), None when off or before one.
 
-        A sample measures the first optimizer stepped (or unscaled) in its iteration, on its scaled gradients.
+        A sample covers every optimizer stepped (or unscaled) in its iteration, on their scaled gradients:
+        per-tensor names start with ``opt{k}.``, ``k`` counting the optimizers in the order this scaler first
+        saw them; the overall values do not depend on the order of the ``step`` calls.
         """
         return None if self._sampler is None else self._sampler.gradient_stats
 
     def _stats_progress(self) -> tuple[int, int] | None:
         """``(stats_every, steps so far)`` for ``lossscale.underflow_report``'s errors; None when off."""
-        return None if self._sampler is None else (self._sampler.every, self._sampler.iteration)
+        return None if self._sampler is None else (self._sampler.every, self._sampler.state.count)
 
     def state_dict(self) -> dict[str, Any]:
         """torch's five keys plus a ``"lossscale"`` entry, plain values only (``{}`` when disabled); one sync."""
@@ -288,6 +294,8 @@ class GradScaler(TorchScalerAccessors):
             return
         self._owner.load_record(gradscaler_record(state_dict, self._owner.policy, self._owner.state, custom_objects))
         self._iteration.reset()
+        if self._sampler is not None:  # the iteration's measurements go with it
+            self._sampler.forget()
 
     # ------------------------------------------------------------ lossscale's attributes (no sync)
 
@@ -356,10 +364,10 @@ class GradScaler(TorchScalerAccessors):
             raise TypeError(f"Not a pickled GradScaler: its scale is a {type(state['scale']).__name__}.")
         self._device, self._enabled, self._placed = state["device"], bool(state["enabled"]), bool(state["placed"])
         self._owner, self._diagnostics = state["scale"], state["diagnostics"]
-        self._iteration = Iteration(self._owner, self._diagnostics)
+        self._sampler = state.get("sampler")
+        self._iteration = Iteration(self._owner, self._diagnostics, self._sampler)
         self._recorder = None if state["history"] is None else StepRecorder(state["history"])
         self.sync_skips, self._updates = bool(state["sync_skips"]), int(state["updates"])
-        self._sampler = state.get("sampler")
 
     def __repr__(self) -> str:
         return f"GradScaler({self._device!r}, {self._owner.policy!r}, enabled={self._enabled})"

@@ -18,6 +18,7 @@ import torch
 
 from ._diagnostics import Diagnostics
 from ._distributed import FlagAgreement
+from ._sampler import StatsSampler
 from ._scale import IterationScale
 from ._step import OptimizerStep, Stage
 
@@ -30,9 +31,11 @@ UNSCALED = (Stage.UNSCALED, Stage.CLIPPED)
 class Iteration:
     """The per-optimizer step objects of one ``GradScaler`` and the ``update()`` that closes them."""
 
-    def __init__(self, owner: IterationScale, diagnostics: Diagnostics) -> None:
+    def __init__(self, owner: IterationScale, diagnostics: Diagnostics, sampler: StatsSampler | None = None) -> None:
         self.owner = owner
         self.diagnostics = diagnostics
+        self.sampler = sampler  # the scaler's: each optimizer's step measures into it, under its own slot
+        self._slots = 0
         self._steps: weakref.WeakKeyDictionary[torch.optim.Optimizer, OptimizerStep] = weakref.WeakKeyDictionary()
 
     def __len__(self) -> int:
@@ -45,7 +48,8 @@ class Iteration:
         if step is None:
             ref = weakref.ref(optimizer)  # not the optimizer itself: the value would keep its weak key alive
             params = lambda: [p for g in ref().param_groups for p in g["params"]]  # type: ignore[union-attr]
-            step = OptimizerStep(self.owner, FlagAgreement(None, params), self.diagnostics)
+            step = OptimizerStep(self.owner, FlagAgreement(None, params), self.diagnostics, self.sampler, self._slots)
+            self._slots += 1
             self._steps[optimizer] = step
         return step
 

@@ -90,12 +90,16 @@ from ._distributed import check_replicas_agree as _check_replicas_agree
 from ._inner_load import load_inner
 from ._legacy_pickles import is_optimizer_0_1, optimizer_from_0_1
 from ._policy_attributes import PolicyAttributes
-from ._sampler import measure_scaled, restored_sampler, sampler_for
-from ._scale import ScaleOwner, scale_owner_for
+from ._sampler import StatsSampler, check_stats_every
+from ._scale import ScaleOwner, require_own_scale, scale_owner_for
 from ._step import OptimizerStep
 from ._tf_methods import TFv1Methods
 
 __all__ = ["LossScaleOptimizer"]
+
+_OWN_SCALE_FIX = (
+    "Use one LossScaleOptimizer per scale, or loss_scale='dynamic' with stats_every=N for the statistics alone."
+)
 
 # inner optimizer -> the LossScaleOptimizer wrapping it (weakly, both ways): two wrappers would unscale twice.
 _WRAPPED: weakref.WeakKeyDictionary[torch.optim.Optimizer, weakref.ref] = weakref.WeakKeyDictionary()
@@ -183,15 +187,23 @@ class LossScaleOptimizer(TFv1Methods, PolicyAttributes, torch.optim.Optimizer):
         check: ``"step"``, the only mode (gradients are checked in
             ``step()``); any other value raises ``ValueError``.
         stats_every: measure the *scaled* gradients every ``N``-th step
-            (default None: never; 1 with ``loss_scale="auto"``), before
-            ``step()``, ``unscale_()`` or ``clip_grad_norm_()`` unscales
-            them; the latest sample is :attr:`gradient_stats`
+            (default None: never; 16 with ``loss_scale="auto"``) before
+            anything unscales them: ``step()`` (a closure's first
+            evaluation), ``unscale_()``, ``clip_grad_norm_()``, or
+            ``apply_gradients``/``minimize`` (the given gradients times the
+            scale); the latest sample is :attr:`gradient_stats`
             (``docs/gradient_stats.md``). ``lossscale.AutoLossScale`` sets
-            the scale from it. Cost: nothing on an unsampled step (a
-            Python counter); on a sampled one about 8 arithmetic kernels
-            per gradient, no host sync. Measured (``benchmarks/bench_stats.py``,
-            CPU, 1 thread): 4.0 ms per 1M parameters in 100 tensors, 24x the
-            fused unscale-and-check; averaged over ``N=16``, 1.5x the check.
+            the scale from it, reading the calls of :meth:`get_scaled_loss`
+            since the last step or ``zero_grad()`` as the micro-batches
+            summed into the gradients (gradient accumulation). Cost:
+            nothing on an unsampled step (a Python counter: no walk over
+            the parameters, no device work; the auto rule's scalar ops
+            only); on a sampled one one pass of about 8 arithmetic kernels
+            per gradient, no host sync and no copy from the host (a sparse
+            gradient's coalesce is one sync on CUDA). Measured
+            (``benchmarks/bench_stats.py``, CPU, 1 thread): 4.0 ms per 1M
+            parameters in 100 tensors, 24x the fused unscale-and-check;
+            averaged over ``N=16``, 1.5x the check.
 
     See the module docstring for the torch idiom and closures (LBFGS).
 
@@ -231,9 +243,11 @@ class LossScaleOptimizer(TFv1Methods, PolicyAttributes, torch.optim.Optimizer):
             max_loss_scale=max_loss_scale, hysteresis=hysteresis,
         )
         diagnostics = Diagnostics(max_consecutive_skips, overflow_report, named_parameters, history)
+        every = check_stats_every(stats_every, owner.policy)
+        require_own_scale(owner.policy, owner, _OWN_SCALE_FIX)
         self._inner = optimizer
-        self._steps = OptimizerStep(owner, FlagAgreement(process_group, self._params), diagnostics)
-        self._sampler = sampler_for(stats_every, owner)
+        self._sampler = None if every is None else StatsSampler(every, owner.policy)
+        self._steps = OptimizerStep(owner, FlagAgreement(process_group, self._params), diagnostics, self._sampler)
         init_step_hooks(self)
         _WRAPPED[optimizer] = weakref.ref(self)
 
@@ -256,8 +270,6 @@ class LossScaleOptimizer(TFv1Methods, PolicyAttributes, torch.optim.Optimizer):
         """The inner optimizer's ``zero_grad``; also forgets an ``unscale_()`` or clip not yet stepped."""
         self._inner.zero_grad(set_to_none=set_to_none)
         self._steps.forget()
-        if self._sampler is not None:
-            self._sampler.forget()
 
     # ------------------------------------------------------------ scaling and stepping
 
@@ -269,7 +281,6 @@ class LossScaleOptimizer(TFv1Methods, PolicyAttributes, torch.optim.Optimizer):
         optimizer (which leaves them scaled for its kernel) it applies that
         clip's ``coef / S``. Cost: one R+W pass; no sync.
         """
-        measure_scaled(self._sampler, self._steps, self._inner)
         self._steps.unscale_(self._inner)
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
@@ -282,7 +293,6 @@ class LossScaleOptimizer(TFv1Methods, PolicyAttributes, torch.optim.Optimizer):
         more R+W pass applies ``coef/S``. ``norm_type``: any p > 0 or
         ``inf``. A second call before ``step()`` raises, fused or not.
         """
-        measure_scaled(self._sampler, self._steps, self._inner)
         return self._steps.clip_grad_norm_(self._inner, max_norm, norm_type)
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
@@ -296,10 +306,7 @@ class LossScaleOptimizer(TFv1Methods, PolicyAttributes, torch.optim.Optimizer):
         """
         if closure is not None:
             return self._steps.step_with_closure(self._inner, closure, self._named_grads)
-        measure_scaled(self._sampler, self._steps, self._inner)
-        stepped = self._steps.step(self._inner, named_grads=self._named_grads)
-        if self._sampler is not None:  # AutoLossScale: the scale from the statistics (no sync)
-            self._sampler.advance(self._steps.owner.state, None if stepped is None else stepped[0])
+        self._steps.step(self._inner, named_grads=self._named_grads)
         return None
 
     def _named_grads(self) -> list[tuple[str, torch.Tensor]]:
@@ -372,7 +379,7 @@ class LossScaleOptimizer(TFv1Methods, PolicyAttributes, torch.optim.Optimizer):
 
     def _stats_progress(self) -> tuple[int, int] | None:
         """``(stats_every, steps so far)`` for ``lossscale.underflow_report``'s errors; None when off."""
-        return None if self._sampler is None else (self._sampler.every, self._sampler.iteration)
+        return None if self._sampler is None else (self._sampler.every, self._sampler.state.count)
 
     @property
     def last_overflow_report(self) -> OverflowReport | None:
@@ -409,15 +416,34 @@ class LossScaleOptimizer(TFv1Methods, PolicyAttributes, torch.optim.Optimizer):
         saved class name is the current policy's, from that class; nothing is
         imported by a name read from the checkpoint.
         """
-        sampler = self._sampler
+        record = None
         if isinstance(state_dict, Mapping) and "lossscale_stats" in state_dict:
             record = state_dict["lossscale_stats"]
             state_dict = {k: v for k, v in state_dict.items() if k != "lossscale_stats"}
-            sampler = restored_sampler(self._sampler, state_dict, record, custom_objects)
-        checkpoint = Checkpoint.from_state_dict(state_dict, custom_objects, current=self._steps.owner.policy)
+        owner = self._steps.owner
+        checkpoint = Checkpoint.from_state_dict(state_dict, custom_objects, current=owner.policy)
+        policy = owner.policy if checkpoint.scale is None else checkpoint.scale.policy
+        require_own_scale(policy, owner, "Load the checkpoint into a LossScaleOptimizer with its own scale "
+                          "(loss_scale='auto'), or save it with loss_scale='dynamic'.")
+        sampler = self._sampler_for(policy, record)  # the record validated here: nothing is loaded before
         load_inner(self._inner, checkpoint.inner)  # all or nothing; another optimizer's state dict is refused
         self._steps.load(checkpoint)
-        self._sampler = None if sampler is None else sampler.following(self._steps.owner.policy)
+        self._sampler = self._steps.sampler = sampler
+
+    def _sampler_for(self, policy: LossScale, record: Any) -> StatsSampler | None:
+        """The sampler after loading ``policy`` and a ``"lossscale_stats"`` ``record`` (None: none saved).
+
+        ``stats_every`` stays; an ``AutoLossScale`` loaded without one gets its default. Validated; no change.
+        """
+        current = self._sampler
+        every = check_stats_every(None, policy) if current is None else current.every
+        if every is None:
+            return None
+        if current is None:
+            current = StatsSampler(every, policy)
+        if record is None and policy == current.policy:
+            return current
+        return current.restored(record, policy)
 
     def __getstate__(self) -> dict[str, Any]:
         """The inner optimizer and the step object's record (see ``OptimizerStep.pickled``); nothing else.
@@ -431,7 +457,7 @@ class LossScaleOptimizer(TFv1Methods, PolicyAttributes, torch.optim.Optimizer):
             state = optimizer_from_0_1(state)
         self._inner = state["inner"]
         self._steps = OptimizerStep.unpickled(state, FlagAgreement(None, self._params))
-        self._sampler = state.get("sampler")
+        self._sampler = self._steps.sampler = state.get("sampler")
         init_step_hooks(self)
         _WRAPPED[self._inner] = weakref.ref(self)
 

@@ -49,7 +49,8 @@ if TYPE_CHECKING:
     from ._step import StepRecord
 
 __all__ = [
-    "IterationScale", "PrivateLossScale", "ScaleOwner", "ScaleState", "SharedLossScale", "StepScale", "scale_owner_for",
+    "IterationScale", "PrivateLossScale", "ScaleOwner", "ScaleState", "SharedLossScale", "StepScale",
+    "require_own_scale", "scale_owner_for",
 ]
 
 
@@ -120,6 +121,11 @@ class ScaleState:
     def set_policy(self, policy: LossScale) -> None:
         """Follows ``policy`` from now on; the state tensors stay as they are (GradScaler's ``set_growth_factor`` & co)."""
         self._set_policy(policy)
+
+    def assign(self, new: LossScaleState) -> None:
+        """Writes ``new`` (a rule's result, on this state's device) into the tensors in place. No sync."""
+        with torch.no_grad():
+            foreach_copy_(list(self._tensors), list(new))
 
     def set_scale(self, value: torch.Tensor, found_inf: torch.Tensor | None = None) -> None:
         """``S <- value`` in place (GradScaler's ``update(new_scale)``); the growth counters stay as they are.
@@ -265,6 +271,10 @@ class ScaleOwner:
     def add_step(self, found_inf: torch.Tensor, member: StepRecord) -> None:
         raise NotImplementedError
 
+    def assign(self, new: LossScaleState) -> None:
+        """Writes a rule's new state in place (``AutoLossScale``'s, in place of :meth:`add_step`). No sync."""
+        self._scale.assign(new)
+
     def record(self) -> ScaleRecord:
         """The checkpoint record: the policy and copies of the state tensors."""
         return self._scale.record()
@@ -392,6 +402,17 @@ class SharedLossScale(ScaleOwner):
         self._scale = state["scale"]
         self._pending = None
         self._members = []
+
+
+def require_own_scale(policy: LossScale, owner: ScaleOwner, fix: str) -> None:
+    """Refuses ``AutoLossScale`` on a scale shared by several optimizers (at construction and at a load)."""
+    from .._auto import AutoLossScale
+
+    if isinstance(policy, AutoLossScale) and not owner.advances_each_step:
+        raise ValueError(
+            "AutoLossScale sets the scale of one optimizer from its own gradients; a scale shared by several "
+            f"optimizers (SharedLossScale) is not supported yet. {fix}"
+        )
 
 
 _SCALE_KEYWORDS = ("dynamic", "initial_scale", "dynamic_growth_steps", "min_loss_scale", "max_loss_scale", "hysteresis")

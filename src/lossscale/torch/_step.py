@@ -11,6 +11,10 @@ optimizer and what ``GradScaler`` keeps per optimizer (torch's
 * ``agree``: the found-inf agreement across ranks
   (:class:`~lossscale.torch._distributed.FlagAgreement`);
 * ``diagnostics``: the opt-in report, history and stall guard;
+* ``sampler``: ``stats_every``'s :class:`~lossscale.torch._sampler.StatsSampler`
+  (None: off), which every entry point feeds through :meth:`OptimizerStep.measure`
+  before it unscales; :meth:`OptimizerStep.finish` ends its step (for
+  ``AutoLossScale`` its rule sets the scale in place of the owner's);
 
 and talks to one scale owner (``_scale.py``: a private scale, a
 :class:`SharedLossScale`, or GradScaler's per-iteration scale). The torch
@@ -66,6 +70,7 @@ from ._grads import (
     validate_max_norm,
     validated_norm_type,
 )
+from ._sampler import StatsSampler
 from ._scale import PrivateLossScale, SharedLossScale, StepScale
 
 __all__ = ["ANY_BEFORE_STEP", "OptimizerStep", "Stage", "StepCounters", "StepRecord"]
@@ -254,13 +259,41 @@ class OptimizerStep:
     """
 
     def __init__(self, owner: Any, agree: Callable[[torch.Tensor], torch.Tensor] | None = None,
-                 diagnostics: Diagnostics | None = None) -> None:
+                 diagnostics: Diagnostics | None = None, sampler: StatsSampler | None = None,
+                 slot: int | None = None) -> None:
         self.owner = owner
         self.agree = _no_agreement if agree is None else agree
         self.diagnostics = Diagnostics(None, False, None, None) if diagnostics is None else diagnostics
         self.record = StepRecord()
         self.tracker = FusedStateTracker()
         self.counters = StepCounters()
+        #: ``stats_every``'s sampler (None: off); ``slot`` None: this step's own, advanced by :meth:`finish`;
+        #: an int: a GradScaler's, shared by its optimizers (names prefixed ``opt{slot}.``), advanced by update()
+        self.sampler, self.slot = sampler, slot
+        self._in_closure = False
+
+    def measure(self, inner: torch.optim.Optimizer, pairs: Any = None, factor: torch.Tensor | None = None) -> None:
+        """On a sampled step, the sampler keeps the sums of the *scaled* gradients (``pairs``' times ``factor``).
+
+        Every entry point calls it before it unscales. ``pairs``:
+        ``((group, index), parameter, gradient)``; by default every parameter's ``.grad``. An unsampled step
+        returns at once: no walk over the parameters.
+        """
+        sampler = self.sampler
+        if sampler is None or not sampler.due:
+            return
+        if pairs is None:
+            pairs = [((g, i), p, p.grad) for g, group in enumerate(inner.param_groups)
+                     for i, p in enumerate(group["params"]) if p.grad is not None]
+        reporter, prefix = self.diagnostics.reporter, "" if self.slot is None else f"opt{self.slot}."
+
+        def name_of(where: tuple[int, int]) -> str:
+            g, i = where
+            if reporter is not None:
+                return prefix + reporter.name_of(inner.param_groups[g]["params"][i], g, i)
+            return f"{prefix}param_groups[{g}]['params'][{i}]"
+
+        sampler.measure(0 if self.slot is None else self.slot, pairs, name_of, factor)
 
     # ------------------------------------------------------------ before the step
 
@@ -304,6 +337,7 @@ class OptimizerStep:
             record.checked(Stage.CLIPPED, record.found_inf)  # type: ignore[arg-type]
             return
         require_unscalable(grads, "unscale_()")
+        self.measure(inner)
         record.checked(Stage.UNSCALED, self._unscale_and_check(grads, self.owner.for_step(None)))
 
     def clip_grad_norm_(self, inner: torch.optim.Optimizer, max_norm: Any, norm_type: Any = 2.0) -> torch.Tensor:
@@ -329,6 +363,7 @@ class OptimizerStep:
             foreach_mul_(grads.tensors, torch.clamp(max_norm / (total + 1e-6), max=1.0))
             record.checked(Stage.CLIPPED, record.found_inf)  # type: ignore[arg-type]
             return total
+        self.measure(inner)
         total = scaled_norm(grads, norm_type, out_device=owner.device) * owner.inv_scale()
         found_inf = (~torch.isfinite(total)).float()
         coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
@@ -360,6 +395,7 @@ class OptimizerStep:
         if not grads.tensors:
             return None
         scale = self.owner.for_step(grads.device)
+        self.measure(inner)
         if fused and grads.has_float16:
             # g / S overflows float32 in the kernel only if S < 65504 / 3.4e38, about 2**-112: not re-checked.
             return check_finite(grads, out_device=scale.device), scale.loss_scale
@@ -431,7 +467,14 @@ class OptimizerStep:
             record.reset()
         else:
             record.stepped()  # until the owner's update()
-        owner.add_step(found_inf, record)
+        sampler = self.sampler if self.slot is None else None
+        # AutoLossScale: the core's sampler rule sets the scale (a private one: see _scale.require_own_scale);
+        # any other policy: the owner's rule, and the sampler counts the step. No sync either way.
+        new = None if sampler is None else sampler.advance(owner.state, found_inf, diagnostics.recorder)
+        if new is None:
+            owner.add_step(found_inf, record)
+        else:
+            owner.assign(new)
         if diagnostics.recorder is not None:
             diagnostics.record(step, scale_used, found_inf)
         if diagnostics.guard is not None:
@@ -456,14 +499,24 @@ class OptimizerStep:
                 loss = closure()
             grads = self._collect(inner)
             if grads.tensors:
-                seen[0] = True
                 require_unscalable(grads, "step(closure)")
+                if not seen[0]:  # the sample: the first evaluation's gradients, at the step's weights
+                    self.measure(inner)
+                seen[0] = True
                 found_total.add_(self._unscale_and_check(grads, self.owner.for_step(None)).to(found_total.device))
             return loss
 
         self.record.reset()
-        loss = inner.step(unscaled_closure)
+        if self.sampler is not None and self.slot is None:
+            self.sampler.forget()  # the backward passes counted for the sample are the closure's own
+        self._in_closure = True
+        try:
+            loss = inner.step(unscaled_closure)
+        finally:
+            self._in_closure = False
         if not seen[0]:
+            if self.sampler is not None:
+                self.sampler.forget()
             return loss
         found_total = self.agree(torch.clamp(found_total, max=1.0))
         skipped = bool(found_total.item())  # one host sync per closure step
@@ -478,8 +531,14 @@ class OptimizerStep:
     # ------------------------------------------------------------ between iterations
 
     def forget(self) -> None:
-        """``zero_grad()``: a pending check is forgotten (a step is not)."""
+        """``zero_grad()``: a pending check is forgotten (a step is not), and so is a pending sample.
+
+        Not inside ``step(closure)``, whose closure zeroes the gradients it computes (its first evaluation's
+        sample is kept).
+        """
         self.record.forget_check()
+        if self.sampler is not None and self.slot is None and not self._in_closure:
+            self.sampler.forget()
 
     def reset(self) -> None:
         """After the inner optimizer's state or the scale was replaced (a checkpoint load)."""

@@ -41,14 +41,22 @@ class TFv1Methods:
         return [p for g in self.param_groups for p in g["params"]]
 
     def get_scaled_loss(self, loss: Any) -> Any:
-        """``loss * loss_scale``, keeping ``loss``'s dtype; a callable gives a callable."""
-        recorder = self._steps.diagnostics.recorder
-        if recorder is not None:
-            if isinstance(loss, torch.Tensor):
-                recorder.note_loss(loss)
-            elif callable(loss):
-                return lambda: self.get_scaled_loss(loss())
-        return self._steps.owner.get_scaled_loss(loss)
+        """``loss * loss_scale``, keeping ``loss``'s dtype; a callable gives a callable.
+
+        With ``stats_every``, each call (one backward pass) since the last step or ``zero_grad()`` counts as a
+        micro-batch summed into the gradients (gradient accumulation), which ``AutoLossScale`` reads; a Python
+        counter, no sync.
+        """
+        steps = self._steps
+        if isinstance(loss, torch.Tensor):
+            if steps.diagnostics.recorder is not None:
+                steps.diagnostics.recorder.note_loss(loss)
+        elif callable(loss) and (steps.diagnostics.recorder is not None or steps.sampler is not None):
+            return lambda: self.get_scaled_loss(loss())
+        scaled = steps.owner.get_scaled_loss(loss)
+        if steps.sampler is not None:
+            steps.sampler.backwards += 1
+        return scaled
 
     def get_unscaled_gradients(self, grads: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:
         """A new list: each gradient times ``1/loss_scale`` in its own dtype; None stays None.
@@ -95,6 +103,8 @@ class TFv1Methods:
         is not incremented. The parameters' own ``.grad`` are left as they
         were. Returns a 0-d bool tensor, True if applied (no sync).
         Cost: one R+W check pass (values unchanged); host syncs as ``step()``.
+        With ``stats_every`` a sampled step also measures the gradients times the scale (the scaled
+        values: one R pass) and ``AutoLossScale`` sets the scale, as in ``step()``.
         """
         pairs = list(grads_and_vars)
         if global_step is not None and not isinstance(global_step, torch.Tensor):
@@ -115,6 +125,9 @@ class TFv1Methods:
             raise ValueError("No gradients provided for any variable: every gradient in grads_and_vars is None.")
         owner = self.shared_loss_scale  # type: ignore[attr-defined]
         owner.to_(given[0].device)
+        # the sample of a sampled step: the given gradients times S, the scaled values (R, no change to them)
+        measured = [(index[id(v)], v, g) for g, v in pairs if g is not None]
+        self._steps.measure(self.inner_optimizer, measured, owner.state.loss_scale)  # type: ignore[attr-defined]
         found_inf = check_finite(GradGroups(given), out_device=owner.device)
         reporter = self._steps.diagnostics.reporter
         named = (
