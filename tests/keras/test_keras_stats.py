@@ -335,19 +335,6 @@ def test_keras_file_round_trip_keeps_the_sample_and_the_auto_state(tmp_path, mix
         np.testing.assert_array_equal(ops.convert_to_numpy(a), ops.convert_to_numpy(b))
 
 
-@pytest.mark.skipif(BACKEND != "tensorflow", reason="tf.distribute")
-def test_tf_distribute_is_refused_with_a_clear_error():
-    import tensorflow as tf
-
-    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
-    with strategy.scope():
-        w = keras.Variable(np.zeros(2, np.float32))
-        opt = lsk.LossScaleOptimizer(keras.optimizers.SGD(0.1), stats_every=2)
-        opt.build([w])
-    with pytest.raises(ValueError, match="stats_every .* is not supported under tf.distribute"):
-        strategy.run(lambda: opt.apply([tf.ones(2)], [w]))
-
-
 @pytest.mark.skipif(BACKEND != "tensorflow", reason="tf.train.Checkpoint")
 def test_tf_checkpoint_restores_the_sample_and_the_auto_state(tmp_path):
     import tensorflow as tf

@@ -94,11 +94,8 @@ class StatsVariables:
         """The kept sample's values."""
         return tuple(_read(v) for v in self.sample)
 
-    def table(self, grads: Sequence[Any], variables: Sequence[Any], scale: Any, already: bool) -> tuple[Any, list[int]]:
-        """``(sums, sizes)``: the ``(4, T)`` float32 sums of the scaled gradients of ``variables`` and each size.
-
-        A variable not given, or given a None or empty gradient, counts as an empty tensor (zeros, size 0).
-        """
+    def slots(self, grads: Sequence[Any], variables: Sequence[Any]) -> tuple[list[Any], list[int]]:
+        """The gradients in build order and their sizes (a variable not given, or a None gradient: None, size 0)."""
         slots: list[Any] = [None] * len(self.names)
         for g, v in zip(grads, variables):
             index = self._ids.get(id(v))
@@ -108,17 +105,19 @@ class StatsVariables:
                     "Build a new optimizer for a new set of variables."
                 )
             slots[index] = g
-        sizes = [0 if g is None else int(np.prod(tuple(g.shape))) for g in slots]
-        xp, zero = namespace(), ops.zeros((4,), "float32")
+        return slots, [0 if g is None else int(np.prod(tuple(g.shape))) for g in slots]
+
+    def table(self, slots: Sequence[Any], sizes: Sequence[int], scale: Any, already: bool) -> Any:
+        """The ``(4, T)`` float32 :func:`~lossscale._stats.tensor_sums` of the scaled gradients (empty ones: 0)."""
         columns = []
         for g, n in zip(slots, sizes):
             if not n:
-                columns.append(zero)
+                columns.append(ops.zeros((4,), "float32"))
                 continue
             if already:
                 g = ops.multiply(ops.cast(g, "float32"), ops.cast(scale, "float32"))
-            columns.append(ops.stack([unwrap(x) for x in tensor_sums(wrap(g), xp)]))
-        return ops.stack(columns, axis=1), sizes
+            columns.append(ops.stack([unwrap(x) for x in tensor_sums(wrap(g), namespace())]))
+        return ops.stack(columns, axis=1)
 
     def summary(self, sums: Any, sizes: Sequence[int], count: Any, replicas: int = 1) -> tuple[Any, ...]:
         """The :class:`GradientStats` values of :meth:`table`'s sums (over ``replicas`` tensors of each size)."""
@@ -131,8 +130,10 @@ class StatsVariables:
         """``(sample, sampled)`` of this apply; ``sample`` is None on torch when not sampled."""
         count, sampled = self.due()
 
+        slots, sizes = self.slots(grads, variables)
+
         def take() -> tuple[Any, ...]:
-            return self.summary(*self.table(grads, variables, scale, already), count)
+            return self.summary(self.table(slots, sizes, scale, already), sizes, count)
 
         if self.every == 1:
             return GradientStats(*take()), sampled
