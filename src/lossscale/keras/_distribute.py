@@ -33,8 +33,8 @@ zeros and subnormals no backward produced). With
 (the same on every replica after the user's all-reduce: then the sample is
 theirs). Cost when sampled: one pass per gradient per replica and one gather
 of ``4 * T`` floats per replica (a collective under
-``MultiWorkerMirroredStrategy``), inside ``cond``\ s on the step's mirrored
-count; unsampled, the two ``cond``\ s and the sampler's scalar ops.
+``MultiWorkerMirroredStrategy``), in ``cond`` branches on the step's mirrored
+count; unsampled, the two ``cond`` ops and the sampler's scalar ops.
 """
 
 from __future__ import annotations
