@@ -129,9 +129,8 @@ def _global_sample(strategy: Any, stats: Any, sums: Any, sizes: list[int]) -> An
 
     def take() -> tuple[Any, ...]:
         table = strategy.gather(sums, axis=0)  # (replicas, 4, T)
-        rest = ops.sum(table[:, 1:], axis=0)
-        amax = ops.where(ops.isnan(rest[2]), rest[2], ops.max(table[:, 0], axis=0))  # NaN wherever a replica's was
-        return stats.summary(ops.concatenate([amax[None], rest], axis=0), sizes, count, replicas)
+        combined = ops.concatenate([ops.max(table[:, :1], axis=0), ops.sum(table[:, 1:], axis=0)], axis=0)
+        return stats.summary(combined, sizes, count, replicas)  # a NaN or Inf max propagates
 
     if stats.every == 1:
         return take(), sampled

@@ -547,15 +547,17 @@ def stats_scenario(strategy, policy: str, mode: str, shards, multi_worker: bool 
     return result
 
 
-def tf_mirrored_stats(policy: str, mode: str) -> dict:
+def tf_mirrored_stats(policy: str, mode: str, overflow: str = "") -> dict:
     """MirroredStrategy over two logical CPUs: the sample of one step (``fit`` or ``loop``) under ``policy``
-    (``dynamic`` or ``auto``)."""
+    (``dynamic`` or ``auto``); with ``overflow``, replica 1's kernel gradient holds an Inf (x = 2**126)."""
     setup("tensorflow", 2)
     import numpy as np
     import tensorflow as tf
 
     strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
     rows = [stats_rows(r) for r in range(2)]
+    if overflow:
+        rows[1][0][0, 0] = 2.0**126
 
     def shards():
         if mode == "fit":

@@ -239,6 +239,19 @@ def test_mirrored_stats_are_the_replicas_gradients_together(mode, policy):
     check_stats(_checks.phase(run("tf_mirrored_stats", policy, mode), "stats"), policy, per_replica=True)
 
 
+@pytest.mark.parametrize("policy", ["dynamic", "auto"])
+def test_mirrored_stats_of_an_overflow_on_one_replica(policy):
+    """An Inf in replica 1's kernel gradient: -inf headroom for the kernel on every replica, the step skipped."""
+    need("tensorflow")
+    records = _checks.phase(run("tf_mirrored_stats", policy, "fit", "overflow"), "stats")
+    assert len(records) == 2
+    for i, record in enumerate(records):
+        assert record["stats_headroom_bits"] == -np.inf and record["stats_amax"] == np.inf, f"replica {i}: {record}"
+        assert record["stats_tensor_headroom_bits"][0] == -np.inf, f"replica {i}"
+        assert record["stats_tensor_amax"][1] == STATS_SCALE, f"replica {i}: the bias gradients are finite"
+        assert record["scale"] < STATS_SCALE and record["count"] == 1, f"replica {i}: not skipped: {record}"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("policy", ["dynamic", "auto"])
 @pytest.mark.parametrize("mode", ["fit", "loop"])
