@@ -8,6 +8,7 @@ from typing import Any
 
 import keras
 
+from .._auto import check_stats_every
 from .._resolve import resolve_loss_scale
 from ._attributes import ScaleAttributes
 from ._compat import (
@@ -24,7 +25,7 @@ from ._inner import check_inner, claim, forward_inner_settings, refuse_base_argu
 from ._loaded import check_store, guard_restores
 from ._observer import StepObserver
 from ._state import ScaleState
-from ._stats import StatsVariables, check_stats_every
+from ._stats import StatsVariables
 from ._step import apply_step, check_apply_args, check_stateless_args, jax_apply, stateless_step
 from ._tf_methods import TFMethods
 

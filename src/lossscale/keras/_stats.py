@@ -1,31 +1,20 @@
-"""``stats_every`` for Keras: the measurement of the scaled gradients, and the Keras variables that keep the sampler.
+"""``stats_every`` for Keras: the measurement of the scaled gradients, and the variables that keep the sampler.
 
-When to sample, which sample to keep, the scale rule that reads it and the
-step count are the core's :func:`lossscale._sampler.next_sampler_state`, run
-over the backend's namespace (:mod:`._xp`); this module only measures and
-stores. Everything lives in non-trainable variables made by the optimizer's
-``add_variable`` (``stats_count``, the sample's 11 ``stats_*`` values, with
-``AutoLossScale`` its 5 ``auto_*``), so compiled steps carry them, ``.keras``
-files, checkpoints and pickles save them, and no value leaves the device.
+When to sample, the kept sample, the scale rule that reads it and the step
+count are the core's :func:`lossscale._sampler.next_sampler_state` over the
+backend's namespace (:mod:`._xp`). Here: the per-tensor
+:func:`lossscale._stats.tensor_sums` of the gradients as given to ``apply``
+(times ``S`` if already unscaled), and non-trainable variables from the
+optimizer's ``add_variable`` (``stats_count``, 11 ``stats_*``, with
+``AutoLossScale`` 5 ``auto_*``) that compiled steps carry and ``.keras``
+files, checkpoints and pickles save. With the inner optimizer's
+``gradient_accumulation_steps`` each apply passes one micro-batch: each
+sample is one micro-batch's float16 backward (``micro_batches`` stays 1).
+tf.distribute combines the replicas' sums (:mod:`._distribute`).
 
-The sample describes the scaled gradients the backward produced, as given to
-``apply`` (``g * S`` when they went through ``get_unscaled_gradients``): per
-tensor ``(max|g|, #zeros, #subnormals, sum g**2)``, the core's
-:func:`lossscale._stats.tensor_sums`. Under ``tf.distribute``
-(:mod:`._distribute`) each replica measures its own gradients before the
-all-reduce and the sums are combined (max of the maxima, sums of the rest,
-sizes times the replicas): the statistics of all the replicas' float16
-backwards taken together. Under ``keras.distribution`` (JAX) the step
-computes one global gradient and that is measured. With the inner
-optimizer's ``gradient_accumulation_steps`` each ``apply`` passes one
-micro-batch, so each sample is one micro-batch's backward (``micro_batches``
-stays 1 for the rule).
-
-Cost on a sampled step: one read pass over each gradient (four reductions),
-about 15 ops per tensor and 60 scalar ops (one more multiply per element for
-unscaled gradients). Unsampled: the ``cond`` (``tf.cond``/``lax.cond``; a
-Python ``if`` on torch, one host read of the flag as the torch step already
-does) and about 25 scalar and ``(T,)`` ops. No host sync otherwise.
+Cost, sampled: one read pass per gradient (four reductions), ~15 ops per
+tensor, ~60 scalar ops. Unsampled: the ``cond`` (a Python ``if`` on torch:
+one host read of the flag) and ~25 small ops. No host sync otherwise.
 """
 
 from __future__ import annotations
@@ -37,14 +26,14 @@ import keras
 import numpy as np
 from keras import ops
 
-from .._auto import AutoLossScale, AutoState, check_stats_every, initial_auto_state
+from .._auto import AutoLossScale, AutoState, initial_auto_state
 from .._policy import LossScale
 from .._rule import LossScaleState
 from .._sampler import SamplerState, is_due, next_sampler_state
 from .._stats import GradientStats, as_mapping, empty_stats, summarize, tensor_sums
 from ._xp import namespace, unwrap, wrap
 
-__all__ = ["StatsVariables", "check_stats_every"]
+__all__ = ["StatsVariables"]
 
 
 def _read(variable: Any) -> Any:
@@ -57,12 +46,9 @@ class StatsVariables:
     """The sampler of one optimizer (``every``: measure every ``every``-th apply) as Keras variables."""
 
     def __init__(self, every: int, policy: LossScale) -> None:
-        self.every, self.policy = every, policy
-        self.count: Any = None
+        self.every, self.policy, self.count, self.names = every, policy, None, ()
         self.sample: list[Any] = []
         self.auto: list[Any] = []
-        self.names: tuple[str, ...] = ()
-        self._ids: dict[int, int] = {}
 
     @property
     def built(self) -> bool:
@@ -70,13 +56,12 @@ class StatsVariables:
 
     def build(self, add_variable: Callable[..., Any], trainable: Sequence[Any]) -> list[Any]:
         """Creates the variables for the gradients of ``trainable`` (in that order); returns them."""
-        self._ids = {id(v): i for i, v in enumerate(trainable)}
+        self._ids = {id(v): i for i, v in enumerate(trainable)}  # the gradients' order
         self.names = tuple(str(getattr(v, "path", None) or v.name) for v in trainable)
 
         def make(name: str, value: Any) -> Any:
             value = np.asarray(value)
-            first = value.reshape(-1)[0].item() if value.size else 0
-            init = keras.initializers.Constant(first)
+            init = keras.initializers.Constant(value.flat[0].item() if value.size else 0)
             return add_variable(shape=value.shape, dtype=str(value.dtype), initializer=init, aggregation="none", name=name)
 
         self.count = make("stats_count", np.int32(0))
@@ -91,7 +76,6 @@ class StatsVariables:
         return count, unwrap(is_due(self.every, wrap(count)))
 
     def stored(self) -> tuple[Any, ...]:
-        """The kept sample's values."""
         return tuple(_read(v) for v in self.sample)
 
     def slots(self, grads: Sequence[Any], variables: Sequence[Any]) -> tuple[list[Any], list[int]]:
@@ -109,15 +93,11 @@ class StatsVariables:
 
     def table(self, slots: Sequence[Any], sizes: Sequence[int], scale: Any, already: bool) -> Any:
         """The ``(4, T)`` float32 :func:`~lossscale._stats.tensor_sums` of the scaled gradients (empty ones: 0)."""
-        columns = []
-        for g, n in zip(slots, sizes):
-            if not n:
-                columns.append(ops.zeros((4,), "float32"))
-                continue
-            if already:
-                g = ops.multiply(ops.cast(g, "float32"), ops.cast(scale, "float32"))
-            columns.append(ops.stack([unwrap(x) for x in tensor_sums(wrap(g), namespace())]))
-        return ops.stack(columns, axis=1)
+        def sums(g: Any) -> Any:
+            g = ops.multiply(ops.cast(g, "float32"), ops.cast(scale, "float32")) if already else g
+            return ops.stack([unwrap(x) for x in tensor_sums(wrap(g), namespace())])
+
+        return ops.stack([sums(g) if n else ops.zeros((4,), "float32") for g, n in zip(slots, sizes)], axis=1)
 
     def summary(self, sums: Any, sizes: Sequence[int], count: Any, replicas: int = 1) -> tuple[Any, ...]:
         """The :class:`GradientStats` values of :meth:`table`'s sums (over ``replicas`` tensors of each size)."""
@@ -128,9 +108,7 @@ class StatsVariables:
 
     def measure(self, grads: Sequence[Any], variables: Sequence[Any], scale: Any, already: bool) -> Any:
         """``(sample, sampled)`` of this apply; ``sample`` is None on torch when not sampled."""
-        count, sampled = self.due()
-
-        slots, sizes = self.slots(grads, variables)
+        (count, sampled), (slots, sizes) = self.due(), self.slots(grads, variables)
 
         def take() -> tuple[Any, ...]:
             return self.summary(self.table(slots, sizes, scale, already), sizes, count)
@@ -158,6 +136,5 @@ class StatsVariables:
 
     def mapping(self) -> dict[str, Any] | None:
         """``gradient_stats``: the kept sample as :func:`lossscale._stats.as_mapping` (None until built). No sync."""
-        if not self.built:
-            return None
-        return as_mapping(GradientStats(*(ops.convert_to_tensor(v) for v in self.sample)), self.names)
+        sample = GradientStats(*(ops.convert_to_tensor(v) for v in self.sample)) if self.built else None
+        return None if sample is None else as_mapping(sample, self.names)
