@@ -597,15 +597,23 @@ def tf_mwms_stats_worker(policy: str, mode: str, index: str, ports: str) -> dict
     return result
 
 
-def jax_distribution_stats(policy: str) -> dict:
-    """keras.distribution.DataParallel over 2 CPU devices: the sample of one ``fit`` step on both replicas'
-    rows (one global gradient)."""
+def jax_distribution_stats(policy: str, kind: str = "data") -> dict:
+    """keras.distribution over 2 CPU devices, ``DataParallel`` (``kind`` data) or ``ModelParallel`` with the
+    kernel split over a (1, 2) mesh (``model``): the sample of one ``fit`` step on both replicas' rows (one
+    global gradient)."""
     setup("jax", 2)
     import jax
     import keras
     import numpy as np
 
-    keras.distribution.set_distribution(keras.distribution.DataParallel(devices=jax.devices()))
+    if kind == "data":
+        distribution = keras.distribution.DataParallel(devices=jax.devices())
+    else:
+        mesh = keras.distribution.DeviceMesh((1, 2), ["batch", "model"], devices=jax.devices())
+        layout_map = keras.distribution.LayoutMap(mesh)
+        layout_map[".*out/kernel"] = ("model", None)
+        distribution = keras.distribution.ModelParallel(layout_map=layout_map, batch_dim_name="batch")
+    keras.distribution.set_distribution(distribution)
     rows = [stats_rows(r) for r in range(2)]
     result: dict = {"scenario": "jax_stats", "replicas": 2}
 

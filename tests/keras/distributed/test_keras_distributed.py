@@ -262,8 +262,10 @@ def test_multi_worker_stats_are_the_workers_gradients_together(mode, policy):
     check_stats(_checks.replicas(results, "stats"), policy, per_replica=True)
 
 
+@pytest.mark.parametrize("kind", ["data", "model"])
 @pytest.mark.parametrize("policy", ["dynamic", "auto"])
-def test_jax_data_parallel_stats_are_the_global_gradients(policy):
-    """keras.distribution.DataParallel over 2 CPU devices: fit's one global gradient is measured."""
+def test_jax_distribution_stats_are_the_global_gradients(policy, kind):
+    """keras.distribution over 2 CPU devices, DataParallel and ModelParallel (the kernel split over the devices):
+    fit's one global gradient is measured."""
     need("jax")
-    check_stats(_checks.phase(run("jax_distribution_stats", policy), "stats"), policy, per_replica=False)
+    check_stats(_checks.phase(run("jax_distribution_stats", policy, kind), "stats"), policy, per_replica=False)
