@@ -206,11 +206,13 @@ def tf_fit_step(model, x, y, batch_size: int = GLOBAL_BATCH) -> None:
         model.fit(x, y, batch_size=batch_size, epochs=1, shuffle=False, verbose=0)
 
 
-def tf_loop(strategy, model, opt, cls: str):
+def tf_loop(strategy, model, opt, cls: str, user_sum: bool = False):
     """The seeds' custom loop (seeds 001/002): ``strategy.run`` of get_scaled_loss -> tape.gradient ->
     get_unscaled_gradients -> apply_gradients inside one tf.function. Keras' own class has no
     get_scaled_loss/get_unscaled_gradients: the control runs Keras 3's contract (scale_loss -> tape.gradient ->
-    apply_gradients, which unscales). Returns ``step(x_shards, y_shards)``, one shard per replica."""
+    apply_gradients, which unscales). With ``user_sum`` the loop all-reduces the unscaled gradients itself and
+    passes ``experimental_aggregate_gradients=False``. Returns ``step(x_shards, y_shards)``, one shard per
+    replica."""
     import tensorflow as tf
 
     variables = model.trainable_variables
@@ -224,7 +226,11 @@ def tf_loop(strategy, model, opt, cls: str):
         grads = tape.gradient(scaled, variables)
         if seeds:
             grads = opt.get_unscaled_gradients(grads)
-        opt.apply_gradients(zip(grads, variables))
+        if user_sum:
+            grads = tf.distribute.get_replica_context().all_reduce("sum", grads)
+            opt.apply_gradients(zip(grads, variables), experimental_aggregate_gradients=False)
+        else:
+            opt.apply_gradients(zip(grads, variables))
 
     @tf.function
     def step(x, y):
@@ -540,7 +546,7 @@ def stats_scenario(strategy, policy: str, mode: str, shards, multi_worker: bool 
         if mode == "fit":
             tf_fit_step(model, *shards())
         else:
-            tf_loop(strategy, model, opt, "lossscale")(*shards())
+            tf_loop(strategy, model, opt, "lossscale", user_sum=mode == "loop_user_sum")(*shards())
         return stats_snapshot(opt)
 
     phase(result, "stats", go)

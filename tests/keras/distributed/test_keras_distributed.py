@@ -240,6 +240,14 @@ def test_mirrored_stats_are_the_replicas_gradients_together(mode, policy):
 
 
 @pytest.mark.parametrize("policy", ["dynamic", "auto"])
+def test_mirrored_stats_of_gradients_the_user_summed(policy):
+    """experimental_aggregate_gradients=False after the loop's own all-reduce: the gradients given to every
+    replica are the sum, and the sample is theirs (the same on each replica, so the combination changes nothing)."""
+    need("tensorflow")
+    check_stats(_checks.phase(run("tf_mirrored_stats", policy, "loop_user_sum"), "stats"), policy, per_replica=False)
+
+
+@pytest.mark.parametrize("policy", ["dynamic", "auto"])
 def test_mirrored_stats_of_an_overflow_on_one_replica(policy):
     """An Inf in replica 1's kernel gradient: -inf headroom for the kernel on every replica, the step skipped."""
     need("tensorflow")
