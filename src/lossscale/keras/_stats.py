@@ -46,7 +46,8 @@ class StatsVariables:
     """The sampler of one optimizer (``every``: measure every ``every``-th apply) as Keras variables."""
 
     def __init__(self, every: int, policy: LossScale) -> None:
-        self.every, self.policy, self.count, self.names = every, policy, None, ()
+        self.every, self.policy, self.count = every, policy, None
+        self.names: tuple[str, ...] = ()
         self.sample: list[Any] = []
         self.auto: list[Any] = []
 
