@@ -3,12 +3,14 @@
 Per step, in each replica (the replica context ``strategy.run`` and ``fit``
 give)::
 
+    sums = cond(sampled, this replica's tensor_sums of g, 0)   # stats_every only, before the all-reduce
     g = all_reduce(SUM, g) if experimental_aggregate_gradients else g   # one all-reduce
     u = g if already unscaled else g * (1/S); finite = all(isfinite(u))
     merge_call:                                        # cross-replica, once per step
         finite = finite of replica 0 (all equal: every replica holds the same sums)
+        sample = cond(sampled, summarize(gather(sums) combined), kept)   # stats_every only: one gather
         if finite: each replica runs inner.apply(u)    # its own all-reduce switched off
-        S, counters = next_state(...)                  # one assign of the mirrored state
+        S, counters = next_state(...)                  # one assign of the mirrored state (or the core's sampler)
 
 With ``experimental_aggregate_gradients=False`` the replicas' gradients may
 differ (the user aggregated them, or did not), so the flags are summed over
@@ -19,6 +21,20 @@ the same branch: on a skip the weights, the inner optimizer's slots and
 The branch is taken in the cross-replica context, as tf-keras did: a ``cond``
 whose branch reaches a ``merge_call`` (the inner optimizer's update) cannot
 run in a replica context. Host syncs: none under ``tf.function``.
+
+``stats_every``: each replica measures the scaled gradients its own float16
+backward produced (its ``(4, T)`` :func:`lossscale._stats.tensor_sums`, before
+the all-reduce), and the sample combines them as if the replicas' tensors lay
+side by side: ``amax`` the max over replicas, zeros, subnormals and sums of
+squares summed, each size times the replicas. So the fractions and RMS are
+those of one replica's backward on average, not of the summed gradient (whose
+zeros and subnormals no backward produced). With
+``experimental_aggregate_gradients=False`` the gradients given are measured
+(the same on every replica after the user's all-reduce: then the sample is
+theirs). Cost when sampled: one pass per gradient per replica and one gather
+of ``4 * T`` floats per replica (a collective under
+``MultiWorkerMirroredStrategy``), in ``cond`` branches on the step's mirrored
+count; unsampled, the two ``cond`` ops and the sampler's scalar ops.
 """
 
 from __future__ import annotations
@@ -62,17 +78,15 @@ def replica_apply(
     state: ScaleState, inner: Any, grads: list[Any], variables: list[Any], already: bool, aggregate: bool
 ) -> None:
     """One step from a replica; see the module docstring. Returns nothing (the inner's updates are assigned)."""
-    if state.stats is not None:
-        raise ValueError(
-            "stats_every (and loss_scale='auto') is not supported under tf.distribute yet: train without "
-            "a strategy, or on the JAX backend, or drop stats_every/loss_scale='auto'."
-        )
     import tensorflow as tf
 
     context = tf.distribute.get_replica_context()
+    scale = ops.convert_to_tensor(state.variables[0])
+    stats = state.stats
+    if stats is not None:  # this replica's own gradients, before the all-reduce
+        sums, sizes = _replica_sums(stats, grads, variables, scale, already)
     if aggregate:
         grads = _all_reduce_sum(context, grads)
-    scale = ops.convert_to_tensor(state.variables[0])
     unscaled, finite = unscale_and_check(grads, variables, scale, already, state.at_least_one)
     if not aggregate:
         bad = context.all_reduce(tf.distribute.ReduceOp.SUM, tf.cast(tf.logical_not(finite), tf.float32))
@@ -81,15 +95,43 @@ def replica_apply(
     def inner_apply(replica_grads: list[Any]) -> None:
         inner.apply(replica_grads, variables)
 
-    def cross_replica(strategy: Any, unscaled: Any, finite: Any) -> None:
+    def cross_replica(strategy: Any, unscaled: Any, finite: Any, sums: Any) -> None:
         flag = strategy.experimental_local_results(finite)[0]
         current = state.read()
+        measured = None if stats is None else _global_sample(strategy, stats, sums, sizes)
 
         def apply() -> None:
             with inner_aggregation_off(inner):  # here, not per replica: the replicas run in threads
                 strategy.extended.call_for_each_replica(inner_apply, args=(unscaled,))
 
         ops.cond(flag, apply, lambda: None)
-        state.finish(current, flag)
+        state.finish(current, flag, measured)
 
-    context.merge_call(cross_replica, args=(unscaled, finite))
+    context.merge_call(cross_replica, args=(unscaled, finite, None if stats is None else sums))
+
+
+def _replica_sums(stats: Any, grads: list[Any], variables: list[Any], scale: Any, already: bool) -> Any:
+    """This replica's ``(1, 4, T)`` sums when the step is sampled (zeros otherwise: a ``cond``), and the sizes."""
+    slots, sizes = stats.slots(grads, variables)
+
+    def take() -> Any:
+        return stats.table(slots, sizes, scale, already)[None]
+
+    if stats.every == 1:
+        return take(), sizes
+    return ops.cond(stats.due()[1], take, lambda: ops.zeros((1, 4, len(sizes)), "float32")), sizes
+
+
+def _global_sample(strategy: Any, stats: Any, sums: Any, sizes: list[int]) -> Any:
+    """``(sample, sampled)`` of all replicas' sums (one gather, only when sampled): max of the maxima, sums of the rest."""
+    count, sampled = stats.due()
+    replicas = strategy.num_replicas_in_sync
+
+    def take() -> tuple[Any, ...]:
+        table = strategy.gather(sums, axis=0)  # (replicas, 4, T)
+        combined = ops.concatenate([ops.max(table[:, :1], axis=0), ops.sum(table[:, 1:], axis=0)], axis=0)
+        return stats.summary(combined, sizes, count, replicas)  # a NaN or Inf max propagates
+
+    if stats.every == 1:
+        return take(), sampled
+    return ops.cond(sampled, take, stats.stored), sampled

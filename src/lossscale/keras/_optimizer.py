@@ -8,7 +8,7 @@ from typing import Any
 
 import keras
 
-from .._auto import AutoLossScale
+from .._auto import check_stats_every
 from .._resolve import resolve_loss_scale
 from ._attributes import ScaleAttributes
 from ._compat import (
@@ -25,7 +25,7 @@ from ._inner import check_inner, claim, forward_inner_settings, refuse_base_argu
 from ._loaded import check_store, guard_restores
 from ._observer import StepObserver
 from ._state import ScaleState
-from ._stats import StatsVariables, check_stats_every
+from ._stats import StatsVariables
 from ._step import apply_step, check_apply_args, check_stateless_args, jax_apply, stateless_step
 from ._tf_methods import TFMethods
 
@@ -71,7 +71,7 @@ class LossScaleOptimizer(ScaleAttributes, TFMethods, keras.optimizers.LossScaleO
         history: True or a :class:`lossscale.History` to record each step's
             scale and skip flag.
         stats_every: measure the scaled gradients every ``N``-th apply
-            (default None: never; 1 with ``loss_scale="auto"``), read as
+            (default None: never; 16 with ``loss_scale="auto"``), read as
             :attr:`gradient_stats`; ``lossscale.AutoLossScale`` sets the
             scale from them (see docs/gradient_stats.md).
         name: the optimizer's name.
@@ -289,10 +289,9 @@ class LossScaleOptimizer(ScaleAttributes, TFMethods, keras.optimizers.LossScaleO
         """tf-keras's keys (``inner_optimizer``, ``dynamic``, ``initial_scale``, ``dynamic_growth_steps``) and ours."""
         limit = self._scale.observer.max_consecutive_skips
         config = write_config(self.name, self.inner_optimizer, self._policy, limit)
-        if self._scale.stats is not None and not (
-            isinstance(self._policy, AutoLossScale) and self._scale.stats.every == 1
-        ):
-            config["stats_every"] = self._scale.stats.every
+        stats = self._scale.stats
+        if stats is not None and stats.every != check_stats_every(None, self._policy):  # the default is not written
+            config["stats_every"] = stats.every
         return config
 
     @classmethod

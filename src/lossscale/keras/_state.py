@@ -164,15 +164,17 @@ class ScaleState:
     def finish(self, state: LossScaleState, finite: Any, measured: Any = None) -> LossScaleState:
         """Advances ``state`` by the rule with ``finite``, assigns the variables and tells the observer.
 
-        ``measured``: :meth:`measure`'s sample; then the statistics are stored and an
-        ``AutoLossScale`` runs its own rule. Cost: about 20 scalar ops, no host sync
+        ``measured``: :meth:`measure`'s ``(sample, sampled)``; then the core's sampler
+        (:func:`lossscale._sampler.next_sampler_state`) keeps the sample, runs the rule
+        (``AutoLossScale``'s own, or the TF rule) and counts the step. Cost: about 20 scalar ops, no host sync
         (the observer adds one transfer when on).
         """
+        stats: tuple[Any, ...] = ()
         if measured is None:
             new = advance(self.params, state, finite)
         else:
-            new = self.stats.advance(self.params, state, finite, measured)
+            new, kept = self.stats.advance(state, finite, measured)
+            stats = (measured[1], kept.headroom_bits, kept.zero_fraction, kept.subnormal_fraction)
         self.assign(new)
-        stats = () if measured is None or self.observer.history is None else self.stats.columns(measured)
         self.observer.observe(state.loss_scale, finite, new.consecutive_skips, new.loss_scale, stats)
         return new

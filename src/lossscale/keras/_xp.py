@@ -46,6 +46,7 @@ class _OpsValue:
     __mul__ = _op(ops.multiply)
     __rmul__ = _op(ops.multiply, reflected=True)
     __truediv__ = _op(ops.divide)
+    __mod__ = _op(ops.mod)
     __rtruediv__ = _op(ops.divide, reflected=True)
     __lt__ = _op(ops.less)
     __le__ = _op(ops.less_equal)

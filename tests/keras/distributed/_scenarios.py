@@ -206,11 +206,13 @@ def tf_fit_step(model, x, y, batch_size: int = GLOBAL_BATCH) -> None:
         model.fit(x, y, batch_size=batch_size, epochs=1, shuffle=False, verbose=0)
 
 
-def tf_loop(strategy, model, opt, cls: str):
+def tf_loop(strategy, model, opt, cls: str, user_sum: bool = False):
     """The seeds' custom loop (seeds 001/002): ``strategy.run`` of get_scaled_loss -> tape.gradient ->
     get_unscaled_gradients -> apply_gradients inside one tf.function. Keras' own class has no
     get_scaled_loss/get_unscaled_gradients: the control runs Keras 3's contract (scale_loss -> tape.gradient ->
-    apply_gradients, which unscales). Returns ``step(x_shards, y_shards)``, one shard per replica."""
+    apply_gradients, which unscales). With ``user_sum`` the loop all-reduces the unscaled gradients itself and
+    passes ``experimental_aggregate_gradients=False``. Returns ``step(x_shards, y_shards)``, one shard per
+    replica."""
     import tensorflow as tf
 
     variables = model.trainable_variables
@@ -224,7 +226,11 @@ def tf_loop(strategy, model, opt, cls: str):
         grads = tape.gradient(scaled, variables)
         if seeds:
             grads = opt.get_unscaled_gradients(grads)
-        opt.apply_gradients(zip(grads, variables))
+        if user_sum:
+            grads = tf.distribute.get_replica_context().all_reduce("sum", grads)
+            opt.apply_gradients(zip(grads, variables), experimental_aggregate_gradients=False)
+        else:
+            opt.apply_gradients(zip(grads, variables))
 
     @tf.function
     def step(x, y):
@@ -478,12 +484,164 @@ def jax_distribution(cls: str, kind: str) -> dict:
     return result
 
 
+# ---------------------------------------------------------------------------------------------- statistics
+
+
+def stats_rows(replica: int):
+    """Replica ``replica``'s two rows of x (the first known, the second zeros) and y (-1): at W = 0, b = 0 the
+    replica's kernel gradient of ``sum((x W + b - y)**2) / 4`` is ``0.5 * x[0]`` and its bias gradient 1. The
+    two replicas' kernel gradients cancel at one entry, and each holds one float16 subnormal at scale 16 that the
+    sum of the two does not: the per-replica statistics differ from those of the all-reduced gradient."""
+    import numpy as np
+
+    known = [[0.0, 1.0, 2.0**-19, -4.0], [0.0, -1.0, 2.0, 2.0**-19]][replica]
+    x = np.array([known, [0.0] * 4], np.float32)
+    return x, np.full((2, 1), -1.0, np.float32)
+
+
+STATS_SCALE = 16.0
+
+
+def stats_optimizer(policy: str):
+    import keras
+
+    import lossscale
+    import lossscale.keras as lsk
+
+    # auto samples every 2nd step: the first step is sampled through the ``cond``; dynamic measures every step.
+    if policy == "auto":
+        return lsk.LossScaleOptimizer(keras.optimizers.SGD(0.0), lossscale.AutoLossScale(STATS_SCALE), stats_every=2)
+    return lsk.LossScaleOptimizer(keras.optimizers.SGD(0.0), initial_scale=STATS_SCALE, stats_every=1)
+
+
+def stats_model():
+    import keras
+
+    return keras.Sequential([keras.Input((4,)), keras.layers.Dense(1, kernel_initializer="zeros", name="out")])
+
+
+def stats_snapshot(opt) -> list[dict]:
+    """Per local replica: the kept sample's 11 values, the sampler's count, the scale and the auto state."""
+    stats = opt._scale.stats
+    parts = {"count": _components(stats.count), "scale": _components(opt.dynamic_scale)}
+    parts.update({v.name: _components(v) for v in stats.sample + stats.auto})
+    count = max(len(p) for p in parts.values())
+    return [{k: p[r if len(p) > 1 else 0].tolist() for k, p in parts.items()} for r in range(count)]
+
+
+def stats_scenario(strategy, policy: str, mode: str, shards, multi_worker: bool = False) -> dict:
+    """One step of ``fit`` or of the seeds' loop on :func:`stats_rows`'s data; ``shards()`` gives it."""
+    result: dict = {"scenario": f"stats_{mode}", "replicas": strategy.num_replicas_in_sync}
+    state: dict = {}
+
+    def go():
+        with strategy.scope():
+            state["model"] = model = stats_model()
+            state["opt"] = opt = stats_optimizer(policy)
+            if mode == "fit":
+                _compile(model, opt)
+                if multi_worker:
+                    _skip_symbolic_reduce(model, *shards())
+            opt.build(model.trainable_variables)
+        if mode == "fit":
+            tf_fit_step(model, *shards())
+        else:
+            tf_loop(strategy, model, opt, "lossscale", user_sum=mode == "loop_user_sum")(*shards())
+        return stats_snapshot(opt)
+
+    phase(result, "stats", go)
+    return result
+
+
+def tf_mirrored_stats(policy: str, mode: str, overflow: str = "") -> dict:
+    """MirroredStrategy over two logical CPUs: the sample of one step (``fit`` or ``loop``) under ``policy``
+    (``dynamic`` or ``auto``); with ``overflow``, replica 1's kernel gradient holds an Inf (x = 2**126)."""
+    setup("tensorflow", 2)
+    import numpy as np
+    import tensorflow as tf
+
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    rows = [stats_rows(r) for r in range(2)]
+    if overflow:
+        rows[1][0][0, 0] = 2.0**126
+
+    def shards():
+        if mode == "fit":
+            return np.concatenate([x for x, _ in rows]), np.concatenate([y for _, y in rows])
+        return [x for x, _ in rows], [y for _, y in rows]
+
+    return stats_scenario(strategy, policy, mode, shards)
+
+
+def tf_mwms_stats_worker(policy: str, mode: str, index: str, ports: str) -> dict:
+    """One worker of a two-worker MultiWorkerMirroredStrategy (127.0.0.1), one CPU replica each: as
+    :func:`tf_mirrored_stats`, worker ``i`` holding replica ``i``'s rows."""
+    index_ = int(index)
+    workers = [f"127.0.0.1:{p}" for p in ports.split(",")]
+    os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": index_}})
+    setup("tensorflow", 1)
+    import numpy as np
+    import tensorflow as tf
+
+    options = tf.distribute.experimental.CommunicationOptions(
+        implementation=tf.distribute.experimental.CommunicationImplementation.RING, timeout_seconds=30
+    )
+    strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+    rows = [stats_rows(r) for r in range(2)]
+
+    def shards():
+        if mode == "fit":  # this worker's rows twice: whichever half of the batch it keeps, they are its own
+            x, y = rows[index_]
+            dataset = tf.data.Dataset.from_tensor_slices((np.tile(x, (2, 1)), np.tile(y, (2, 1)))).batch(4)
+            opts = tf.data.Options()
+            opts.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+            return dataset.with_options(opts), None
+        return [x for x, _ in rows], [y for _, y in rows]
+
+    result = stats_scenario(strategy, policy, mode, shards, multi_worker=True)
+    result["worker"] = index_
+    return result
+
+
+def jax_distribution_stats(policy: str, kind: str = "data") -> dict:
+    """keras.distribution over 2 CPU devices, ``DataParallel`` (``kind`` data) or ``ModelParallel`` with the
+    kernel split over a (1, 2) mesh (``model``): the sample of one ``fit`` step on both replicas' rows (one
+    global gradient)."""
+    setup("jax", 2)
+    import jax
+    import keras
+    import numpy as np
+
+    if kind == "data":
+        distribution = keras.distribution.DataParallel(devices=jax.devices())
+    else:
+        mesh = keras.distribution.DeviceMesh((1, 2), ["batch", "model"], devices=jax.devices())
+        layout_map = keras.distribution.LayoutMap(mesh)
+        layout_map[".*out/kernel"] = ("model", None)
+        distribution = keras.distribution.ModelParallel(layout_map=layout_map, batch_dim_name="batch")
+    keras.distribution.set_distribution(distribution)
+    rows = [stats_rows(r) for r in range(2)]
+    result: dict = {"scenario": "jax_stats", "replicas": 2}
+
+    def go():
+        model, opt = stats_model(), stats_optimizer(policy)
+        _compile(model, opt)
+        tf_fit_step(model, np.concatenate([x for x, _ in rows]), np.concatenate([y for _, y in rows]))
+        return stats_snapshot(opt)
+
+    phase(result, "stats", go)
+    return result
+
+
 SCENARIOS = {
     "tf_mirrored": tf_mirrored,
     "tf_mwms_worker": tf_mwms_worker,
     "tf_checkpoint_save": tf_checkpoint_save,
     "tf_checkpoint_load": tf_checkpoint_load,
     "jax_distribution": jax_distribution,
+    "tf_mirrored_stats": tf_mirrored_stats,
+    "tf_mwms_stats_worker": tf_mwms_stats_worker,
+    "jax_distribution_stats": jax_distribution_stats,
 }
 
 

@@ -23,7 +23,7 @@ import _checks
 import _runner
 import numpy as np
 import pytest
-from _scenarios import INITIAL_SCALE
+from _scenarios import INITIAL_SCALE, STATS_SCALE, stats_rows
 
 pytestmark = pytest.mark.distributed
 
@@ -190,3 +190,90 @@ def test_jax_distribution_inf_on_one_shard_skips_everywhere(cls, kind):
     _checks.check_skip_then_step([result], cls, replica_count=2)
     split = result.get("split_variables", [])
     assert bool(split) == (kind == "model"), f"variables split over devices: {split}"
+
+
+# ---------------------------------------------------------------------------------------------- statistics (issue 28)
+
+
+def stats_reference(per_replica: bool):
+    """The numpy core's sample of :func:`_scenarios.stats_rows`'s step: of both replicas' scaled gradients side
+    by side (tf.distribute: each replica's float16 backward), or of their sum (keras.distribution: one global
+    gradient)."""
+    from lossscale._stats import gradient_stats
+
+    kernels = [np.float32(STATS_SCALE * 0.5) * stats_rows(r)[0][0] for r in range(2)]
+    if per_replica:
+        grads = [np.concatenate(kernels).reshape(8, 1), np.full(2, STATS_SCALE, np.float32)]
+    else:
+        grads = [(kernels[0] + kernels[1]).reshape(4, 1), np.full(1, 2 * STATS_SCALE, np.float32)]
+    return gradient_stats(grads, np)
+
+
+def check_stats(records: list[dict], policy: str, per_replica: bool) -> None:
+    """Every replica holds the reference sample (step 0), the count 1, and the scale the core's sampler gives."""
+    import lossscale
+    from lossscale._sampler import initial_sampler_state, next_sampler_state
+
+    ref = stats_reference(per_replica)
+    assert float(ref.zero_fraction) != float(stats_reference(not per_replica).zero_fraction)  # the test can tell
+    assert len(records) == 2, records
+    policy_ = lossscale.AutoLossScale(STATS_SCALE) if policy == "auto" else lossscale.DynamicLossScale(STATS_SCALE)
+    sampler = initial_sampler_state(policy_, 2, np)
+    scale, sampler = next_sampler_state(policy_, lossscale.initial_state(policy_, np), sampler, True, ref, True, np)
+    for i, record in enumerate(records):
+        assert record["count"] == 1 and record["stats_step"] == 0, f"replica {i}: {record}"
+        for field in ref._fields[1:]:
+            np.testing.assert_allclose(record[f"stats_{field}"], np.asarray(getattr(ref, field)), rtol=1e-6,
+                                       err_msg=f"replica {i}: {field}")
+        assert record["scale"] == float(scale.loss_scale), f"replica {i}: scale {record['scale']}"
+        if policy == "auto":
+            np.testing.assert_allclose(record["auto_window"], sampler.auto.window, rtol=1e-6)
+            assert record["auto_window"][0] == np.log2(float(ref.amax) / STATS_SCALE)  # the auto rule read the sample
+
+
+@pytest.mark.parametrize("policy", ["dynamic", "auto"])
+@pytest.mark.parametrize("mode", ["fit", "loop"])
+def test_mirrored_stats_are_the_replicas_gradients_together(mode, policy):
+    """MirroredStrategy(2): fit, and the seeds' loop; stats_every=1 (dynamic) and 2 (auto, through the cond)."""
+    need("tensorflow")
+    check_stats(_checks.phase(run("tf_mirrored_stats", policy, mode), "stats"), policy, per_replica=True)
+
+
+@pytest.mark.parametrize("policy", ["dynamic", "auto"])
+def test_mirrored_stats_of_gradients_the_user_summed(policy):
+    """experimental_aggregate_gradients=False after the loop's own all-reduce: the gradients given to every
+    replica are the sum, and the sample is theirs (the same on each replica, so the combination changes nothing)."""
+    need("tensorflow")
+    check_stats(_checks.phase(run("tf_mirrored_stats", policy, "loop_user_sum"), "stats"), policy, per_replica=False)
+
+
+@pytest.mark.parametrize("policy", ["dynamic", "auto"])
+def test_mirrored_stats_of_an_overflow_on_one_replica(policy):
+    """An Inf in replica 1's kernel gradient: -inf headroom for the kernel on every replica, the step skipped."""
+    need("tensorflow")
+    records = _checks.phase(run("tf_mirrored_stats", policy, "fit", "overflow"), "stats")
+    assert len(records) == 2
+    for i, record in enumerate(records):
+        assert record["stats_headroom_bits"] == -np.inf and record["stats_amax"] == np.inf, f"replica {i}: {record}"
+        assert record["stats_tensor_headroom_bits"][0] == -np.inf, f"replica {i}"
+        assert record["stats_tensor_amax"][1] == STATS_SCALE, f"replica {i}: the bias gradients are finite"
+        assert record["scale"] < STATS_SCALE and record["count"] == 1, f"replica {i}: not skipped: {record}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("policy", ["dynamic", "auto"])
+@pytest.mark.parametrize("mode", ["fit", "loop"])
+def test_multi_worker_stats_are_the_workers_gradients_together(mode, policy):
+    """MultiWorkerMirroredStrategy, two worker processes on 127.0.0.1, one replica each."""
+    need("tensorflow")
+    results = run_workers("tf_mwms_stats_worker", policy, mode)
+    check_stats(_checks.replicas(results, "stats"), policy, per_replica=True)
+
+
+@pytest.mark.parametrize("kind", ["data", "model"])
+@pytest.mark.parametrize("policy", ["dynamic", "auto"])
+def test_jax_distribution_stats_are_the_global_gradients(policy, kind):
+    """keras.distribution over 2 CPU devices, DataParallel and ModelParallel (the kernel split over the devices):
+    fit's one global gradient is measured."""
+    need("jax")
+    check_stats(_checks.phase(run("jax_distribution_stats", policy, kind), "stats"), policy, per_replica=False)
