@@ -200,6 +200,18 @@ def _pow2(e: Any, xp: Any) -> Any:
     return xp.ldexp(one, xp.asarray(e, dtype=xp.int32))
 
 
+def _floor_log2(scale: Any, xp: Any) -> Any:
+    """``floor(log2(scale))`` exactly, for a positive float32 ``scale``.
+
+    XLA's CPU ``log2`` is a few ulps off at some powers of two (``log2(2**13)``
+    is just below 13), so ``floor(log2(S))`` alone can be one too small; the
+    exact ``2**e`` (``ldexp``) corrects it by one either way.
+    """
+    e = xp.floor(xp.log2(scale))
+    e = xp.where(_pow2(e + 1.0, xp) <= scale, e + 1.0, e)
+    return xp.where(_pow2(e, xp) > scale, e - 1.0, e)
+
+
 def next_auto_state(
     policy: AutoLossScale,
     state: LossScaleState,
@@ -247,8 +259,8 @@ def next_auto_state(
     scale, good, bad, skipped, streak = state
     skipped, streak = next_skip_counters(skipped, streak, finite, xp)
     m = auto.margin
-    log_s = xp.log2(scale)
-    e = xp.floor(log_s)  # integral; exact for the powers of two the rule produces
+    e = _floor_log2(scale, xp)
+    log_s = e + xp.log2(scale / _pow2(e, xp))  # exact for the powers of two the rule produces
     window = auto.window
     top = xp.max(window)  # -inf while the window is empty
 

@@ -411,3 +411,26 @@ def test_config_round_trips():
 def test_bad_arguments_name_the_fix(kwargs, error, match):
     with pytest.raises(error, match=match):
         AutoLossScale(**kwargs)
+
+
+class _InexactLog2:
+    """numpy, except that ``log2`` is one ulp low (as XLA's CPU ``log2`` is at 2**13, 2**15, 2**26, ...)."""
+
+    def __getattr__(self, name):
+        return getattr(np, name)
+
+    @staticmethod
+    def log2(x):
+        return np.nextafter(np.log2(x), np.float32(-np.inf)).astype(np.result_type(x, np.float32))
+
+
+def test_an_inexact_log2_does_not_move_the_scale():
+    """Under jax.jit on CPU ``floor(log2(2**13))`` is 12; the rule must still read the exponent exactly."""
+    policy = AutoLossScale(2.0**13)
+    stats = gradient_stats([np.full(8, 1.1 * 2.0**-6, np.float32), np.full(8, 2.0**-1, np.float32)], np)
+    for xp in (np, _InexactLog2()):  # lo = ceil(-6 - log2(1.1 * 2**-19)) = 13: at lo, e = 12 would raise the scale
+        state, auto = initial_state(policy, np), initial_auto_state(policy, np)
+        for _ in range(3):
+            state, auto = next_auto_state(policy, state, auto, np.bool_(True), stats, np.bool_(True), xp)
+        assert float(auto.lo) == 13.0
+        assert float(state.loss_scale) == 2.0**13 and int(state.good_steps) == 3  # at lo, inside the band: no move
