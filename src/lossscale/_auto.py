@@ -34,20 +34,21 @@ class AutoLossScale(LossScale):
     A binding that measures gradients (``stats_every=N``; 16 when not given)
     feeds each sample to :func:`next_auto_state`. All quantities are in bits
     (log2); ``S = 2**e`` is the scale, ``m`` the current margin
-    (``margin_bits`` at the start), ``F = log2(65504)``, ``top`` the largest
-    ``log2(amax / S)`` (unscaled) in the window of recent samples. After each
-    step::
+    (``margin_bits`` at the start), ``F = log2(65504)``, ``top`` and ``low``
+    the largest and the smallest ``log2(amax / S)`` (unscaled) in the window
+    of recent samples, and ``hi(m) = floor(F - max(m + low, margin_bits + top))``.
+    After each step::
 
         if not finite and no sample measured yet:   # the start was a guess
             e = e - start_backoff_bits              # any start up to 2**32 in at most 2 skips
-        elif not finite:                            # a spike passed F at e: it was over F - e - top bits tall
-            m = min(max(ceil(F - e - top) + 1, 2 m), max_margin_bits)     # remember its height
-            e = min(floor(F - m - top), e - 1)      # the hi of that margin, at least one bit down
+        elif not finite:                            # a spike passed F at e: it was over F - e - low bits tall
+            m = min(max(ceil(F - e - low) + 1, 2 m), max_margin_bits)     # remember its height
+            e = min(hi(m), e - 1)                   # the bound of that margin, at least one bit down
         elif sampled and amax == 0:                 # everything flushed: search upwards
             e = e + search_bits
         elif sampled:
             window <- log2(amax / S)
-            hi = floor(F - m - top)                 # the largest gradient m bits below overflow
+            hi = hi(m)                              # the spike m bits over the typical gradient fits
             lo = ceil(-14 + underflow_bits - log2(rms_min / micro_batches / S))  # smallest RMS b bits above the floor
             if e < lo:  e = max(e, min(lo + 1, hi - 1, e + max_jump_bits))  # raise only when short of "enough"
             e = min(e, hi)                          # lower at once when too close to overflow
@@ -65,10 +66,12 @@ class AutoLossScale(LossScale):
     Parameter gradients do not bound the spikes of the next batch or the
     activation gradients inside the backward: an overflow can still happen. It
     is skipped, and it measures the spike: the margin becomes at least the
-    spike's height over the window (one bit more than the least height that
-    overflows at ``e``), at least doubles, and relaxes by one bit per
+    spike's height over the window's typical gradient (one bit more than the
+    least height that overflows at ``e``), at least doubles, and relaxes by one bit per
     ``relax_steps`` calm steps (2000: no faster than the TF rule grows), so
-    the next samples do not climb back and the same spike passes. ``hi`` wins
+    the next samples do not climb back and the same spike passes. The margin
+    is counted over the window's lowest sample and ``margin_bits`` over its
+    highest, so a sampled spike that did not overflow is not counted twice. ``hi`` wins
     over ``lo``: where the gradients' spread leaves no scale both "enough"
     and a remembered spike under overflow, the rule keeps the spike's room.
 
@@ -200,6 +203,24 @@ def _pow2(e: Any, xp: Any) -> Any:
     return xp.ldexp(one, xp.asarray(e, dtype=xp.int32))
 
 
+def _window_range(window: Any, xp: Any) -> tuple[Any, Any]:
+    """``(top, low)``: the largest and the smallest filled entry of the window (``-inf``, ``+inf`` when empty)."""
+    top = xp.max(window)
+    low = -xp.max(xp.where(window > -math.inf, -window, -math.inf))
+    return top, low
+
+
+def _overflow_bound(policy: AutoLossScale, m: Any, top: Any, low: Any, xp: Any) -> Any:
+    """``hi = floor(F - max(m + low, margin_bits + top))``: the remembered spike ``m`` bits over the window's
+    typical (lowest) gradient, and every sampled gradient at least ``margin_bits`` under overflow.
+
+    With ``m = margin_bits`` this is ``floor(F - m - top)``. A spike that did not overflow and was sampled
+    raises ``top`` only, so it is not counted twice (once in ``m``, once in the window).
+    """
+    need = xp.where(m + low > policy.margin_bits + top, m + low, policy.margin_bits + top)
+    return xp.floor(LOG2_FLOAT16_MAX - need)
+
+
 def _floor_log2(scale: Any, xp: Any) -> Any:
     """``floor(log2(scale))`` exactly, for a positive float32 ``scale``.
 
@@ -262,18 +283,21 @@ def next_auto_state(
     e = _floor_log2(scale, xp)
     log_s = e + xp.log2(scale / _pow2(e, xp))  # exact for the powers of two the rule produces
     window = auto.window
-    top = xp.max(window)  # -inf while the window is empty
+    top, low = _window_range(window, xp)
 
     # Overflow. Before any measured sample (lo is NaN) the start was a guess: back off by start_backoff_bits.
-    # After one, the overflow sets a lower bound on the spike over the window's max: it passed F at e, so it
-    # was more than F - e - top bits tall. The margin becomes one bit more than that (at least twice the old
-    # margin, at most max_margin_bits) and the scale goes to the hi that margin implies (at least one bit down).
+    # After one, the overflow sets a lower bound on the spike over the window's typical (lowest) gradient: it
+    # passed F at e, so it was more than F - e - low bits tall. The margin becomes one bit more than that (at
+    # least twice the old margin, at most max_margin_bits) and the scale goes to the hi of that margin (at least
+    # one bit down).
     measured = auto.lo == auto.lo  # False for NaN
-    reference = xp.where(top > -math.inf, top, LOG2_FLOAT16_MAX - e - m)  # empty window: as if at the margin
-    implied = xp.ceil(LOG2_FLOAT16_MAX - e - reference) + 1.0
+    filled = top > -math.inf
+    guess = LOG2_FLOAT16_MAX - e - m  # an empty window: as if the scale sat at the margin
+    top_ref, low_ref = xp.where(filled, top, guess), xp.where(filled, low, guess)
+    implied = xp.ceil(LOG2_FLOAT16_MAX - e - low_ref) + 1.0
     grown = xp.where(implied > 2.0 * m, implied, 2.0 * m)
     grown = xp.where(grown > policy.max_margin_bits, float(policy.max_margin_bits), grown)
-    spike_hi = xp.floor(LOG2_FLOAT16_MAX - grown - reference)
+    spike_hi = _overflow_bound(policy, grown, top_ref, low_ref, xp)
     spike_e = xp.where(spike_hi < e - 1, spike_hi, e - 1)
     backed_e = xp.where(measured, spike_e, e - policy.start_backoff_bits)
     backed = _pow2(xp.where(backed_e < -_MAX_EXPONENT, -_MAX_EXPONENT, backed_e), xp)
@@ -287,7 +311,7 @@ def next_auto_state(
         x = xp.log2(xp.where(amax > 0, amax, 1.0)) - log_s
         pushed = xp.where(xp.arange(window.shape[0]) == 0, x, xp.roll(window, 1))
         window = xp.where(seen, pushed, window)
-        hi_new = xp.floor(LOG2_FLOAT16_MAX - m - xp.max(window))
+        hi_new = _overflow_bound(policy, m, *_window_range(window, xp), xp)
         r = xp.log2(xp.where(rms_min > 0, rms_min / micro_batches, 1.0)) - log_s
         lo_new = xp.where(rms_min > 0, xp.ceil(_LOG2_TINY + policy.underflow_bits - r), -math.inf)
         # Raise only when short of "enough", to lo + 1 but no closer than one bit under hi (hysteresis).

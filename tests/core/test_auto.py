@@ -45,10 +45,10 @@ class Ref:
             self.streak += 1
             if self.lo is None:  # the start was a guess
                 e_b = e - p.start_backoff_bits
-            else:  # the spike was more than F - e - top bits over the window's max
-                top = max(self.window) if self.window else F - e - self.m
-                grown = min(max(math.ceil(F - e - top) + 1, 2 * self.m), p.max_margin_bits)
-                e_b = min(math.floor(F - grown - top), e - 1)
+            else:  # the spike was more than F - e - low bits over the window's lowest sample
+                top, low = (max(self.window), min(self.window)) if self.window else (F - e - self.m,) * 2
+                grown = min(max(math.ceil(F - e - low) + 1, 2 * self.m), p.max_margin_bits)
+                e_b = min(self.hi(grown, top, low), e - 1)
                 self.m = grown
             self.S = max(2.0 ** max(e_b, -126), p.min_loss_scale)
             self.calm, self.good = 0, 0
@@ -59,7 +59,7 @@ class Ref:
             target = e + p.search_bits
         elif amax is not None:
             self.window = ([math.log2(amax) - math.log2(self.S)] + self.window)[: p.window]
-            hi = math.floor(F - self.m - max(self.window))
+            hi = self.hi(self.m, max(self.window), min(self.window))
             lo = math.ceil(-14 + p.underflow_bits - (math.log2(rms_min / micro_batches) - math.log2(self.S)))
             up = min(lo + 1, hi - 1, e + p.max_jump_bits)
             if e < lo and up > e:
@@ -74,6 +74,9 @@ class Ref:
             self.m = max(self.m - 1, p.margin_bits)
             self.calm = 0
         self.good = self.good + 1 if self.S == old else 0
+
+    def hi(self, m: float, top: float, low: float) -> float:
+        return math.floor(F - max(m + low, self.p.margin_bits + top))
 
 
 def sample(rng, S, true_log2_amax, spread=6):
@@ -300,6 +303,35 @@ def test_an_overflow_inside_the_band_is_remembered():
     (state, auto), finite = float16_step(policy, state, auto, [g * np.float32(spike * 2) for g in steady(rng, -20)])
     assert finite  # the same spike again: no skip
     assert int(state.skipped_steps) == 1
+
+
+def test_a_sampled_spike_under_the_learned_margin_is_not_counted_twice():
+    """After the margin learned a spike, a smaller sampled spike that passes does not lower the scale.
+
+    The window holds the sampled spike; the margin already holds its room. The first version of the
+    remembering rule (issue 28) subtracted both (``hi = F - m - max(window)``) and dropped the scale by the
+    spike's height again: flushing until the window forgot it.
+    """
+    policy = AutoLossScale(2.0**0)
+    rng = np.random.default_rng(7)
+    state, auto = initial_state(policy, np), initial_auto_state(policy, np)
+    for step in range(3):
+        (state, auto), _ = float16_step(policy, state, auto, steady(rng, -20), step)
+    e = math.log2(float(state.loss_scale))
+    spike = 2.0 ** (F - e - float(np.max(auto.window)))
+    (state, auto), finite = float16_step(policy, state, auto, [g * np.float32(spike * 2) for g in steady(rng, -20)])
+    assert not finite and float(auto.margin) >= 8
+    for step in range(3):
+        (state, auto), _ = float16_step(policy, state, auto, steady(rng, -20), step)
+    settled = float(state.loss_scale)
+    half = np.float32(2.0 ** (math.log2(spike) / 2))  # a spike of half the height: it fits under the margin
+    (state, auto), finite = float16_step(policy, state, auto, [g * half for g in steady(rng, -20)])
+    assert finite
+    scales = []
+    for step in range(5):
+        (state, auto), _ = float16_step(policy, state, auto, steady(rng, -20), step)
+        scales.append(float(state.loss_scale))
+    assert min(scales) == settled and int(state.skipped_steps) == 1
 
 
 def test_repeated_tall_spikes_are_learned_in_two_overflows():
