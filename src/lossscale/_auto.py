@@ -1,7 +1,7 @@
 """``AutoLossScale``: a scale set from measured gradient statistics, with the TF rule's safety.
 
-EXPERIMENTAL: the experiment in ``docs/auto_scale.md`` did not make it the
-default. The policy and its rule are written once here; the update
+EXPERIMENTAL: the experiment in ``docs/gradient_stats.md`` (re-run for issue 28
+on this rule) did not make it the default. The policy and its rule are written once here; the update
 :func:`next_auto_state` runs over an array namespace ``xp`` (numpy, torch,
 jax.numpy) with arithmetic, comparisons and ``xp.where`` only, like
 :func:`lossscale.next_state`: no host sync, jittable.

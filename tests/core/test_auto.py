@@ -165,7 +165,7 @@ def test_float16_gradients_from_2_to_30_back_off_then_settle():
         finite = all(np.isfinite(h).all() for h in half)
         stats = gradient_stats(half, np, step)
         state, auto = next_auto_state(policy, state, auto, np.bool_(finite), stats, np.bool_(True), np)
-    assert int(state.skipped_steps) == 1  # the TF rule needs one skip per bit: 12 here; the rule before 0.3: 3
+    assert int(state.skipped_steps) == 1  # the TF rule needs one skip per bit: 12 here; the rule before issue 28: 3
     half = [(t * np.float32(state.loss_scale)).astype(np.float16) for t in true]
     after = gradient_stats(half, np)
     assert float(after.zero_fraction) == 0.0 and float(after.headroom_bits) >= policy.margin_bits
@@ -243,8 +243,8 @@ def float16_step(policy, state, auto, true, step=0, sampled=True):
 def test_any_start_up_to_2_to_32_costs_at_most_two_skips(start_log2, edge_log2):
     """Gradients whose float16 overflow edge is 2**edge_log2: at most 2 skips from any start up to 2**32, then none.
 
-    The rule before 0.3 backed off by m, m+1, m+2 bits (4, 5, 6) and took up to 4 skips here; the TF rule
-    takes one per bit above the edge.
+    The rule before issue 28 backed off by m, m+1, m+2 bits (4, 5, 6): more than 2 skips in 19 of these 35
+    cases, up to 5; the TF rule takes one per bit above the edge.
     """
     policy = AutoLossScale(2.0**start_log2)
     rng = np.random.default_rng(edge_log2)
@@ -278,7 +278,7 @@ def steady(rng, level, spread=6, n=256):
 def test_an_overflow_inside_the_band_is_remembered():
     """A spike overflows a scale inside the band: the margin covers the spike and the scale stays down.
 
-    The rule before 0.3 widened the margin by one bit and jumped back to ``lo + 1`` on the next sample, so the
+    The rule before issue 28 widened the margin by one bit and jumped back to ``lo + 1`` on the next sample, so the
     backoff lasted one step (and the same spike overflowed again).
     """
     policy = AutoLossScale(2.0**0)
@@ -335,7 +335,7 @@ def test_a_sampled_spike_under_the_learned_margin_is_not_counted_twice():
 
 
 def test_repeated_tall_spikes_are_learned_in_two_overflows():
-    """A 12-bit spike every 50 steps, the scale at ``hi``: at most 2 skips (the rule before 0.3: every spike)."""
+    """A 12-bit spike every 50 steps, the scale at ``hi``: at most 2 skips (the rule before issue 28: every spike)."""
     policy = AutoLossScale(2.0**0, underflow_bits=14)  # "enough" above hi: the scale sits at the overflow bound
     rng = np.random.default_rng(5)
     state, auto = initial_state(policy, np), initial_auto_state(policy, np)
@@ -351,7 +351,7 @@ def test_repeated_tall_spikes_are_learned_in_two_overflows():
 def test_no_jitter_at_the_overflow_bound():
     """Noisy gradients, "enough" out of reach: the scale sits under ``hi`` and does not follow its 1-bit noise.
 
-    The rule before 0.3 rose to ``hi`` whenever the window's max fell and dropped when it rose: a change on
+    The rule before issue 28 rose to ``hi`` whenever the window's max fell and dropped when it rose: a change on
     about every window's turn.
     """
     policy = AutoLossScale(2.0**0, underflow_bits=14, window=2)
