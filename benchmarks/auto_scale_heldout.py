@@ -49,6 +49,7 @@ Prints a markdown table, writes JSON (default /tmp/auto_scale_heldout.json).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import statistics
@@ -165,10 +166,9 @@ def run_accum(name: str, k: int, seed: int, steps: int, micro: int = 8) -> dict[
     """Gradient accumulation through the core rule: ``micro`` float16 backwards summed, ``micro_batches`` as named."""
     import torch
 
-    from lossscale import initial_state
+    from lossscale import initial_state, next_state
     from lossscale._auto import initial_auto_state, next_auto_state
     from lossscale._stats import gradient_stats
-    from lossscale import next_state
 
     torch.set_num_threads(1)
     x_tr, y_tr, x_te, y_te = (torch.from_numpy(a) for a in cancer_data(seed))
@@ -228,7 +228,7 @@ def run_digits(name: str, k: int, seed: int, steps: int, initial: float | None =
     key = jax.random.PRNGKey(seed)
     sizes = [64, 128, 128, 10]
     params = []
-    for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
+    for i, (a, b) in enumerate(itertools.pairwise(sizes)):
         params.append({"w": jax.random.normal(jax.random.fold_in(key, i), (a, b)) / math.sqrt(a), "b": jnp.zeros(b)})
 
     def forward(p: Any, x: Any) -> Any:
@@ -340,7 +340,7 @@ def spike_notes(rows: list[dict[str, Any]]) -> None:
     by_case: dict[str, dict[str, dict[str, Any]]] = {}
     for row in rows:
         by_case.setdefault(row["case"], {})[row["policy"]] = row
-    for case, rows_ in by_case.items():
+    for rows_ in by_case.values():
         tf = rows_.get("tf")
         if not tf:
             continue
@@ -385,7 +385,8 @@ def main() -> None:
     print("|" + "---|" * len(columns))
     for row in rows:
         print("| " + " | ".join(str(row.get(c, "")) for c in columns) + " |")
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    git = ["git", "rev-parse", "--short", "HEAD"]
+    commit = subprocess.run(git, check=False, capture_output=True, text=True).stdout.strip()
     with open(args.out, "w") as f:
         json.dump({"args": vars(args), "commit": commit, "lossscale": lossscale.__version__, "rows": rows}, f, indent=1)
     print(f"wrote {args.out}")

@@ -164,8 +164,8 @@ class AutoState(NamedTuple):
         margin: float32, the current margin ``m`` in bits: ``margin_bits``, or
             the height of the last spike that overflowed, relaxing.
         window: float32 ``(window,)``, recent ``log2(amax / S)`` (unscaled),
-            ``-inf`` where empty. Kept across an overflow (the margin is
-            measured from its max).
+            ``-inf`` where empty. Kept across an overflow (the spike's height
+            is measured over its lowest sample).
         calm_steps: int32, finite steps since the margin last changed or the
             last overflow.
         lo, hi: float32, the last sample's bounds on ``log2 S`` (NaN before

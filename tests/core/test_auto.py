@@ -419,7 +419,8 @@ def test_checkpoints_resume_exactly():
 
 
 def test_config_round_trips():
-    policy = AutoLossScale(2.0**5, min_loss_scale=0.5, max_loss_scale=2.0**40, margin_bits=3, window=8)
+    policy = AutoLossScale(2.0**5, min_loss_scale=0.5, max_loss_scale=2.0**40, margin_bits=3, window=8,
+                           start_backoff_bits=12)
     assert lossscale.get(lossscale.serialize(policy)) == policy
     assert AutoLossScale.from_config(policy.get_config()) == policy
     assert pickle.loads(pickle.dumps(policy)) == policy
@@ -435,6 +436,7 @@ def test_config_round_trips():
         ({"margin_bits": 16, "max_margin_bits": 20}, ValueError, "no room"),
         ({"margin_bits": 5, "max_margin_bits": 4}, ValueError, "max_margin_bits"),
         ({"window": 1.5}, (TypeError, ValueError), "window"),
+        ({"start_backoff_bits": 0}, ValueError, "start_backoff_bits"),
         ({"initial_loss_scale": 0.5}, ValueError, "is below min_loss_scale=1.0"),
         ({"max_loss_scale": 2.0**10}, ValueError, "is above max_loss_scale=1024.0"),
         ({"min_loss_scale": -1.0}, ValueError, "min_loss_scale"),
