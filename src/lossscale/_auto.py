@@ -1,7 +1,7 @@
 """``AutoLossScale``: a scale set from measured gradient statistics, with the TF rule's safety.
 
-EXPERIMENTAL: the experiment in ``docs/auto_scale.md`` did not make it the
-default. The policy and its rule are written once here; the update
+EXPERIMENTAL: the experiment in ``docs/gradient_stats.md`` (re-run for issue 28
+on this rule) did not make it the default. The policy and its rule are written once here; the update
 :func:`next_auto_state` runs over an array namespace ``xp`` (numpy, torch,
 jax.numpy) with arithmetic, comparisons and ``xp.where`` only, like
 :func:`lossscale.next_state`: no host sync, jittable.
@@ -31,32 +31,49 @@ _MAX_EXPONENT = 126.0
 class AutoLossScale(LossScale):
     """EXPERIMENTAL. A loss scale set in one jump from sampled gradient statistics.
 
-    A binding that measures gradients (``stats_every=N``; ``N=16`` when not
-    given) feeds each sample to :func:`next_auto_state`. All quantities are
-    in bits (log2); ``S = 2**e`` is the scale, ``m`` the current margin
-    (``margin_bits`` at the start), ``F = log2(65504)``. After each step::
+    A binding that measures gradients (``stats_every=N``; 16 when not given)
+    feeds each sample to :func:`next_auto_state`. All quantities are in bits
+    (log2); ``S = 2**e`` is the scale, ``m`` the current margin
+    (``margin_bits`` at the start), ``F = log2(65504)``, ``top`` and ``low``
+    the largest and the smallest ``log2(amax / S)`` (unscaled) in the window
+    of recent samples, and ``hi(m) = floor(F - max(m + low, margin_bits + top))``.
+    After each step::
 
-        if not finite:                       # as the TF rule: skipped, and the scale backs off
-            S = max(S / 2**m, min);  m = min(m + 1, max_margin_bits);  forget the window
-        elif sampled and amax == 0:          # everything flushed: search upwards
-            S = min(S * 2**search_bits, max)
+        if not finite and no sample measured yet:   # the start was a guess
+            e = e - start_backoff_bits              # any start up to 2**32 in at most 2 skips
+        elif not finite:                            # a spike passed F at e: it was over F - e - low bits tall
+            m = min(max(ceil(F - e - low) + 1, 2 m), max_margin_bits)     # remember its height
+            e = min(hi(m), e - 1)                   # the bound of that margin, at least one bit down
+        elif sampled and amax == 0:                 # everything flushed: search upwards
+            e = e + search_bits
         elif sampled:
-            window <- log2(amax / S)         # last `window` samples, unscaled units
-            hi = floor(F - m - max(window))  # keep the largest gradient m bits below overflow
-            lo = ceil(-14 + underflow_bits - log2(rms_min / S))  # smallest tensor RMS b bits above the normal floor
-            if e < lo:  e = min(lo + 1, e + max_jump_bits)       # raise only when short of "enough"
-            e = min(e, hi)                   # lower at once when too close to overflow
-            S = clamp(2**e, min, max)
+            window <- log2(amax / S)
+            hi = hi(m)                              # the spike m bits over the typical gradient fits
+            lo = ceil(-14 + underflow_bits - log2(rms_min / micro_batches / S))  # smallest RMS b bits above the floor
+            if e < lo:  e = max(e, min(lo + 1, hi - 1, e + max_jump_bits))  # raise only when short of "enough"
+            e = min(e, hi)                          # lower at once when too close to overflow
+        S = clamp(2**e, min, max)
         every relax_steps finite steps in a row:  m = max(m - 1, margin_bits)
 
     The band ``[lo, hi]`` is the hysteresis: inside it the scale stays, so
-    the noise of the statistics does not move it. A scale above "enough"
-    changes no bit of the unscaled gradient (powers of two only move
-    exponents) and only spends headroom against the next spike, so the rule
-    does not climb to the edge as the TF rule does. Parameter gradients do
-    not bound the activation gradients inside the backward: an overflow can
-    still happen; it is skipped and backs off as above, and the margin grows
-    by a bit each time, learning the model's offset.
+    the noise of the statistics does not move it; at the overflow side the
+    scale rises only to ``hi - 1`` and drops only below ``hi``, so a one-bit
+    wobble of ``hi`` moves nothing. A scale above "enough" changes no bit of
+    the unscaled gradient (powers of two only move exponents) and only spends
+    headroom against the next spike, so the rule does not climb to the edge as
+    the TF rule does.
+
+    Parameter gradients do not bound the spikes of the next batch or the
+    activation gradients inside the backward: an overflow can still happen. It
+    is skipped, and it measures the spike: the margin becomes at least the
+    spike's height over the window's typical gradient (one bit more than the
+    least height that overflows at ``e``), at least doubles, and relaxes by one bit per
+    ``relax_steps`` calm steps (2000: no faster than the TF rule grows), so
+    the next samples do not climb back and the same spike passes. The margin
+    is counted over the window's lowest sample and ``margin_bits`` over its
+    highest, so a sampled spike that did not overflow is not counted twice. ``hi`` wins
+    over ``lo``: where the gradients' spread leaves no scale both "enough"
+    and a remembered spike under overflow, the rule keeps the spike's room.
 
     Without statistics (a binding that has none yet) it runs the TF rule from
     :meth:`rule_params`: ``initial_loss_scale``, doubling after 2000 finite
@@ -67,13 +84,16 @@ class AutoLossScale(LossScale):
         min_loss_scale, max_loss_scale: the floor (1) and the ceiling (None:
             2**126, float32's largest power of two with a finite reciprocal).
         margin_bits: ``m`` at the start and its floor (4).
-        max_margin_bits: ``m``'s ceiling (10).
+        max_margin_bits: ``m``'s ceiling (16).
         window: samples of ``amax`` remembered for ``hi`` (16).
         underflow_bits: ``b``, bits between the smallest tensor RMS and
             float16's smallest normal (8).
-        relax_steps: finite steps in a row after which ``m`` shrinks by one (1000).
+        relax_steps: finite steps in a row after which ``m`` shrinks by one (2000).
         search_bits: the jump when every sampled gradient is zero (12).
         max_jump_bits: the largest rise in one sample (16). Lowering is not capped.
+        start_backoff_bits: the backoff on an overflow before the first
+            measured sample (16: a start up to 2**32 above an edge at 2**0
+            costs at most 2 skips).
 
     >>> AutoLossScale(margin_bits=6).get_config()
     {'initial_loss_scale': 32768.0, 'margin_bits': 6}
@@ -84,12 +104,13 @@ class AutoLossScale(LossScale):
     min_loss_scale: float = 1.0
     max_loss_scale: float | None = None
     margin_bits: int = 4
-    max_margin_bits: int = 10
+    max_margin_bits: int = 16
     window: int = 16
     underflow_bits: int = 8
-    relax_steps: int = 1000
+    relax_steps: int = 2000
     search_bits: int = 12
     max_jump_bits: int = 16
+    start_backoff_bits: int = 16
 
     def __post_init__(self) -> None:
         initial, min_scale, max_scale = _n.scale_bounds(self.initial_loss_scale, self.min_loss_scale, self.max_loss_scale)
@@ -140,14 +161,19 @@ class AutoState(NamedTuple):
     """The state :class:`AutoLossScale` keeps beside the :class:`~lossscale.LossScaleState`.
 
     Attributes:
-        margin: float32, the current margin ``m`` in bits.
+        margin: float32, the current margin ``m`` in bits: ``margin_bits``, or
+            the height of the last spike that overflowed, relaxing.
         window: float32 ``(window,)``, recent ``log2(amax / S)`` (unscaled),
-            ``-inf`` where empty.
+            ``-inf`` where empty. Kept across an overflow (the spike's height
+            is measured over its lowest sample).
         calm_steps: int32, finite steps since the margin last changed or the
             last overflow.
         lo, hi: float32, the last sample's bounds on ``log2 S`` (NaN before
-            one): ``hi < lo`` means the gradients span more than float16's
-            range at any single scale.
+            one: an overflow then backs off by ``start_backoff_bits``):
+            ``hi < lo`` means the gradients span more than float16's range at
+            any single scale, or the remembered spike leaves no room for "enough".
+
+    A 0.2.0 checkpoint loads as it is: the fields, dtypes and shapes are unchanged.
     """
 
     margin: Any
@@ -177,11 +203,34 @@ def _pow2(e: Any, xp: Any) -> Any:
     return xp.ldexp(one, xp.asarray(e, dtype=xp.int32))
 
 
-def _floor_log2(scale: Any, log_s: Any, xp: Any) -> Any:
-    """``floor(log2(scale))``, exact: XLA's ``log2(2**15)`` can be ``14.999999``, so the floor is corrected by comparing powers of two."""
-    e = xp.floor(log_s)
-    e = xp.where(_pow2(e + 1, xp) <= scale, e + 1, e)
-    return xp.where(_pow2(e, xp) > scale, e - 1, e)
+def _window_range(window: Any, xp: Any) -> tuple[Any, Any]:
+    """``(top, low)``: the largest and the smallest filled entry of the window (``-inf``, ``+inf`` when empty)."""
+    top = xp.max(window)
+    low = -xp.max(xp.where(window > -math.inf, -window, -math.inf))
+    return top, low
+
+
+def _overflow_bound(policy: AutoLossScale, m: Any, top: Any, low: Any, xp: Any) -> Any:
+    """``hi = floor(F - max(m + low, margin_bits + top))``: the remembered spike ``m`` bits over the window's
+    typical (lowest) gradient, and every sampled gradient at least ``margin_bits`` under overflow.
+
+    With ``m = margin_bits`` this is ``floor(F - m - top)``. A spike that did not overflow and was sampled
+    raises ``top`` only, so it is not counted twice (once in ``m``, once in the window).
+    """
+    need = xp.where(m + low > policy.margin_bits + top, m + low, policy.margin_bits + top)
+    return xp.floor(LOG2_FLOAT16_MAX - need)
+
+
+def _floor_log2(scale: Any, xp: Any) -> Any:
+    """``floor(log2(scale))`` exactly, for a positive float32 ``scale``.
+
+    XLA's CPU ``log2`` is a few ulps off at some powers of two (``log2(2**13)``
+    is just below 13), so ``floor(log2(S))`` alone can be one too small; the
+    exact ``2**e`` (``ldexp``) corrects it by one either way.
+    """
+    e = xp.floor(xp.log2(scale))
+    e = xp.where(_pow2(e + 1.0, xp) <= scale, e + 1.0, e)
+    return xp.where(_pow2(e, xp) > scale, e - 1.0, e)
 
 
 def next_auto_state(
@@ -221,7 +270,7 @@ def next_auto_state(
     :func:`lossscale.next_state`; ``bad_steps`` stays 0; ``good_steps``
     counts finite steps since the scale last changed.
 
-    Cost: about 45 scalar ops plus three on the ``(window,)`` array; no host sync.
+    Cost: about 60 scalar ops plus three on the ``(window,)`` array; no host sync.
     """
     finite = _finite_flag(finite, state.loss_scale, xp)
     if stats is None:
@@ -231,29 +280,48 @@ def next_auto_state(
     scale, good, bad, skipped, streak = state
     skipped, streak = next_skip_counters(skipped, streak, finite, xp)
     m = auto.margin
-    log_s = xp.log2(scale)
-    e = _floor_log2(scale, log_s, xp)
+    e = _floor_log2(scale, xp)
+    log_s = e + xp.log2(scale / _pow2(e, xp))  # exact for the powers of two the rule produces
+    window = auto.window
+    top, low = _window_range(window, xp)
 
-    # Overflow: back off by the margin and widen it; forget the window.
-    down = scale / _pow2(m, xp)
-    backed = xp.where(down < policy.min_loss_scale, policy.min_loss_scale, down)
-    wider = xp.where(m + 1 > policy.max_margin_bits, float(policy.max_margin_bits), m + 1)
+    # Overflow. Before any measured sample (lo is NaN) the start was a guess: back off by start_backoff_bits.
+    # After one, the overflow sets a lower bound on the spike over the window's typical (lowest) gradient: it
+    # passed F at e, so it was more than F - e - low bits tall. The margin becomes one bit more than that (at
+    # least twice the old margin, at most max_margin_bits) and the scale goes to the hi of that margin (at least
+    # one bit down).
+    measured = auto.lo == auto.lo  # False for NaN
+    filled = top > -math.inf
+    guess = LOG2_FLOAT16_MAX - e - m  # an empty window: as if the scale sat at the margin
+    top_ref, low_ref = xp.where(filled, top, guess), xp.where(filled, low, guess)
+    implied = xp.ceil(LOG2_FLOAT16_MAX - e - low_ref) + 1.0
+    grown = xp.where(implied > 2.0 * m, implied, 2.0 * m)
+    grown = xp.where(grown > policy.max_margin_bits, float(policy.max_margin_bits), grown)
+    spike_hi = _overflow_bound(policy, grown, top_ref, low_ref, xp)
+    spike_e = xp.where(spike_hi < e - 1, spike_hi, e - 1)
+    backed_e = xp.where(measured, spike_e, e - policy.start_backoff_bits)
+    backed = _pow2(xp.where(backed_e < -_MAX_EXPONENT, -_MAX_EXPONENT, backed_e), xp)
+    backed = xp.where(backed < policy.min_loss_scale, policy.min_loss_scale, backed)
+    overflow_m = xp.where(measured, grown, m)
 
-    lo, hi, window, target = auto.lo, auto.hi, auto.window, e
+    lo, hi, target = auto.lo, auto.hi, e
     if stats is not None:
         amax, rms_min = stats.amax, stats.rms_min
         seen = sampled & finite & (amax > 0)
         x = xp.log2(xp.where(amax > 0, amax, 1.0)) - log_s
-        pushed = xp.where(xp.arange(window.shape[0]) == 0, x, xp.roll(window, 1))
+        first = xp.cumsum(xp.ones_like(window), 0) == 1  # the newest slot, on the window's device (no arange)
+        pushed = xp.where(first, x, xp.roll(window, 1))
         window = xp.where(seen, pushed, window)
-        hi_new = xp.floor(LOG2_FLOAT16_MAX - m - xp.max(window))
+        hi_new = _overflow_bound(policy, m, *_window_range(window, xp), xp)
         r = xp.log2(xp.where(rms_min > 0, rms_min / micro_batches, 1.0)) - log_s
         lo_new = xp.where(rms_min > 0, xp.ceil(_LOG2_TINY + policy.underflow_bits - r), -math.inf)
-        raised = xp.where(e + policy.max_jump_bits < lo_new + 1, e + policy.max_jump_bits, lo_new + 1)
-        measured = xp.where(e < lo_new, raised, e)
-        measured = xp.where(measured > hi_new, hi_new, measured)
+        # Raise only when short of "enough", to lo + 1 but no closer than one bit under hi (hysteresis).
+        up = xp.where(lo_new + 1 < hi_new - 1, lo_new + 1, hi_new - 1)
+        up = xp.where(up > e + policy.max_jump_bits, e + policy.max_jump_bits, up)
+        chosen = xp.where((e < lo_new) & (up > e), up, e)
+        chosen = xp.where(chosen > hi_new, hi_new, chosen)  # lower at once, to hi
         searched = e + policy.search_bits
-        target = xp.where(seen, measured, xp.where(sampled & finite, searched, e))
+        target = xp.where(seen, chosen, xp.where(sampled & finite, searched, e))
         lo = xp.where(seen, lo_new, lo)
         hi = xp.where(seen, hi_new, hi)
     target = xp.where(target > _MAX_EXPONENT, _MAX_EXPONENT, target)
@@ -264,7 +332,7 @@ def next_auto_state(
 
     calm = auto.calm_steps + 1
     relax = finite & (calm >= policy.relax_steps)
-    new_m = xp.where(finite, xp.where(relax & (m - 1 >= policy.margin_bits), m - 1, m), wider)
+    new_m = xp.where(finite, xp.where(relax & (m - 1 >= policy.margin_bits), m - 1, m), overflow_m)
     return (
         LossScaleState(
             loss_scale=new_scale,
@@ -275,7 +343,7 @@ def next_auto_state(
         ),
         AutoState(
             margin=new_m,
-            window=xp.where(finite, window, xp.full_like(window, -math.inf)),
+            window=window,
             calm_steps=xp.where(finite & ~relax, calm, 0),
             lo=lo,
             hi=hi,

@@ -34,37 +34,49 @@ class Ref:
     def __init__(self, p: AutoLossScale):
         self.p, self.S, self.m, self.window, self.calm = p, p.initial_loss_scale, float(p.margin_bits), [], 0
         self.skipped = self.streak = self.good = 0
+        self.lo = None  # no measured sample yet
 
-    def step(self, finite: bool, amax: float | None, rms_min: float | None) -> None:
+    def step(self, finite: bool, amax: float | None, rms_min: float | None, micro_batches: int = 1) -> None:
         p = self.p
         old = self.S
+        e = math.floor(math.log2(self.S))
         if not finite:
             self.skipped += 1
             self.streak += 1
-            self.S = max(self.S / 2**self.m, p.min_loss_scale)
-            self.m = min(self.m + 1, p.max_margin_bits)
-            self.window, self.calm, self.good = [], 0, 0
+            if self.lo is None:  # the start was a guess
+                e_b = e - p.start_backoff_bits
+            else:  # the spike was more than F - e - low bits over the window's lowest sample
+                top, low = (max(self.window), min(self.window)) if self.window else (F - e - self.m,) * 2
+                grown = min(max(math.ceil(F - e - low) + 1, 2 * self.m), p.max_margin_bits)
+                e_b = min(self.hi(grown, top, low), e - 1)
+                self.m = grown
+            self.S = max(2.0 ** max(e_b, -126), p.min_loss_scale)
+            self.calm, self.good = 0, 0
             return
         self.streak = 0
-        e = math.floor(math.log2(self.S))
         target = e
         if amax is not None and amax == 0:
             target = e + p.search_bits
         elif amax is not None:
             self.window = ([math.log2(amax) - math.log2(self.S)] + self.window)[: p.window]
-            hi = math.floor(F - self.m - max(self.window))
-            lo = math.ceil(-14 + p.underflow_bits - (math.log2(rms_min) - math.log2(self.S)))
-            if e < lo:
-                target = min(lo + 1, e + p.max_jump_bits)
+            hi = self.hi(self.m, max(self.window), min(self.window))
+            lo = math.ceil(-14 + p.underflow_bits - (math.log2(rms_min / micro_batches) - math.log2(self.S)))
+            up = min(lo + 1, hi - 1, e + p.max_jump_bits)
+            if e < lo and up > e:
+                target = up
             target = min(target, hi)
+            self.lo = lo
         target = min(target, 126)
         if target != e:
             self.S = min(max(2.0**target, p.min_loss_scale), p.ceiling)
         self.calm += 1
         if self.calm >= p.relax_steps:
-            self.m = max(self.m - 1, p.margin_bits) if self.m - 1 >= p.margin_bits else self.m
+            self.m = max(self.m - 1, p.margin_bits)
             self.calm = 0
         self.good = self.good + 1 if self.S == old else 0
+
+    def hi(self, m: float, top: float, low: float) -> float:
+        return math.floor(F - max(m + low, self.p.margin_bits + top))
 
 
 def sample(rng, S, true_log2_amax, spread=6):
@@ -74,7 +86,7 @@ def sample(rng, S, true_log2_amax, spread=6):
     return [(a * S).astype(np.float32), (b * S).astype(np.float32)]
 
 
-def run(policy, events, seed=0):
+def run(policy, events, seed=0, micro_batches=1):
     """Both implementations over ``events`` (finite, sampled, true log2 amax) -> lists of scales and states."""
     rng = np.random.default_rng(seed)
     state, auto, ref = initial_state(policy, np), initial_auto_state(policy, np), Ref(policy)
@@ -87,8 +99,10 @@ def run(policy, events, seed=0):
         amax = float(stats.amax) if sampled and finite else None
         rms = float(stats.rms_min) if sampled and finite else None
         with np.errstate(all="ignore"):
-            state, auto = next_auto_state(policy, state, auto, np.bool_(finite), stats, np.bool_(sampled), np)
-        ref.step(finite, amax, rms)
+            state, auto = next_auto_state(
+                policy, state, auto, np.bool_(finite), stats, np.bool_(sampled), np, micro_batches=micro_batches
+            )
+        ref.step(finite, amax, rms, micro_batches)
         assert float(state.loss_scale) == ref.S, (i, float(state.loss_scale), ref.S)
         assert float(auto.margin) == ref.m
         assert (int(state.skipped_steps), int(state.consecutive_skips), int(state.good_steps)) == (
@@ -102,7 +116,8 @@ def test_long_random_sequences_match_the_reference(seed):
     r = random.Random(seed)
     policy = AutoLossScale(
         2.0 ** r.randint(0, 30), min_loss_scale=2.0 ** r.randint(-4, 2), max_loss_scale=2.0 ** r.randint(30, 60),
-        relax_steps=r.randint(5, 40), window=r.randint(1, 8), max_margin_bits=r.randint(4, 8),
+        relax_steps=r.randint(5, 40), window=r.randint(1, 8), max_margin_bits=r.randint(4, 16),
+        start_backoff_bits=r.randint(1, 20),
     )
     events = []
     level = -10.0
@@ -110,7 +125,7 @@ def test_long_random_sequences_match_the_reference(seed):
         level += r.uniform(-0.5, 0.5)
         kind = r.random()
         events.append((kind > 0.1, r.random() < 0.5, None if kind > 0.97 else level))
-    scales, *_ = run(policy, events, seed)
+    scales, *_ = run(policy, events, seed, micro_batches=r.choice([1, 4, 8]))
     assert len(set(scales)) > 3  # the scale moved
 
 
@@ -138,7 +153,7 @@ def test_reaches_a_safe_scale_in_one_sampled_step(start):
 
 
 def test_float16_gradients_from_2_to_30_back_off_then_settle():
-    """A float16 backward at 2**30 overflows: each skip backs off by the margin, then one sample settles it."""
+    """A float16 backward at 2**30 overflows: the unmeasured start backs off 16 bits, then one sample settles it."""
     policy = AutoLossScale(2.0**30)
     rng = np.random.default_rng(2)
     true = [rng.normal(size=2048).astype(np.float32) * 2.0**-20, rng.normal(size=256).astype(np.float32) * 2.0**-10]
@@ -150,7 +165,7 @@ def test_float16_gradients_from_2_to_30_back_off_then_settle():
         finite = all(np.isfinite(h).all() for h in half)
         stats = gradient_stats(half, np, step)
         state, auto = next_auto_state(policy, state, auto, np.bool_(finite), stats, np.bool_(True), np)
-    assert int(state.skipped_steps) <= 3  # the TF rule needs one skip per bit: 12 here
+    assert int(state.skipped_steps) == 1  # the TF rule needs one skip per bit: 12 here; the rule before issue 28: 3
     half = [(t * np.float32(state.loss_scale)).astype(np.float16) for t in true]
     after = gradient_stats(half, np)
     assert float(after.zero_fraction) == 0.0 and float(after.headroom_bits) >= policy.margin_bits
@@ -198,7 +213,7 @@ def test_never_leaves_min_max(seed):
 
 def test_inf_and_nan_skip_and_back_off_like_the_tf_rule():
     """With a one-bit margin and no statistics, auto's trajectory is the TF rule's (within 2000 steps)."""
-    auto_policy = AutoLossScale(2.0**15, margin_bits=1, max_margin_bits=1, min_loss_scale=2.0)
+    auto_policy = AutoLossScale(2.0**15, margin_bits=1, max_margin_bits=1, min_loss_scale=2.0, start_backoff_bits=1)
     tf_policy = DynamicLossScale(2.0**15, min_loss_scale=2.0)
     r = random.Random(0)
     s_auto, a = initial_state(auto_policy, np), initial_auto_state(auto_policy, np)
@@ -213,27 +228,171 @@ def test_inf_and_nan_skip_and_back_off_like_the_tf_rule():
     assert float(s_tf.loss_scale) == 2.0  # the floor was reached and held
 
 
-def test_default_backoff_is_by_the_margin_and_widens_it():
-    policy = AutoLossScale(2.0**20)
+def float16_step(policy, state, auto, true, step=0, sampled=True):
+    """One float16 backward of the gradients ``true`` (float32 arrays, unscaled) at the current scale."""
+    S = np.float32(state.loss_scale)
+    with np.errstate(over="ignore", invalid="ignore"):
+        half = [(t * S).astype(np.float16) for t in true]
+        finite = all(np.isfinite(h).all() for h in half)
+        stats = gradient_stats(half, np, step)
+        return next_auto_state(policy, state, auto, np.bool_(finite), stats, np.bool_(sampled), np), finite
+
+
+@pytest.mark.parametrize("start_log2", [15, 20, 24, 28, 32])
+@pytest.mark.parametrize("edge_log2", [2, 6, 10, 14, 18, 22, 26])
+def test_any_start_up_to_2_to_32_costs_at_most_two_skips(start_log2, edge_log2):
+    """Gradients whose float16 overflow edge is 2**edge_log2: at most 2 skips from any start up to 2**32, then none.
+
+    The rule before issue 28 backed off by m, m+1, m+2 bits (4, 5, 6): more than 2 skips in 19 of these 35
+    cases, up to 5; the TF rule takes one per bit above the edge.
+    """
+    policy = AutoLossScale(2.0**start_log2)
+    rng = np.random.default_rng(edge_log2)
+    big = rng.normal(size=512).astype(np.float32)
+    big *= np.float32(2.0 ** (F - edge_log2) / np.abs(big).max())  # overflows above 2**edge_log2
+    true = [big, rng.normal(size=2048).astype(np.float32) * np.float32(2.0 ** (F - edge_log2 - 10))]
     state, auto = initial_state(policy, np), initial_auto_state(policy, np)
-    for expected_log2, expected_m in [(16, 5), (11, 6), (5, 7), (0, 8), (0, 9)]:
+    for step in range(200):
+        (state, auto), _ = float16_step(policy, state, auto, true, step, sampled=step % 16 == 0)
+    assert int(state.skipped_steps) <= 2
+    assert math.log2(float(state.loss_scale)) <= max(edge_log2 - policy.margin_bits, 0)  # 0: the floor, min_loss_scale
+
+
+def test_unmeasured_overflows_back_off_by_start_backoff_bits_and_keep_the_margin():
+    policy = AutoLossScale(2.0**40, start_backoff_bits=16)
+    state, auto = initial_state(policy, np), initial_auto_state(policy, np)
+    for expected_log2 in [24, 8, 0, 0]:
         state, auto = next_auto_state(policy, state, auto, np.bool_(False), None, False, np)
-        assert math.log2(float(state.loss_scale)) == expected_log2 and float(auto.margin) == expected_m
+        assert math.log2(float(state.loss_scale)) == expected_log2 and float(auto.margin) == policy.margin_bits
     with pytest.raises(TypeError, match="finite must be"):
         next_auto_state(policy, state, auto, 1, None, False, np)
 
 
+def steady(rng, level, spread=6, n=256):
+    """Unscaled gradients: a tensor with max about 2**level and one ``spread`` bits below."""
+    a = rng.normal(size=n).astype(np.float32)
+    a *= np.float32(2.0**level / np.abs(a).max())
+    return [a, rng.normal(size=n).astype(np.float32) * np.float32(2.0 ** (level - spread - 2))]
+
+
+def test_an_overflow_inside_the_band_is_remembered():
+    """A spike overflows a scale inside the band: the margin covers the spike and the scale stays down.
+
+    The rule before issue 28 widened the margin by one bit and jumped back to ``lo + 1`` on the next sample, so the
+    backoff lasted one step (and the same spike overflowed again).
+    """
+    policy = AutoLossScale(2.0**0)
+    rng = np.random.default_rng(4)
+    state, auto = initial_state(policy, np), initial_auto_state(policy, np)
+    for step in range(3):
+        (state, auto), _ = float16_step(policy, state, auto, steady(rng, -20), step)
+    e = math.log2(float(state.loss_scale))
+    top = float(np.max(auto.window))
+    assert float(auto.lo) <= e < float(auto.hi) - 4  # inside the band, well under hi
+    spike = 2.0 ** (F - e - top)  # this spike's max, times 2**-19 unscaled, reaches 65504 at 2**e
+    (state, auto), finite = float16_step(policy, state, auto, [g * np.float32(spike * 2) for g in steady(rng, -20)])
+    assert not finite
+    assert float(auto.margin) >= math.ceil(F - e - top) + 1  # at least the spike's height, plus a bit
+    backed = float(state.loss_scale)
+    assert backed <= 2.0 ** (e - 1)
+    scales = []
+    for step in range(40):
+        (state, auto), _ = float16_step(policy, state, auto, steady(rng, -20), step)
+        scales.append(float(state.loss_scale))
+    assert max(scales) <= backed  # no climb back within 40 samples
+    (state, auto), finite = float16_step(policy, state, auto, [g * np.float32(spike * 2) for g in steady(rng, -20)])
+    assert finite  # the same spike again: no skip
+    assert int(state.skipped_steps) == 1
+
+
+def test_a_sampled_spike_under_the_learned_margin_is_not_counted_twice():
+    """After the margin learned a spike, a smaller sampled spike that passes does not lower the scale.
+
+    The window holds the sampled spike; the margin already holds its room. The first version of the
+    remembering rule (issue 28) subtracted both (``hi = F - m - max(window)``) and dropped the scale by the
+    spike's height again: flushing until the window forgot it.
+    """
+    policy = AutoLossScale(2.0**0)
+    rng = np.random.default_rng(7)
+    state, auto = initial_state(policy, np), initial_auto_state(policy, np)
+    for step in range(3):
+        (state, auto), _ = float16_step(policy, state, auto, steady(rng, -20), step)
+    e = math.log2(float(state.loss_scale))
+    spike = 2.0 ** (F - e - float(np.max(auto.window)))
+    (state, auto), finite = float16_step(policy, state, auto, [g * np.float32(spike * 2) for g in steady(rng, -20)])
+    assert not finite and float(auto.margin) >= 8
+    for step in range(3):
+        (state, auto), _ = float16_step(policy, state, auto, steady(rng, -20), step)
+    settled = float(state.loss_scale)
+    half = np.float32(2.0 ** (math.log2(spike) / 2))  # a spike of half the height: it fits under the margin
+    (state, auto), finite = float16_step(policy, state, auto, [g * half for g in steady(rng, -20)])
+    assert finite
+    scales = []
+    for step in range(5):
+        (state, auto), _ = float16_step(policy, state, auto, steady(rng, -20), step)
+        scales.append(float(state.loss_scale))
+    assert min(scales) == settled and int(state.skipped_steps) == 1
+
+
+def test_repeated_tall_spikes_are_learned_in_two_overflows():
+    """A 12-bit spike every 50 steps, the scale at ``hi``: at most 2 skips (the rule before issue 28: every spike)."""
+    policy = AutoLossScale(2.0**0, underflow_bits=14)  # "enough" above hi: the scale sits at the overflow bound
+    rng = np.random.default_rng(5)
+    state, auto = initial_state(policy, np), initial_auto_state(policy, np)
+    for step in range(1000):
+        grads = steady(rng, -10, spread=10)
+        if step % 50 == 49:
+            grads = [g * np.float32(2.0**12) for g in grads]
+        (state, auto), _ = float16_step(policy, state, auto, grads, step)
+    assert int(state.skipped_steps) <= 2
+    assert float(auto.margin) >= 12
+
+
+def test_no_jitter_at_the_overflow_bound():
+    """Noisy gradients, "enough" out of reach: the scale sits under ``hi`` and does not follow its 1-bit noise.
+
+    The rule before issue 28 rose to ``hi`` whenever the window's max fell and dropped when it rose: a change on
+    about every window's turn.
+    """
+    policy = AutoLossScale(2.0**0, underflow_bits=14, window=2)
+    rng = np.random.default_rng(6)
+    state, auto = initial_state(policy, np), initial_auto_state(policy, np)
+    scales = []
+    for step in range(400):
+        (state, auto), _ = float16_step(policy, state, auto, steady(rng, -10 + rng.uniform(-0.7, 0.7), 10), step)
+        scales.append(float(state.loss_scale))
+    changes = int(np.sum(np.diff(scales[20:]) != 0))
+    assert changes <= 4, changes
+    assert int(state.skipped_steps) == 0
+
+
+def test_micro_batches_raise_lo_by_log2_k():
+    """``lo`` reads ``rms_min / micro_batches``: 8 accumulated backwards ask for 3 more bits of scale."""
+    policy = AutoLossScale(2.0**0)
+    stats = gradient_stats([np.full(8, 2.0**-20, np.float32), np.full(8, 2.0**-10, np.float32)], np)
+    los = []
+    for k in (1, 8):
+        state, auto = initial_state(policy, np), initial_auto_state(policy, np)
+        state, auto = next_auto_state(policy, state, auto, True, stats, True, np, micro_batches=k)
+        los.append(float(auto.lo))
+    assert los[1] - los[0] == 3.0
+
+
 def test_the_margin_relaxes_after_calm_steps():
+    """Once per ``relax_steps`` finite steps in a row the margin shrinks by a bit, down to ``margin_bits``."""
     policy = AutoLossScale(2.0**20, relax_steps=3)
     state, auto = initial_state(policy, np), initial_auto_state(policy, np)
+    stats = gradient_stats([np.full(8, 2.0**12, np.float32)], np)
+    state, auto = next_auto_state(policy, state, auto, True, stats, True, np)  # measured: overflows now learn
+    assert float(state.loss_scale) == 2.0**19  # hi: 2**12 at 2**20 is 2**-8 unscaled, 4 bits under 65504 at 2**19
     state, auto = next_auto_state(policy, state, auto, False, None, False, np)
-    state, auto = next_auto_state(policy, state, auto, False, None, False, np)
-    assert float(auto.margin) == 6
+    assert float(auto.margin) == 8  # doubled
     margins = []
-    for _ in range(9):
+    for _ in range(15):
         state, auto = next_auto_state(policy, state, auto, True, None, False, np)
         margins.append(float(auto.margin))
-    assert margins == [6, 6, 5, 5, 5, 4, 4, 4, 4]
+    assert margins == [8, 8, 7, 7, 7, 6, 6, 6, 5, 5, 5, 4, 4, 4, 4]
+    assert AutoLossScale().relax_steps == 2000  # the TF rule's growth interval: relaxes no faster than TF grows
 
 
 def test_checkpoints_resume_exactly():
@@ -260,7 +419,8 @@ def test_checkpoints_resume_exactly():
 
 
 def test_config_round_trips():
-    policy = AutoLossScale(2.0**5, min_loss_scale=0.5, max_loss_scale=2.0**40, margin_bits=3, window=8)
+    policy = AutoLossScale(2.0**5, min_loss_scale=0.5, max_loss_scale=2.0**40, margin_bits=3, window=8,
+                           start_backoff_bits=12)
     assert lossscale.get(lossscale.serialize(policy)) == policy
     assert AutoLossScale.from_config(policy.get_config()) == policy
     assert pickle.loads(pickle.dumps(policy)) == policy
@@ -276,6 +436,7 @@ def test_config_round_trips():
         ({"margin_bits": 16, "max_margin_bits": 20}, ValueError, "no room"),
         ({"margin_bits": 5, "max_margin_bits": 4}, ValueError, "max_margin_bits"),
         ({"window": 1.5}, (TypeError, ValueError), "window"),
+        ({"start_backoff_bits": 0}, ValueError, "start_backoff_bits"),
         ({"initial_loss_scale": 0.5}, ValueError, "is below min_loss_scale=1.0"),
         ({"max_loss_scale": 2.0**10}, ValueError, "is above max_loss_scale=1024.0"),
         ({"min_loss_scale": -1.0}, ValueError, "min_loss_scale"),
@@ -284,3 +445,26 @@ def test_config_round_trips():
 def test_bad_arguments_name_the_fix(kwargs, error, match):
     with pytest.raises(error, match=match):
         AutoLossScale(**kwargs)
+
+
+class _InexactLog2:
+    """numpy, except that ``log2`` is one ulp low (as XLA's CPU ``log2`` is at 2**13, 2**15, 2**26, ...)."""
+
+    def __getattr__(self, name):
+        return getattr(np, name)
+
+    @staticmethod
+    def log2(x):
+        return np.nextafter(np.log2(x), np.float32(-np.inf)).astype(np.result_type(x, np.float32))
+
+
+def test_an_inexact_log2_does_not_move_the_scale():
+    """Under jax.jit on CPU ``floor(log2(2**13))`` is 12; the rule must still read the exponent exactly."""
+    policy = AutoLossScale(2.0**13)
+    stats = gradient_stats([np.full(8, 1.1 * 2.0**-6, np.float32), np.full(8, 2.0**-1, np.float32)], np)
+    for xp in (np, _InexactLog2()):  # lo = ceil(-6 - log2(1.1 * 2**-19)) = 13: at lo, e = 12 would raise the scale
+        state, auto = initial_state(policy, np), initial_auto_state(policy, np)
+        for _ in range(3):
+            state, auto = next_auto_state(policy, state, auto, np.bool_(True), stats, np.bool_(True), xp)
+        assert float(auto.lo) == 13.0
+        assert float(state.loss_scale) == 2.0**13 and int(state.good_steps) == 3  # at lo, inside the band: no move

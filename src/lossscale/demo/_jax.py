@@ -92,7 +92,7 @@ def train(
     # Adam divides by sqrt(v) + eps: with eps scaled by 1/K too, K changes nothing in exact arithmetic.
     inner = optax.adam(config.lr, b1=0.9, b2=0.999, eps=1e-8 / k)
     opt = inner
-    if mode == AUTO_MODE:  # EXPERIMENTAL: the scale set from sampled statistics (stats_every=1 by default)
+    if mode == AUTO_MODE:  # EXPERIMENTAL: the scale set from sampled statistics (a sample every 16 steps by default)
         opt = loss_scale_optimizer(inner, loss_scale="auto")
     elif scaled:
         opt = loss_scale_optimizer(inner, dynamic_growth_steps=config.growth_steps)

@@ -95,7 +95,7 @@ def _train(
     inner = torch.optim.Adam(model.parameters(), lr=config.lr, eps=1e-8 / k)
     scaled = mode in ("fp16+lossscale", AUTO_MODE)
     opt: Any = inner
-    if mode == AUTO_MODE:  # EXPERIMENTAL: the scale set from sampled statistics (stats_every=1 by default)
+    if mode == AUTO_MODE:  # EXPERIMENTAL: the scale set from sampled statistics (a sample every 16 steps by default)
         opt = LossScaleOptimizer(inner, loss_scale="auto", history=True)
     elif scaled:
         opt = LossScaleOptimizer(inner, dynamic_growth_steps=config.growth_steps, history=True)

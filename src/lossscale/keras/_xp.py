@@ -132,8 +132,8 @@ class _Ops:
         return _OpsValue(ops.full_like(_raw(x), value, dtype=dtype))
 
     @staticmethod
-    def arange(n: int) -> _OpsValue:
-        return _OpsValue(ops.arange(n, dtype="int32"))
+    def cumsum(x: Any, axis: int) -> _OpsValue:
+        return _OpsValue(ops.cumsum(_raw(x), axis=axis))
 
     @staticmethod
     def roll(x: Any, shift: int) -> _OpsValue:
