@@ -144,8 +144,10 @@ def next_sampler_state(
     auto = sampler.auto
     kept = _kept(sampled, sample, sampler.sample, xp)
     if isinstance(policy, AutoLossScale) and auto is not None:
+        # A step known on the host to be unsampled gives the rule no statistics: it skips their ~30 ops.
         scale_state, auto = next_auto_state(
-            policy, scale_state, auto, finite, kept, sampled, xp, micro_batches=micro_batches
+            policy, scale_state, auto, finite, None if sampled is False else kept, sampled, xp,
+            micro_batches=micro_batches,
         )
     else:
         scale_state = next_state(policy.rule_params(), scale_state, finite, xp)

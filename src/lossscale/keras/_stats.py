@@ -116,8 +116,9 @@ class StatsVariables:
 
         if self.every == 1:
             return GradientStats(*take()), sampled
-        if keras.backend.backend() == "torch":
-            return (GradientStats(*take()) if bool(sampled) else None), sampled
+        if keras.backend.backend() == "torch":  # eager: one host read of the flag, then a Python bool throughout
+            flag = bool(sampled)
+            return (GradientStats(*take()) if flag else None), flag
         return GradientStats(*ops.cond(sampled, take, self.stored)), sampled
 
     def advance(self, state: LossScaleState, finite: Any, measured: Any) -> tuple[LossScaleState, GradientStats]:
