@@ -92,8 +92,9 @@ def is_due(every: int, count: Any) -> Any:
 
 
 def _kept(sampled: Any, new: GradientStats | None, old: GradientStats, xp: Any) -> GradientStats:
-    """``new`` where ``sampled``, else ``old`` (field by field; no copy for a Python bool)."""
-    if new is None or sampled is False:
+    """``new`` where ``sampled``, else ``old`` (field by field; no op for a Python bool, or when ``new`` is ``old``:
+    a binding that chose the sample already, e.g. in a ``cond``)."""
+    if new is None or sampled is False or new is old:
         return old
     if sampled is True:
         return new

@@ -125,8 +125,11 @@ class StatsVariables:
         """The new scale state and kept sample by :func:`~lossscale._sampler.next_sampler_state`; assigns the sampler."""
         sample, sampled = measured
         auto = AutoState(*(wrap(_read(v)) for v in self.auto)) if self.auto else None
-        sampler = SamplerState(wrap(_read(self.count)), GradientStats(*map(wrap, self.stored())), auto)
         given = None if sample is None else GradientStats(*map(wrap, sample))
+        # measure() chose this step's sample already (its cond kept the stored one when not sampled): it is the kept
+        # sample, so the sampler selects nothing again (no second read of the 11 variables, no where per field).
+        kept_in = given if given is not None else GradientStats(*map(wrap, self.stored()))
+        sampler = SamplerState(wrap(_read(self.count)), kept_in, auto)
         new, after = next_sampler_state(
             self.policy, LossScaleState(*map(wrap, state)), sampler, wrap(finite), given, wrap(sampled), namespace()
         )
