@@ -15,6 +15,9 @@ tf.distribute combines the replicas' sums (:mod:`._distribute`).
 Cost, sampled: one read pass per gradient (four reductions), ~15 ops per
 tensor, ~60 scalar ops. Unsampled: the ``cond`` (a Python ``if`` on torch:
 one host read of the flag) and ~25 small ops. No host sync otherwise.
+Measured (``benchmarks/bench_stats.py``, 2-core CPU, 1M-parameter MLP,
+``train_on_batch``): 1.18-1.35x the step at ``N=1``, 1.02-1.06x at ``N=16``;
+1.01-1.02x at ``N=16`` with 10M parameters.
 """
 
 from __future__ import annotations

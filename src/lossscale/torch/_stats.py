@@ -58,7 +58,7 @@ def gradient_stats(grads: Sequence[torch.Tensor], step: Any = 0) -> GradientStat
 
     Cost: :func:`tensor_sums` per tensor, then about 30 kernels on ``(T,)``
     tensors; the sizes are copied from the host (the optimizers keep them on
-    the device instead). No host sync. Measured in ``benchmarks/bench_stats.py --torch``.
+    the device instead). No host sync. The whole step's cost: ``benchmarks/bench_stats.py``.
 
     >>> s = gradient_stats([torch.tensor([0.0, 1.0, -4.0]), torch.zeros(2)])
     >>> float(s.amax), round(float(s.zero_fraction), 6)
