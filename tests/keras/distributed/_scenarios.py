@@ -323,9 +323,8 @@ def tf_mirrored(cls: str, mode: str, bad: str = "0") -> dict:
     return skip_scenario(strategy, cls, mode, shards)
 
 
-def tf_mwms_worker(cls: str, mode: str, bad: str, index: str, ports: str) -> dict:
-    """One worker of MultiWorkerMirroredStrategy (two processes on 127.0.0.1, one CPU replica each). Worker
-    ``bad``'s data hold the Inf, the other's are clean. ``ports`` is "p0,p1", chosen free by the runner."""
+def _mwms_strategy(index: str, ports: str) -> tuple[int, object]:
+    """Worker ``index`` of a two-worker MultiWorkerMirroredStrategy on 127.0.0.1 ``ports`` ("p0,p1"): its strategy."""
     index_ = int(index)
     workers = [f"127.0.0.1:{p}" for p in ports.split(",")]
     os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": index_}})
@@ -335,7 +334,14 @@ def tf_mwms_worker(cls: str, mode: str, bad: str, index: str, ports: str) -> dic
     options = tf.distribute.experimental.CommunicationOptions(
         implementation=tf.distribute.experimental.CommunicationImplementation.RING, timeout_seconds=30
     )
-    strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+    return index_, tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+
+
+def tf_mwms_worker(cls: str, mode: str, bad: str, index: str, ports: str) -> dict:
+    """One worker of MultiWorkerMirroredStrategy (two processes on 127.0.0.1, one CPU replica each). Worker
+    ``bad``'s data hold the Inf, the other's are clean. ``ports`` is "p0,p1", chosen free by the runner."""
+    index_, strategy = _mwms_strategy(index, ports)
+    import tensorflow as tf
     half = GLOBAL_BATCH // 2
 
     def shards(bad_step: bool):
@@ -576,17 +582,9 @@ def tf_mirrored_stats(policy: str, mode: str, overflow: str = "") -> dict:
 def tf_mwms_stats_worker(policy: str, mode: str, index: str, ports: str) -> dict:
     """One worker of a two-worker MultiWorkerMirroredStrategy (127.0.0.1), one CPU replica each: as
     :func:`tf_mirrored_stats`, worker ``i`` holding replica ``i``'s rows."""
-    index_ = int(index)
-    workers = [f"127.0.0.1:{p}" for p in ports.split(",")]
-    os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": index_}})
-    setup("tensorflow", 1)
+    index_, strategy = _mwms_strategy(index, ports)
     import numpy as np
     import tensorflow as tf
-
-    options = tf.distribute.experimental.CommunicationOptions(
-        implementation=tf.distribute.experimental.CommunicationImplementation.RING, timeout_seconds=30
-    )
-    strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
     rows = [stats_rows(r) for r in range(2)]
 
     def shards():
