@@ -244,3 +244,20 @@ def test_flax_train_state_samples_and_scales_as_the_numpy_core():
         seen.append(grads)
         ts = jax.jit(lambda t, g: t.apply_gradients(grads=g))(ts, grads)
     _check_against(lsj.find_state(ts.opt_state), *_reference_run(lossscale.AutoLossScale(), 2, seen))
+
+
+def test_bfloat16_and_empty_leaves_are_measured_as_the_numpy_core():
+    """A bfloat16 leaf is widened to float32 before the sums; an empty leaf counts as size 0 (no NaN anywhere)."""
+    leaves = {
+        "a": jnp.asarray([0.0, 2.0**-20, 3.0, -2.0**-10], jnp.bfloat16),
+        "e": jnp.zeros((0, 3), jnp.float32),
+        "w": jnp.asarray([[1.0, 0.0], [2.0**-16, -8.0]], jnp.float16),
+    }
+    opt = lsj.loss_scale_optimizer(optax.sgd(0.0), 1.0, stats_every=1)
+    _, state = jax.jit(opt.update)(leaves, opt.init(leaves), leaves)
+    ref = gradient_stats([np.asarray(v, np.float32) for v in jax.tree_util.tree_leaves(leaves)], np)
+    got = state.gradient_stats
+    for key in ("amax", "zero_fraction", "subnormal_fraction", "rms_min"):
+        np.testing.assert_allclose(np.asarray(got[key]), getattr(ref, key), rtol=1e-6, err_msg=key)
+    np.testing.assert_allclose(np.asarray(got["per_tensor"]["rms"]), ref.tensor_rms, rtol=1e-6)
+    assert float(got["per_tensor"]["zero_fraction"][1]) == 0.0 and float(got["zero_fraction"]) == 2 / 8
