@@ -261,3 +261,20 @@ def test_bfloat16_and_empty_leaves_are_measured_as_the_numpy_core():
         np.testing.assert_allclose(np.asarray(got[key]), getattr(ref, key), rtol=1e-6, err_msg=key)
     np.testing.assert_allclose(np.asarray(got["per_tensor"]["rms"]), ref.tensor_rms, rtol=1e-6)
     assert float(got["per_tensor"]["zero_fraction"][1]) == 0.0 and float(got["zero_fraction"]) == 2 / 8
+
+
+@pytest.mark.parametrize("cached", [0, 2**20], ids=["one-variadic-reduction", "four-reductions"])
+def test_both_kernels_give_the_numpy_core_statistics(monkeypatch, cached):
+    """Leaves above CACHED_ELEMENTS take one variadic reduction, smaller ones four: the same numbers, NaN included."""
+    import lossscale.jax._stats as jstats
+
+    monkeypatch.setattr(jstats, "CACHED_ELEMENTS", cached)
+    grads = grads_at(2.0**10)
+    opt = lsj.loss_scale_optimizer(optax.sgd(0.0), 2.0**10, stats_every=1)
+    _, state = jax.jit(opt.update)(grads, opt.init(params()), params())
+    ref = gradient_stats([np.asarray(g) for g in jax.tree_util.tree_leaves(grads)], np)
+    for key in ("amax", "headroom_bits", "zero_fraction", "subnormal_fraction", "rms_min"):
+        np.testing.assert_allclose(np.asarray(state.gradient_stats[key]), getattr(ref, key), rtol=1e-6, err_msg=key)
+    bad = dict(grads, w=grads["w"].at[1, 1].set(jnp.nan))
+    sample = jstats.measure(jax.tree_util.tree_leaves(bad), jnp.int32(0), None)
+    assert np.isnan(float(sample.amax)) and np.isnan(float(sample.headroom_bits))
