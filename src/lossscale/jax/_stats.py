@@ -58,7 +58,7 @@ def _reduce_across(sample: GradientStats, leaves: list, axes: tuple[Hashable, ..
 CACHED_ELEMENTS = 2**20
 
 
-def _sums(g: jax.Array) -> tuple[jax.Array, ...]:
+def _sums(g: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
     """The core's :func:`~lossscale._stats.tensor_sums` of one non-empty leaf: ``max |g|``, zeros, subnormals, ``sum g**2``.
 
     Two kernels, chosen by size, because XLA's CPU backend makes a trade: four plain reductions vectorize, but it
@@ -116,13 +116,14 @@ def step_scale(
         sample = measure(grads, count, axes) if sample is None else sample
     else:
         sampled = is_due(every, count)
+        kept = stats.sample
         sample = lax.cond(
-            sampled, lambda g: measure(g, count, axes), lambda _: jax.tree_util.tree_map(jnp.asarray, stats.sample), grads
+            sampled, lambda g: measure(g, count, axes), lambda _: jax.tree_util.tree_map(jnp.asarray, kept), grads
         )
-    scale_state, stats = next_sampler_state(
+    new_scale, new_stats = next_sampler_state(
         policy, scale_state, SamplerState(count, stats.sample, stats.auto), finite, sample, sampled, jnp
     )
-    return scale_state, stats, sampled
+    return new_scale, new_stats, sampled
 
 
 def tensor_names(params: Any) -> tuple[str, ...]:
