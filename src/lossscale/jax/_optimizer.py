@@ -205,12 +205,12 @@ def loss_scale_optimizer(
             (:mod:`lossscale._stats`). The latest sample is
             ``state.gradient_stats`` (arrays, on the device), and
             ``lossscale.AutoLossScale`` sets the scale from it.
-            Cost: on a sampled step one read of each gradient (one variadic
-            reduction; with ``N=1`` and no clip it also gives the finite
-            flag); otherwise a ``lax.cond``. Measured
+            Cost: on a sampled step four reductions of each gradient (one
+            variadic reduction for a large one; with ``N=1`` and no clip
+            they also give the finite flag); otherwise a ``lax.cond``. Measured
             (``benchmarks/bench_stats.py``, 2-core CPU, Adam MLP): 1M
-            parameters 1.22-1.25x the step at ``N=1``, 1.04-1.05x at
-            ``N=16``; 10M 1.22x and 1.02x. The step compiles once; no host sync.
+            parameters 1.27x the step at ``N=1``, 1.03x at ``N=16``; 10M
+            1.14x and 1.00x. The step compiles once; no host sync.
 
     Returns:
         An ``optax.GradientTransformationExtraArgs``; extra keyword arguments
