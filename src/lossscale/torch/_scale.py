@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, cast
 import numpy as np
 import torch
 
+from .._auto import AutoLossScale
 from .._policy import DynamicLossScale, LossScale
 from .._resolve import resolve_loss_scale
 from .._rule import LossScaleState, advance_in_place, initial_state, next_state
@@ -406,8 +407,6 @@ class SharedLossScale(ScaleOwner):
 
 def require_own_scale(policy: LossScale, owner: ScaleOwner, fix: str) -> None:
     """Refuses ``AutoLossScale`` on a scale shared by several optimizers (at construction and at a load)."""
-    from .._auto import AutoLossScale
-
     if isinstance(policy, AutoLossScale) and not owner.advances_each_step:
         raise ValueError(
             "AutoLossScale sets the scale of one optimizer from its own gradients; a scale shared by several "
