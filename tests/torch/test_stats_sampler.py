@@ -454,7 +454,7 @@ def test_each_optimizer_on_a_shared_scale_keeps_its_own_sample():
 
 def test_the_sampler_keeps_every_value_on_the_gradients_device():
     # "meta" stands for an accelerator: torch refuses to mix it with CPU tensors, as it refuses CUDA.
-    from lossscale.torch._sampler import StatsSampler
+    from lossscale.torch._stats import StatsSampler
 
     sampler = StatsSampler(1, lossscale.DynamicLossScale())
     grads = [((0, i), None, g) for i, g in enumerate([torch.ones(3, device="meta"), torch.ones(2, 2, device="meta")])]

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from ..torch import LossScaleOptimizer
-from ..torch._stats import gradient_stats
+from .._torch_kernels import gradient_stats
 from ._config import AUTO_MODE, DemoConfig
 from ._data import DemoData, batch_order, measured_steps, psnr_db
 from ._results import RunResult, check_modes

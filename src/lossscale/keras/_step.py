@@ -85,7 +85,7 @@ def torch_apply(state: ScaleState, inner: Any, grads: list[Any], variables: list
 
     Scaled gradients are unscaled into new tensors and those are checked, with
     the kernels behind :class:`lossscale.torch.GradScaler`
-    (``lossscale.torch._grads.unscaled_copies``: one multi-tensor call each
+    (``lossscale._torch_kernels.unscaled_copies``: one multi-tensor call each
     per (device, dtype)); the caller's tensors are only read. Gradients that
     already went through ``get_unscaled_gradients``, and those of variables
     Keras overwrites with their "gradient", are checked as they are. The
@@ -99,7 +99,7 @@ def torch_apply(state: ScaleState, inner: Any, grads: list[Any], variables: list
     """
     import torch
 
-    from ..torch._grads import combine_flags, reciprocal, unscaled_copies
+    from .._torch_kernels import combine_flags, reciprocal, unscaled_copies
 
     scale = state.variables[0].value
     measured = state.measure(grads, variables, ops.convert_to_tensor(scale), already)

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .._errors import LossScaleError
-from ._compat import TorchDispatchMode, sparse_values
+from .._torch_compat import TorchDispatchMode, sparse_values
 
 if TYPE_CHECKING:  # typing.Self is Python 3.11+; the annotations are strings (from __future__ import annotations)
     from typing import Self

@@ -37,7 +37,7 @@ from .._errors import LossScaleError
 from .._policy import LossScale
 from .._resolve import serialize
 from .._rule import LossScaleState
-from ._compat import device_mesh_type, dtensor_type
+from .._torch_compat import device_mesh_type, dtensor_type
 
 __all__ = [
     "FlagAgreement",

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from ._compat import supports_amp_scaling
+from .._torch_compat import supports_amp_scaling
 
 __all__ = ["FusedStateTracker", "check_fused_kernels", "fused_sgd_skips_half_on_cpu", "is_fused"]
 

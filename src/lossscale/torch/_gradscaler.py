@@ -50,7 +50,7 @@ from ._checkpoint import gradscaler_record, gradscaler_state_dict, growth_interv
 from ._diagnostics import Diagnostics, OverflowReport, StepRecorder
 from ._iteration import UNSCALED, Iteration
 from ._legacy_pickles import gradscaler_from_0_1, is_gradscaler_0_1
-from ._sampler import StatsSampler, check_stats_every
+from ._stats import StatsSampler, check_stats_every
 from ._scale import IterationScale
 from ._step import Stage
 from ._torch_accessors import TorchScalerAccessors

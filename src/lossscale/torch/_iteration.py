@@ -18,7 +18,7 @@ import torch
 
 from ._diagnostics import Diagnostics
 from ._distributed import FlagAgreement
-from ._sampler import StatsSampler
+from ._stats import StatsSampler
 from ._scale import IterationScale
 from ._step import OptimizerStep, Stage
 

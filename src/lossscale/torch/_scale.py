@@ -43,8 +43,8 @@ from .._policy import DynamicLossScale, LossScale
 from .._resolve import resolve_loss_scale
 from .._rule import LossScaleState, advance_in_place, initial_state, next_state
 from ._checkpoint import ScaleRecord
-from ._compat import foreach_copy_
-from ._grads import move, reciprocal
+from .._torch_compat import foreach_copy_
+from .._torch_kernels import move, reciprocal
 
 if TYPE_CHECKING:
     from ._step import StepRecord

@@ -1,72 +1,109 @@
-"""Gradient statistics for torch: the core's definitions (:mod:`lossscale._stats`) in arithmetic kernels.
+"""``stats_every`` for torch: measuring and keeping samples; the decisions are the core's :mod:`lossscale._sampler`.
 
-The core's :func:`lossscale._stats.tensor_sums` counts with comparisons;
-torch's CPU kernels for comparisons, ``sign`` and ``vector_norm(inf)`` ran
-10-100x slower than plain arithmetic on the development machine.
-Here every per-tensor sum is arithmetic: ``max |g|``, ``dot(|g|, |g|)``, the
-count of non-zeros as ``sum(ceil(min(|g|, 2**-126) * 2**126))`` and of normals as
-``sum(floor(min(|g| * 2**14, 1)))``. The result goes through the core's
-:func:`lossscale._stats.summarize`, so the definitions are the core's. No host
-sync: every value stays a tensor on the gradients' device.
-
-A sparse COO gradient (``nn.Embedding(sparse=True)``) counts as its dense
-form: it is coalesced first (duplicate indices sum, as they do when applied),
-its stored values are measured and every implicit entry counts as a zero.
+Each entry point calls :meth:`StatsSampler.measure` before it unscales, on a due step only (a Python count):
+per-tensor sums of one optimizer's scaled gradients. :meth:`StatsSampler.advance` ends the step (a GradScaler's
+iteration): the sums of every optimizer measured become one sample, and :func:`~lossscale._sampler.next_sampler_state`
+keeps it, counts the step and, for ``AutoLossScale``, gives the scale. Cost: an unsampled step does no device work
+and no walk over the parameters; a sampled one about 8 kernels per gradient (one pass) and 30 on ``(T,)`` tensors,
+no host sync, and no copy from the host (names and sizes are kept per parameter set). A sparse gradient's
+coalesce is one sync on CUDA.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 
-from .._stats import FLOAT16_TINY, GradientStats, summarize
+from .. import _sampler as core
+from .._auto import AutoLossScale, AutoState
+from .._policy import LossScale
+from .._rule import LossScaleState
+from .._stats import as_mapping, summarize
+from .._torch_kernels import tensor_sums
 
-__all__ = ["gradient_stats", "tensor_sums"]
+__all__ = ["StatsSampler", "check_stats_every"]
+
+check_stats_every = core.check_stats_every
+
+Triples = list[tuple[Any, torch.Tensor, torch.Tensor]]  # (where, parameter, gradient); ``where`` gives the name
 
 
-Sums = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+class StatsSampler:
+    """One optimizer's (or GradScaler's) samples and :class:`~lossscale._sampler.SamplerState` (``state``).
 
-
-def tensor_sums(g: torch.Tensor, factor: torch.Tensor | None = None) -> Sums:
-    """``(max|g|, #zeros, #subnormals, sum g**2)`` of one gradient (dense or sparse), 0-d float32 tensors.
-
-    ``factor``: a 0-d tensor the values are multiplied by first (the scale, for
-    gradients given already unscaled). Cost: one float32 copy of ``|g|`` (a
-    read and a write) and four reads, about 8 kernel launches; a sparse
-    gradient adds a coalesce (on CUDA that sizes its output: one host sync).
+    ``backwards``: the owner's ``get_scaled_loss``/``scale()`` calls since the last step, read as the
+    ``micro_batches`` summed into the gradients (gradient accumulation; none counted reads as 1).
     """
-    n = g.numel()
-    g = g.detach()
-    if g.layout == torch.sparse_coo:
-        g = g.coalesce()._values()  # the stored values; the other n - nnz entries are zeros
-    a = g.reshape(-1).float().abs()  # the one copy of |g| (two temporaries in all: fresh pages cost)
-    if factor is not None:
-        a.mul_(factor)
-    if not a.numel():
-        zero = a.new_zeros(())
-        return zero, zero + n, zero, zero
-    amax, sumsq = a.max(), torch.dot(a, a)
-    normal = (a * (1.0 / FLOAT16_TINY)).clamp_(max=1.0).floor_().sum()  # 1 per |g| >= 2**-14
-    nonzero = a.clamp_(max=2.0**-126).mul_(2.0**126).ceil_().sum()  # in place on |g|: 1 per |g| > 0
-    return amax, n - nonzero, nonzero - normal, sumsq
 
+    def __init__(self, every: int, policy: LossScale, count: int = 0, auto: AutoState | None = None) -> None:
+        self.every, self.policy, self.backwards = every, policy, 0
+        self.names: tuple[str, ...] | None = None
+        self.state = core.initial_sampler_state(policy, 0, torch, count=count)
+        if auto is not None:  # a checkpoint's (numpy, from read_sampler_record)
+            self.state = self.state._replace(auto=AutoState(*(torch.as_tensor(v).clone() for v in auto)))
+        self._sums: dict[int, tuple] = {}  # optimizer slot -> (sums, names, sizes, micro-batches) of this step
+        self._sets: dict[Any, tuple[tuple[str, ...], torch.Tensor]] = {}  # parameter set -> (names, sizes)
 
-def gradient_stats(grads: Sequence[torch.Tensor], step: Any = 0) -> GradientStats:
-    """:func:`lossscale._stats.gradient_stats` of the (scaled) ``grads``, in arithmetic kernels.
+    @property
+    def due(self) -> bool:
+        """Whether this step is sampled (a Python int's modulo: no device work)."""
+        return core.is_due(self.every, self.state.count)
 
-    Cost: :func:`tensor_sums` per tensor, then about 30 kernels on ``(T,)``
-    tensors; the sizes are copied from the host (the optimizers keep them on
-    the device instead). No host sync. The whole step's cost: ``benchmarks/bench_stats.py``.
+    def measure(self, slot: int, grads: Triples, name_of: Callable[[Any], str], factor: Any = None) -> None:
+        """Keeps the sums of optimizer ``slot``'s scaled gradients (times ``factor``); call it when :attr:`due`."""
+        if not grads:
+            return
+        key = (slot, grads[0][2].device, tuple((where, id(p), g.numel()) for where, p, g in grads))
+        known = self._sets.get(key)
+        if known is None:  # a new parameter set: its names and sizes, once (the sizes' one copy to the device)
+            self._sets = dict(list(self._sets.items())[-7:])
+            sizes = torch.tensor([float(g.numel()) for _, _, g in grads], device=key[1])
+            known = self._sets[key] = (tuple(name_of(where) for where, _, _ in grads), sizes)
+        self._sums[slot] = ([tensor_sums(g, factor) for _, _, g in grads], *known, max(1, self.backwards))
 
-    >>> s = gradient_stats([torch.tensor([0.0, 1.0, -4.0]), torch.zeros(2)])
-    >>> float(s.amax), round(float(s.zero_fraction), 6)
-    (4.0, 0.6)
-    """
-    grads = list(grads)
-    if not grads:
-        raise ValueError("gradient statistics need at least one gradient; got none.")
-    device = grads[0].device
-    tag = torch.full((), int(step), dtype=torch.int32, device=device)  # a fill kernel, not a copy from the host
-    return summarize([tensor_sums(g) for g in grads], [g.numel() for g in grads], tag, torch, device=device)
+    def forget(self) -> None:
+        """``zero_grad()``: this step's measurements and backward count are dropped (the kept sample stays)."""
+        self._sums, self.backwards = {}, 0
+
+    def advance(self, scale: LossScaleState | None, found_inf: torch.Tensor | None, recorder: Any = None) -> Any:
+        """Ends a step: the auto rule's new scale state from the step's ``scale`` and ``found_inf``, for the caller
+        to write; None where the caller's own rule moves the scale. ``recorder`` gets a sample's history columns."""
+        parts, self._sums, self.backwards = [self._sums[k] for k in sorted(self._sums)], {}, 0
+        sample = None
+        if parts:
+            sizes = parts[0][2] if len(parts) == 1 else torch.cat([p[2] for p in parts])
+            tag = torch.full((), self.state.count, dtype=torch.int32, device=sizes.device)  # a fill, not a copy
+            sample = summarize([s for p in parts for s in p[0]], sizes, tag, torch)
+            self.names = tuple(n for p in parts for n in p[1])
+            if recorder is not None:
+                recorder.note_stats(torch.stack([sample.headroom_bits, sample.zero_fraction,
+                                                 sample.subnormal_fraction]))
+        auto = self.state.auto
+        if scale is None or found_inf is None or auto is None or not isinstance(self.policy, AutoLossScale):
+            self.state = core.counted_sampler_state(self.state, sample, sample is not None, torch)
+            return None
+        device = scale.loss_scale.device
+        if auto.margin.device != device:  # once, after the scale moved
+            self.state = self.state._replace(auto=AutoState(*(t.to(device) for t in auto)))
+        finite, micro = found_inf.to(device) == 0, parts[0][3] if parts else 1
+        new, self.state = core.next_sampler_state(self.policy, scale, self.state, finite, sample, sample is not None,
+                                                  torch, micro_batches=micro)
+        return new
+
+    @property
+    def gradient_stats(self) -> dict[str, Any] | None:
+        """The latest sample as :func:`lossscale._stats.as_mapping` (tensors; None before the first)."""
+        return None if self.names is None else as_mapping(self.state.sample, self.names)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The core's ``"lossscale_stats"`` record (:func:`~lossscale._sampler.sampler_record`; tensors, copied)."""
+        return core.sampler_record(self.state, lambda t: t.detach().clone())
+
+    def restored(self, record: Mapping[str, Any] | None, policy: LossScale) -> StatsSampler:
+        """A sampler over ``policy`` holding ``record`` (validated; None: the count stays, auto afresh), this sample."""
+        count, auto = (self.state.count, None) if record is None else core.read_sampler_record(record, policy)
+        fresh = StatsSampler(self.every, policy, count, auto)
+        fresh.state, fresh.names = fresh.state._replace(sample=self.state.sample), self.names
+        return fresh

@@ -11,7 +11,7 @@ optimizer and what ``GradScaler`` keeps per optimizer (torch's
 * ``agree``: the found-inf agreement across ranks
   (:class:`~lossscale.torch._distributed.FlagAgreement`);
 * ``diagnostics``: the opt-in report, history and stall guard;
-* ``sampler``: ``stats_every``'s :class:`~lossscale.torch._sampler.StatsSampler`
+* ``sampler``: ``stats_every``'s :class:`~lossscale.torch._stats.StatsSampler`
   (None: off), which every entry point feeds through :meth:`OptimizerStep.measure`
   before it unscales; :meth:`OptimizerStep.finish` ends its step (for
   ``AutoLossScale`` its rule sets the scale in place of the owner's);
@@ -58,10 +58,10 @@ import torch
 
 from .._rule import LossScaleState, _HostScalars, next_skip_counters
 from ._checkpoint import Checkpoint, CounterRecord, ScaleRecord
-from ._compat import foreach_mul_, step_with_scale
+from .._torch_compat import foreach_mul_, step_with_scale
 from ._diagnostics import Diagnostics
 from ._fused import FusedStateTracker, fused_sgd_warning, is_fused
-from ._grads import (
+from .._torch_kernels import (
     GradGroups,
     check_finite,
     reciprocal,
@@ -70,7 +70,7 @@ from ._grads import (
     validate_max_norm,
     validated_norm_type,
 )
-from ._sampler import StatsSampler
+from ._stats import StatsSampler
 from ._scale import PrivateLossScale, SharedLossScale, StepScale
 
 __all__ = ["ANY_BEFORE_STEP", "OptimizerStep", "Stage", "StepCounters", "StepRecord"]

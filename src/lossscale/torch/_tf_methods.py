@@ -24,7 +24,7 @@ import torch
 
 from .._resolve import serialize, stable_form
 from ._checkpoint import read_policy
-from ._grads import GradGroups, check_finite, unscaled_copies
+from .._torch_kernels import GradGroups, check_finite, unscaled_copies
 from ._step import OptimizerStep
 
 __all__ = ["TFv1Methods", "optimizer_class"]
