@@ -27,6 +27,7 @@ Usage::
 
     python benchmarks/bench_stats.py                                 # every binding, 1M parameters
     python benchmarks/bench_stats.py --bindings torch jax --rounds 9
+    python benchmarks/bench_stats.py --bindings torch jax --device cuda      # on a GPU
 """
 
 from __future__ import annotations
@@ -68,19 +69,20 @@ def torch_steps(args: argparse.Namespace) -> dict[str, Callable[[int], None]]:
     from lossscale.torch import LossScaleOptimizer
 
     width = int((args.params / args.layers) ** 0.5)
-    x, y = torch.randn(64, width), torch.randn(64, width)
+    device = torch.device(args.device)
+    x, y = torch.randn(64, width, device=device), torch.randn(64, width, device=device)
     out = {}
     for name, (loss_scale, every) in CONTENDERS.items():
         torch.manual_seed(0)
         model = torch.nn.Sequential(*(torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.Tanh())
-                                      for _ in range(args.layers)))
+                                      for _ in range(args.layers))).to(device)
         opt = LossScaleOptimizer(torch.optim.AdamW(model.parameters(), 1e-4, fused=True), loss_scale,
                                  stats_every=every)
 
         def run(n: int, model: torch.nn.Module = model, opt: LossScaleOptimizer = opt) -> None:
             for _ in range(n):
                 opt.zero_grad(set_to_none=True)
-                with torch.autocast("cpu", dtype=torch.float16):
+                with torch.autocast(device.type, dtype=torch.float16):
                     loss = torch.nn.functional.mse_loss(model(x).float(), y)
                 opt.get_scaled_loss(loss).backward()
                 opt.step()
@@ -180,6 +182,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=31)
     parser.add_argument("--steps", type=int, default=16, help="steps per round, a multiple of 16")
+    parser.add_argument("--device", default="cpu", help="torch's device (cpu or cuda); JAX uses its default device")
     parser.add_argument("--child", choices=BINDINGS, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.steps % 16:
@@ -196,7 +199,7 @@ def main() -> None:
         if binding.startswith("keras-"):
             env["KERAS_BACKEND"] = binding.removeprefix("keras-")
         command = [sys.executable, __file__, "--child", binding, "--params", str(args.params), "--layers",
-                   str(args.layers), "--rounds", str(args.rounds), "--steps", str(args.steps)]
+                   str(args.layers), "--rounds", str(args.rounds), "--steps", str(args.steps), "--device", args.device]
         done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
         lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
         if done.returncode or not lines:

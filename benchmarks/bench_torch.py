@@ -18,6 +18,7 @@ counted with ``lossscale.torch.HostSyncCounter``, a ``TorchDispatchMode`` that c
 syncs each variant adds to the plain step.
 
 Run:  python benchmarks/bench_torch.py            (full sweep, a few minutes)
+      python benchmarks/bench_torch.py --device cuda (on a GPU: each timed step ends with a synchronize)
       python benchmarks/bench_torch.py --quick    (small sizes, seconds)
       python benchmarks/bench_torch.py --facade   (adds lossscale.torch.GradScaler: its overhead and its
                                                    ratio to lossscale's, which should be about 1)
@@ -37,12 +38,18 @@ from lossscale.torch import GradScaler, HostSyncCounter, LossScaleOptimizer
 
 SCALE = 1024.0
 MAX_NORM = 1.0
+DEVICE = torch.device("cpu")  # --device
+
+
+def synchronize() -> None:
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize(DEVICE)
 
 
 def make_params(n_params: int, n_tensors: int, seed: int) -> list[torch.nn.Parameter]:
     gen = torch.Generator().manual_seed(seed)
     size = n_params // n_tensors
-    return [torch.nn.Parameter(torch.randn(size, generator=gen)) for _ in range(n_tensors)]
+    return [torch.nn.Parameter(torch.randn(size, generator=gen).to(DEVICE)) for _ in range(n_tensors)]
 
 
 def make_optimizer(kind: str, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
@@ -73,21 +80,21 @@ class Variant:
         self.params = params
         gen = torch.Generator().manual_seed(1)
         scale = 1.0 if name == "plain" else SCALE
-        self.grads = [torch.randn(p.shape, generator=gen) * (1e-3 * scale) for p in self.params]
+        self.grads = [(torch.randn(p.shape, generator=gen) * (1e-3 * scale)).to(DEVICE) for p in self.params]
         inner = make_optimizer(kind, self.params)
         if state is not None:
             inner.state = state
-        self.loss = torch.tensor(1.0)
+        self.loss = torch.tensor(1.0, device=DEVICE)
         if name == "plain":
             self.opt = inner
             self.run = self._plain
         elif name == "GradScaler":
             self.opt = inner
-            self.scaler = torch.amp.GradScaler("cpu", init_scale=SCALE)
+            self.scaler = torch.amp.GradScaler(DEVICE.type, init_scale=SCALE)
             self.run = self._grad_scaler
         elif name == "facade":  # lossscale's drop-in, driven exactly as torch's
             self.opt = inner
-            self.scaler = GradScaler("cpu", init_scale=SCALE)
+            self.scaler = GradScaler(DEVICE.type, init_scale=SCALE)
             self.run = self._grad_scaler
         elif name == "lossscale":
             self.opt = LossScaleOptimizer(inner, initial_scale=SCALE)
@@ -127,8 +134,10 @@ class Variant:
         total = 0.0
         for _ in range(steps):
             self.restore()
+            synchronize()
             start = time.perf_counter()
             self.run()
+            synchronize()
             total += time.perf_counter() - start
         return total / steps
 
@@ -218,8 +227,11 @@ def main(argv: list[str] | None = None) -> None:
                         help="add a column: lossscale with max_consecutive_skips and history=True")
     parser.add_argument("--facade", action="store_true",
                         help="add columns: lossscale.torch.GradScaler driven as torch's, and its ratio to lossscale's")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--check-kernels", action="store_true", help="time the candidate Inf/NaN check kernels and exit")
     args = parser.parse_args(argv)
+    global DEVICE
+    DEVICE = torch.device(args.device)
     if args.check_kernels:
         bench_check_kernels()
         return
@@ -230,7 +242,8 @@ def main(argv: list[str] | None = None) -> None:
     rounds = args.rounds or (2 if args.quick else 7)
     steps = args.steps or (2 if args.quick else 5)
 
-    print(f"# torch {torch.__version__}, {platform.processor() or platform.machine()}, "
+    where = torch.cuda.get_device_name(DEVICE) if DEVICE.type == "cuda" else platform.processor() or platform.machine()
+    print(f"# torch {torch.__version__}, {where}, "
           f"{torch.get_num_threads()} threads, rounds={rounds}, steps/round={steps}, scale={SCALE:g}")
     header = ("optimizer", "params", "tensors", "clip", "plain ms", "GradScaler +ms", "lossscale +ms",
               "ratio", "+syncs GS", "+syncs LS") + (("lossscale+diagnostics +ms",) if args.diagnostics else ())

@@ -120,8 +120,7 @@ def summarize(
     safe = xp.where(size > 0, size, 1.0)
     rms = xp.sqrt(sumsq / safe)
     overall = xp.max(amax)
-    inf = _f32(math.inf, xp)
-    positive_rms = xp.where(rms > 0, rms, inf)
+    positive_rms = xp.where(rms > 0, rms, math.inf)  # a Python scalar: no array made on the host (a copy to a GPU)
     rms_min = xp.min(positive_rms)
     return GradientStats(
         step=xp.asarray(step, dtype=xp.int32),
@@ -129,7 +128,7 @@ def summarize(
         headroom_bits=_headroom(overall, xp),
         zero_fraction=xp.sum(zeros) / total,
         subnormal_fraction=xp.sum(subnormal) / total,
-        rms_min=xp.where(rms_min < inf, rms_min, 0.0),
+        rms_min=xp.where(rms_min < math.inf, rms_min, 0.0),
         tensor_amax=amax,
         tensor_headroom_bits=_headroom(amax, xp),
         tensor_zero_fraction=zeros / safe,
