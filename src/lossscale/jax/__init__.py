@@ -30,12 +30,16 @@ from .._policy import (
     LossScale,
 )
 from .._rule import LossScaleState
-from ._apply import apply_gradients
 from ._check import check_state
 from ._grads import all_finite
-from ._optimizer import loss_scale_optimizer
-from ._scaling import get_scaled_loss, get_unscaled_gradients
-from ._state import LossScaleOptimizerState, find_state
+from ._optimizer import (
+    LossScaleOptimizerState,
+    apply_gradients,
+    find_state,
+    get_scaled_loss,
+    get_unscaled_gradients,
+    loss_scale_optimizer,
+)
 from ._stats import tensor_names
 from ._value_and_grad import value_and_grad
 

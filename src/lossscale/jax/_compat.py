@@ -1,8 +1,4 @@
-"""Every JAX API that is private, unstable or version-dependent, in one place.
-
-Each shim names its public replacement; when the oldest supported JAX has it,
-the shim becomes a one-line alias and then goes.
-"""
+"""Every JAX API that is private, unstable or version-dependent; each shim names its public replacement."""
 
 from __future__ import annotations
 
@@ -13,7 +9,7 @@ from typing import Any
 import jax
 from jax import lax
 
-__all__ = ["eval_jaxpr_choosing", "is_tracer", "jaxpr_as_fun", "like", "typeof", "varying_axes"]
+__all__ = ["eval_jaxpr_choosing", "is_tracer", "like", "typeof", "varying_axes"]
 
 # Public replacement: ``jax.typeof`` (JAX >= 0.6). ``jax.core.get_aval`` is its older, deprecated spelling.
 typeof = getattr(jax, "typeof", None) or jax.core.get_aval
@@ -52,19 +48,6 @@ def like(x: Any, aval: Any) -> Any:
     return lax.pcast(x, axes, to="varying") if hasattr(lax, "pcast") else lax.pvary(x, axes)
 
 
-def jaxpr_as_fun(closed: Any) -> Any:
-    """A function that evaluates a ``ClosedJaxpr`` on flat arguments, binding its primitives in the current trace.
-
-    Public (in ``jax.extend``, JAX's API for library authors, with weaker stability promises):
-    ``jax.extend.core.jaxpr_as_fun``; older JAX had it only as ``jax.core.jaxpr_as_fun``.
-    """
-    try:
-        from jax.extend.core import jaxpr_as_fun as public
-    except ImportError:  # pragma: no cover - JAX < 0.4.36
-        public = jax.core.jaxpr_as_fun
-    return public(closed)
-
-
 def _literal_type() -> type:
     try:
         from jax.extend import core as extend_core
@@ -76,19 +59,12 @@ def _literal_type() -> type:
 def eval_jaxpr_choosing(closed: Any, args: Sequence[Any], choose: Callable[[int, Any], Any]) -> list[Any]:
     """Evaluates a ``ClosedJaxpr`` on flat ``args``, replacing its ``i``-th output by ``choose(i, value)``.
 
-    The replacement is made as soon as the equation that computes an output
-    has run, so every later equation that reads that value reads the chosen
-    one. An output that is also an input, a literal, or that fills more than
-    one output position is replaced at the end instead. The equations are
-    bound in the current trace (under ``jit``, they are staged as usual), as
-    ``jax.extend.core.jaxpr_as_fun`` does; only the order of evaluation is
-    this function's. The equations are bound without their source
-    information, so the inner update's ops carry no name scopes in XLA's
-    metadata (profiles name them by primitive only).
-
-    Uses ``jax.extend.core`` (JAX's API for library authors: ``Literal``,
-    ``Primitive.bind``, ``Primitive.get_bind_params``, whose result changed
-    shape between releases), the same calls as ``jax.core.eval_jaxpr``.
+    The replacement is made as soon as the equation that computes an output has run, so later equations read
+    the chosen value; an output that is also an input, a literal, or in several output positions is replaced
+    at the end. The equations are bound in the current trace, as ``jax.extend.core.jaxpr_as_fun`` does, without
+    their source information (profiles name the inner update's ops by primitive only). Uses
+    ``jax.extend.core`` (``Literal``, ``Primitive.bind``, ``Primitive.get_bind_params``, whose result changed
+    shape between releases), the calls of ``jax.core.eval_jaxpr``.
     """
     literal = _literal_type()
     jaxpr = closed.jaxpr

@@ -1,7 +1,8 @@
-"""``loss_scale_optimizer``: TF's ``LossScaleOptimizer`` as an optax transformation."""
+"""``loss_scale_optimizer``: TF's ``LossScaleOptimizer`` as an optax transformation, its state and its verbs."""
 
 from __future__ import annotations
 
+import collections
 import weakref
 from collections.abc import Callable, Hashable
 from typing import Any
@@ -12,18 +13,229 @@ import optax
 from jax import lax
 
 from .._resolve import resolve_loss_scale
-from .._rule import initial_state
+from .._rule import LossScaleState, initial_state
+from .._sampler import check_stats_every
 from ._compat import eval_jaxpr_choosing, like
-from ._grads import all_finite, check_gradients, squared_norm, unscale
-from ._guard import check_limit, guard_skip
-from ._record import recorder_for
-from ._state import LossScaleOptimizerState, _is_scale_node
-from ._stats import _reduce_across, check_stats_every, init_stats, measure, step_scale
+from ._diagnostics import check_limit, guard_skip, recorder_for
+from ._grads import all_finite, check_gradients, scale_loss, squared_norm, unscale
+from ._stats import init_stats, measure, stats_mapping, step_scale
 
-__all__ = ["loss_scale_optimizer", "stepper_of"]
+__all__ = [
+    "LossScaleOptimizerState",
+    "apply_gradients",
+    "find_loss_scale_state",
+    "find_state",
+    "get_scaled_loss",
+    "get_unscaled_gradients",
+    "loss_scale_optimizer",
+]
 
-#: ``update`` function of each transformation built here -> its stepper (for :func:`apply_gradients`).
-_STEPPERS: weakref.WeakKeyDictionary[Callable, Callable] = weakref.WeakKeyDictionary()
+# The two layouts; the classes below give both the name LossScaleOptimizerState in repr.
+_Fields = collections.namedtuple("_Fields", ["inner_state", "loss_scale_state"])
+_FieldsWithStats = collections.namedtuple("_FieldsWithStats", ["inner_state", "loss_scale_state", "stats"])
+
+
+class LossScaleOptimizerState(_Fields):
+    """The state of :func:`~lossscale.jax.loss_scale_optimizer`: a NamedTuple pytree of arrays.
+
+    The policy is not in it but in the transformation, so flatten, ``tree_map``, ``jit`` and restores cannot
+    lose it (jmp lost ``min_loss_scale`` on flatten: jmp PR #44).
+
+    Attributes:
+        inner_state: the wrapped transformation's state, untouched by skipped steps.
+        loss_scale_state: a :class:`lossscale.LossScaleState` of 0-d arrays: ``loss_scale`` (float32),
+            ``good_steps``, ``bad_steps``, ``skipped_steps`` and ``consecutive_skips`` (int32, saturating).
+        stats: with ``stats_every``, the core's ``SamplerState`` (step count, latest sample,
+            ``AutoLossScale``'s state); None otherwise.
+
+    Without ``stats_every`` the tuple has 0.1's two fields (``stats`` reads None), so its flax msgpack and
+    orbax checkpoints restore across versions; with it, a third field. The constructor builds either and
+    ``isinstance`` holds for both.
+
+    >>> import jax.numpy as jnp, optax, lossscale.jax as lsj
+    >>> state = lsj.loss_scale_optimizer(optax.sgd(0.1)).init({"w": jnp.ones(2)})
+    >>> float(state.loss_scale), int(state.skipped_steps), state._fields, state.stats
+    (32768.0, 0, ('inner_state', 'loss_scale_state'), None)
+    >>> lsj.loss_scale_optimizer(optax.sgd(0.1), stats_every=10).init({"w": jnp.ones(2)})._fields
+    ('inner_state', 'loss_scale_state', 'stats')
+    """
+
+    __slots__ = ()
+
+    # Not Self: without statistics it returns cls, with them the three-field subclass.
+    def __new__(  # noqa: PYI034
+        cls, inner_state: Any, loss_scale_state: LossScaleState, stats: Any = None
+    ) -> LossScaleOptimizerState:
+        if stats is None:
+            return _Fields.__new__(cls, inner_state, loss_scale_state)
+        return tuple.__new__(_StatsOptimizerState, (inner_state, loss_scale_state, stats))
+
+    @property
+    def stats(self) -> Any:
+        """``stats_every``'s sampler state (None when off)."""
+        return None
+
+    # jnp.asarray: under flax.nnx.Optimizer the leaves are OptArray wrappers, which have no operators.
+
+    @property
+    def loss_scale(self) -> jax.Array:
+        """The current scale ``S``, a 0-d float32 array."""
+        return jnp.asarray(self.loss_scale_state.loss_scale)
+
+    @property
+    def skipped_steps(self) -> jax.Array:
+        """Steps skipped so far, a 0-d int32 array (saturating)."""
+        return jnp.asarray(self.loss_scale_state.skipped_steps)
+
+    @property
+    def consecutive_skips(self) -> jax.Array:
+        """Steps skipped in a row up to now (0 after a finite step), a 0-d int32 array."""
+        return jnp.asarray(self.loss_scale_state.consecutive_skips)
+
+    @property
+    def gradient_stats(self) -> dict[str, Any] | None:
+        """The latest sample of ``stats_every`` (see docs/gradient_stats.md), or None when off."""
+        return stats_mapping(self.stats)
+
+    @property
+    def last_step_skipped(self) -> jax.Array:
+        """Whether the last step was skipped, a 0-d bool array."""
+        return self.consecutive_skips > 0
+
+
+# Both bases are tuples with empty __slots__, so their layouts agree; mypy refuses any two tuple bases.
+class _StatsOptimizerState(_FieldsWithStats, LossScaleOptimizerState):  # type: ignore[misc]
+    """The state with ``stats_every``: the three-field tuple's fields, ``_make`` and ``_replace``, the accessors."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{name}={value!r}" for name, value in zip(self._fields, self))
+        return f"LossScaleOptimizerState({fields})"
+
+
+def _is_scale_node(node: Any) -> bool:
+    return isinstance(node, (LossScaleOptimizerState, LossScaleState))
+
+
+def _find_node(state: Any, caller: str) -> Any:
+    if _is_scale_node(state):
+        return state
+    found = [n for n in jax.tree_util.tree_leaves(state, is_leaf=_is_scale_node) if _is_scale_node(n)]
+    if not found:
+        raise TypeError(
+            f"{caller} needs the state of a lossscale.jax.loss_scale_optimizer (what its init()/update() "
+            f"returned, or a flax TrainState's opt_state), got {type(state).__name__} holding no loss scale."
+        )
+    if len(found) > 1:
+        raise ValueError(
+            f"{caller} found {len(found)} loss scales in the state; pass the one you mean "
+            "(the LossScaleOptimizerState of the transformation whose gradients these are)."
+        )
+    _check_chain_order(state, caller)
+    return found[0]
+
+
+def _hides_scaled_gradients(node: Any) -> bool:
+    # optax's stateless transforms (the clips, scale, ...) keep an EmptyState; zero_nans hides the skip's NaNs.
+    return isinstance(node, (optax.EmptyState, optax.ZeroNansState))
+
+
+def _check_chain_order(state: Any, caller: str) -> None:
+    """Raise if an ``optax.chain`` runs a stateless transform or ``zero_nans`` before the loss scale."""
+
+    def is_leaf(n: Any) -> bool:
+        return _is_scale_node(n) or _hides_scaled_gradients(n)
+
+    leaves = jax.tree_util.tree_flatten_with_path(state, is_leaf=is_leaf)[0]
+    scale_paths = [p for p, n in leaves if _is_scale_node(n)]
+    for path, node in leaves:
+        if not _hides_scaled_gradients(node):
+            continue
+        for scale_path in scale_paths:
+            common = 0
+            while common < min(len(path), len(scale_path)) and path[common] == scale_path[common]:
+                common += 1
+            if common >= min(len(path), len(scale_path)):
+                continue
+            mine, theirs = path[common], scale_path[common]
+            if (
+                isinstance(mine, jax.tree_util.SequenceKey)
+                and isinstance(theirs, jax.tree_util.SequenceKey)
+                and mine.idx < theirs.idx
+            ):
+                raise ValueError(
+                    f"{caller}: an optax.chain runs a transformation ({type(node).__name__} at "
+                    f"{jax.tree_util.keystr(path)}; e.g. optax.clip_by_global_norm) before loss_scale_optimizer, "
+                    "so it sees the SCALED gradients (a clip would clip S * g). Put it inside: "
+                    "loss_scale_optimizer(optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-3))), or use "
+                    "loss_scale_optimizer(optax.adamw(1e-3), clip_by_global_norm=1.0)."
+                )
+
+
+def find_loss_scale_state(state: Any, caller: str) -> LossScaleState:
+    """The one :class:`LossScaleState` in ``state`` (:func:`find_state`'s search and refusals)."""
+    node = _find_node(state, caller)
+    return node.loss_scale_state if isinstance(node, LossScaleOptimizerState) else node
+
+
+def find_state(opt_state: Any) -> LossScaleOptimizerState:
+    """The :class:`LossScaleOptimizerState` inside ``opt_state``, wherever it sits.
+
+    ``opt_state``: the state of :func:`loss_scale_optimizer`, of an ``optax.chain`` holding it, a flax
+    ``TrainState`` or its ``opt_state``, or a ``flax.nnx.Optimizer``'s ``opt_state``. Cost: a walk of the
+    tree structure in Python (at trace time under ``jit``).
+
+    Raises:
+        TypeError: no loss scale in ``opt_state``.
+        ValueError: more than one; or a chain that clips before the loss scale.
+
+    >>> import jax.numpy as jnp, optax, lossscale.jax as lsj
+    >>> opt = optax.chain(lsj.loss_scale_optimizer(optax.sgd(0.1), 8), optax.scale(1.0))
+    >>> int(lsj.find_state(opt.init(jnp.ones(2))).consecutive_skips)
+    0
+    """
+    node = _find_node(opt_state, "find_state()")
+    return node if isinstance(node, LossScaleOptimizerState) else LossScaleOptimizerState(None, node)
+
+
+def get_scaled_loss(loss: Any, state: Any) -> jax.Array:
+    """``loss * S``, with ``S`` the current scale in ``state``, formed in at least float32, in ``loss``'s dtype.
+
+    Differentiate this, not ``loss``: the gradients are ``S`` times the true ones, above float16's underflow
+    (about 6e-8). ``state``: anything :func:`find_state` takes. Cost: one scalar multiply.
+
+    Raises:
+        TypeError: ``loss`` is not a floating-point array; no loss scale in ``state``.
+        ValueError: more than one, or an ``optax.chain`` that clips before the loss scale.
+
+    >>> import jax.numpy as jnp, optax, lossscale.jax as lsj
+    >>> state = lsj.loss_scale_optimizer(optax.sgd(0.1), 1024).init(jnp.ones(2))
+    >>> float(lsj.get_scaled_loss(jnp.float32(0.5), state))
+    512.0
+    """
+    scale = find_loss_scale_state(state, "get_scaled_loss()").loss_scale
+    dtype = getattr(loss, "dtype", None)
+    if dtype is None or not jnp.issubdtype(dtype, jnp.floating):
+        raise TypeError(
+            f"get_scaled_loss() needs a floating-point JAX array, got {type(loss).__name__}"
+            f"{'' if dtype is None else f' of dtype {dtype}'}. Compute the loss with jax.numpy first."
+        )
+    return scale_loss(loss, scale)
+
+
+def get_unscaled_gradients(grads: Any, state: Any) -> Any:
+    """A new pytree: each gradient times ``1/S`` (the correctly rounded float32 reciprocal), in its own dtype.
+
+    ``update()`` unscales for you: use this to look at the true gradients and still pass the scaled ones to
+    ``update()`` (under ``jit`` XLA shares the multiply). Cost: one element-wise multiply.
+
+    >>> import jax.numpy as jnp, optax, lossscale.jax as lsj
+    >>> state = lsj.loss_scale_optimizer(optax.sgd(0.1), 1024).init(jnp.ones(2))
+    >>> lsj.get_unscaled_gradients({"w": jnp.array([512.0, 2048.0], jnp.float16)}, state)
+    {'w': Array([0.5, 2. ], dtype=float16)}
+    """
+    return unscale(grads, find_loss_scale_state(state, "get_unscaled_gradients()").loss_scale)
 
 
 def _axis_names(axis_name: Any) -> tuple[Hashable, ...] | None:
@@ -53,18 +265,11 @@ def _check_max_norm(max_norm: Any) -> float | None:
 def _chosen(finite: jax.Array, update: Callable, operands: Any, olds: Any) -> Any:
     """``update(*operands)`` where ``finite``, else ``olds`` (None: zeros shaped like that output), leaf by leaf.
 
-    ``update`` is traced once, to a jaxpr, and evaluated with each output
-    leaf chosen by ``jnp.where(finite, new, old)`` as soon as it is computed
-    (:func:`~lossscale.jax._compat.eval_jaxpr_choosing`): the equations after
-    it, e.g. Adam's parameter update reading the new moments, read the chosen
-    value. Under ``jit`` XLA then fuses each choice into the element-wise
-    kernel that computes the value and writes every output once, in place
-    when the buffers are donated, so the skip costs no pass over the state of
-    its own. (A choice made only at the end leaves the parameter update
-    reading the moments' new values while they are written in place, and
-    XLA copies the moments first; a ``lax.cond`` copies its operands when
-    they are not donated, or its results when they are.) On a skipped step
-    the update is computed and thrown away; its NaN never reaches an output.
+    Each output is chosen with ``jnp.where`` as soon as the traced ``update`` computes it
+    (:func:`~lossscale.jax._compat.eval_jaxpr_choosing`), so later equations (Adam's parameter update reading
+    its new moments) read the chosen value. XLA fuses each choice into the kernel that computes the value and
+    writes every output once, in place when donated: the skip costs no pass. (A choice made at the end makes XLA
+    copy the donated moments; a ``lax.cond`` copies its operands, or its results when donated.)
     """
     flat, in_tree = jax.tree_util.tree_flatten(operands)
     closed, shapes = jax.make_jaxpr(
@@ -101,6 +306,10 @@ def _chosen(finite: jax.Array, update: Callable, operands: Any, olds: Any) -> An
     return jax.tree_util.tree_unflatten(out_tree, out)
 
 
+#: ``update`` function of each transformation built here -> its stepper (for :func:`apply_gradients`).
+_STEPPERS: weakref.WeakKeyDictionary[Callable, Callable] = weakref.WeakKeyDictionary()
+
+
 def loss_scale_optimizer(
     inner: optax.GradientTransformation,
     loss_scale: Any = None,
@@ -119,13 +328,10 @@ def loss_scale_optimizer(
 ) -> optax.GradientTransformationExtraArgs:
     """Wraps ``inner`` in loss scaling; TF's ``LossScaleOptimizer`` for optax.
 
-    Loss scaling multiplies the loss by ``S`` before differentiation and the
-    gradients by ``1/S`` before the update, so that float16 gradients below
-    about 6e-8 do not flush to zero (Micikevicius et al., 2018, "Mixed
-    Precision Training"). ``update(grads, state, params)`` takes the
-    gradients of the **scaled** loss, that is ``jax.grad`` of
-    ``get_scaled_loss(loss, state)``, and computes, with ``g`` those
-    gradients::
+    The loss is multiplied by ``S`` before differentiation and the gradients by ``1/S`` before the update, so
+    that float16 gradients below about 6e-8 do not flush to zero (Micikevicius et al., 2018).
+    ``update(grads, state, params)`` takes the gradients of the **scaled** loss (:func:`value_and_grad`, or
+    ``jax.grad`` of :func:`get_scaled_loss`) and computes, with ``g`` those gradients::
 
         finite = all(isfinite(g))              # NaN and +-Inf alike (of g / S when S may be < 1)
         u = g * (1 / S)                        # each leaf in its own dtype
@@ -135,116 +341,59 @@ def loss_scale_optimizer(
         inner_state = where(finite, new_inner, inner_state)
         S, counters = lossscale.next_state(policy, S, counters, finite)
 
-    A non-finite step is skipped in every mode, fixed scales included (use
-    ``loss_scale=1`` for skip-only, e.g. with bfloat16): its updates are
-    zero and the inner state (Adam's moments and count) is bit for bit what
-    it was. The skip is a ``jnp.where`` on each output of ``inner.update``,
-    made as soon as that output is computed, so that the inner update's own
-    later reads (Adam's step reading its new moments) see the chosen value:
-    XLA then fuses every choice into the kernel that computes it, and the
-    skip adds no pass over the state, with or without donated buffers (a
-    ``lax.cond`` would copy the state, its operands when they are not
-    donated or its results when they are). The inner update runs, and is
-    thrown away, on a skipped step too (host callbacks inside ``inner``,
-    such as ``jax.debug.print``, run on every step).
+    A non-finite step is skipped in every mode, fixed scales included (``loss_scale=1`` for skip-only, e.g.
+    bfloat16): zero updates, and the inner state bit for bit what it was. The inner update runs, and is thrown
+    away, on a skipped step too (host callbacks inside ``inner`` run on every step). Don't pass gradients you
+    unscaled yourself: ``update`` would unscale them again.
 
     Args:
-        inner: the optax transformation that receives the unscaled gradients,
-            e.g. ``optax.adamw(1e-3)``. Put gradient clipping *inside* it
-            (``optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-3))``)
-            so that it sees the true gradients.
-        loss_scale: the experimental form: a number (fixed scale),
-            ``"dynamic"``, any :class:`lossscale.LossScale` (managers
-            included) or its ``lossscale.serialize`` dict.
+        inner: the optax transformation that receives the unscaled gradients, e.g. ``optax.adamw(1e-3)``.
+            Put gradient clipping *inside* it (``optax.chain(optax.clip_by_global_norm(1.0), ...)``).
+        loss_scale: the experimental form: a number (fixed scale), ``"dynamic"``, any
+            :class:`lossscale.LossScale` (managers included) or its ``lossscale.serialize`` dict.
         dynamic: the stable form (default True).
-        initial_scale: the initial (or, when ``dynamic=False``, fixed) scale;
-            default 2**15.
+        initial_scale: the initial (or, when ``dynamic=False``, fixed) scale; default 2**15.
         dynamic_growth_steps: finite steps before the scale doubles; default 2000.
         min_loss_scale: the floor of a dynamic scale (default 1).
         max_loss_scale: the ceiling of a dynamic scale (default None: none).
-        hysteresis: non-finite steps before a dynamic scale backs off
-            (default 1, TF's). These three refine the stable form's dynamic
-            scale or ``loss_scale="dynamic"``; a policy object carries its own.
-        axis_name: under ``jax.pmap`` or ``jax.shard_map``, the axis name (or
-            names) over which the finite flag is reduced (``lax.pmin``), so
-            that every device skips or steps together when devices hold
-            different gradients. Not needed under ``jit`` with sharded arrays,
-            where the check is already global, nor after a ``lax.pmean`` of
-            the gradients, which spreads any NaN or Inf.
-        clip_by_global_norm: clip the *true* (unscaled) gradients to this
-            global norm before ``inner`` sees them, as
-            ``optax.clip_by_global_norm`` inside ``inner`` would. The norm
-            (``sqrt(sum((g/S)**2))`` in float32) also serves as the finite
-            check, so clipping adds no pass over the gradients; the factor
-            ``min(1, max_norm / norm)`` is folded into the ``1/S`` multiply.
-            Never put a clip *before* this transformation in an
-            ``optax.chain``: it would clip the scaled gradients
-            (:func:`get_scaled_loss` and :func:`value_and_grad` raise when
-            they see that order in the state).
-        max_consecutive_skips: raise :class:`lossscale.LossScaleError`, with
-            likely causes and fixes, from the jitted step in which the
-            ``N``-th step in a row is skipped (default None: never). It is a
-            ``jax.debug.callback`` behind a ``lax.cond`` on the streak, which
-            only a skipped step reaches: a finite step runs no host code and
-            adds no sync.
-            JAX re-raises it wrapped in its runtime error (the message is
-            kept) when the step's results are next read, on CPU at once.
-        history: a :class:`lossscale.History` that gets one row per step
-            (step number, the scale the step used, whether it was skipped;
-            the loss, which ``update`` does not see, as NaN). Default None:
-            nothing recorded and nothing staged. Cost when given: one
-            ``jax.debug.callback`` per step (two scalars to the host and a
-            Python call there; see ``lossscale.jax._record.StepRecorder``).
-            Under ``pmap``/``shard_map`` pass ``axis_name`` (the first
-            device records); under ``jit`` over several processes the
-            process holding device 0 records.
-        stats_every: measure the scaled gradients every ``N``-th update
-            (default None: never; 16 with ``loss_scale="auto"``): per tensor
-            and overall ``amax``, ``headroom_bits = log2(65504 / amax)``,
-            the share of exact zeros and of float16 subnormals
-            (:mod:`lossscale._stats`). The latest sample is
-            ``state.gradient_stats`` (arrays, on the device), and
-            ``lossscale.AutoLossScale`` sets the scale from it.
-            Cost: on a sampled step four reductions of each gradient (one
-            variadic reduction for a large one; with ``N=1`` and no clip
-            they also give the finite flag); otherwise a ``lax.cond``. Measured
-            (``benchmarks/bench_stats.py``, 2-core CPU, Adam MLP): 1M
-            parameters 1.27x the step at ``N=1``, 1.03x at ``N=16``; 10M
-            1.14x and 1.00x. The step compiles once; no host sync.
+        hysteresis: non-finite steps before a dynamic scale backs off (default 1, TF's). These three refine
+            the stable form's dynamic scale or ``loss_scale="dynamic"``; a policy object carries its own.
+        axis_name: under ``jax.pmap`` or ``jax.shard_map``, the axis name(s) over which the finite flag is
+            reduced (``lax.pmin``) so that every device skips or steps together. Not needed under ``jit``
+            with sharded arrays (the check is global) nor after a ``lax.pmean`` of the gradients.
+        clip_by_global_norm: clip the *true* gradients to this global norm before ``inner`` sees them. The
+            norm (``sqrt(sum((g/S)**2))`` in float32) is also the finite check and its factor is folded into
+            the ``1/S`` multiply: no extra pass. Never clip *before* this transformation in an
+            ``optax.chain`` (:func:`get_scaled_loss` and :func:`value_and_grad` refuse that order).
+        max_consecutive_skips: raise :class:`lossscale.LossScaleError` (likely causes and fixes) from the
+            jitted step in which the ``N``-th step in a row is skipped (default None: never); JAX wraps it in
+            its runtime error when the results are read. A ``jax.debug.callback`` behind a ``lax.cond`` that
+            only a skipped step reaches: a finite step runs no host code.
+        history: a :class:`lossscale.History` that gets one row per step (step, the scale used, skipped; the
+            loss as NaN). Cost: one ``jax.debug.callback`` per step (0.4-1.7 ms on CPU); None stages
+            nothing. Under ``pmap``/``shard_map`` pass ``axis_name`` (the first device records).
+        stats_every: measure the scaled gradients every ``N``-th update (default None: never; 16 with
+            ``loss_scale="auto"``): per tensor and overall ``amax``, ``headroom_bits``, the shares of zeros and
+            float16 subnormals (:mod:`lossscale._stats`), in ``state.gradient_stats``;
+            ``lossscale.AutoLossScale`` sets the scale from them. Cost on a sampled step: about one read
+            pass (with ``N=1`` and no clip it is the finite check too); otherwise a ``lax.cond``. Measured
+            (``benchmarks/bench_stats.py``, 2-core CPU, Adam): 1M parameters 1.27x the step at ``N=1``,
+            1.03x at ``N=16``; 10M 1.14x and 1.00x.
 
     Returns:
-        An ``optax.GradientTransformationExtraArgs``; extra keyword arguments
-        of ``update`` go to ``inner``. Its state is a
-        :class:`LossScaleOptimizerState`; the policy is not in it but in the
-        transformation, so it cannot be lost on flatten, ``tree_map`` or
-        restore. Keep ``lossscale.serialize(policy)`` with your config to
-        rebuild the same transformation.
+        An ``optax.GradientTransformationExtraArgs`` whose state is a :class:`LossScaleOptimizerState`;
+        extra keyword arguments of ``update`` go to ``inner``. Keep ``lossscale.serialize(policy)`` with
+        your config to rebuild the same transformation.
 
     Raises:
-        TypeError, ValueError: as ``lossscale.torch.LossScaleOptimizer`` for
-            the scale arguments (both forms at once, a bad policy) and
-            ``max_consecutive_skips``, and for an ``inner`` that is not an
-            optax transformation, a ``clip_by_global_norm`` that is not a
-            positive number, or a ``history`` that is not a
-            :class:`lossscale.History`.
+        TypeError, ValueError: as ``lossscale.torch.LossScaleOptimizer`` for the scale arguments and
+            ``max_consecutive_skips``; an ``inner`` that is not an optax transformation, a
+            ``clip_by_global_norm`` that is not a positive number, a ``history`` that is not a History.
 
-    Cost per ``update`` under ``jit``: one read pass over the gradients for
-    the check (:func:`all_finite`: one sum, with the exact check in a
-    ``lax.cond`` only when the sum is not finite); the ``1/S`` multiply and
-    the skip's choices are fused into ``inner``'s element-wise update, and
-    the updates into the caller's ``optax.apply_updates``. Measured in XLA's
-    compiled program (``benchmarks/bench_jax.py --passes-only``, Adam): plain
-    optax's passes over the state plus the one read of the gradients, and no
-    copy, donated or not. The scale update is about 20 scalar ops. No host
-    sync anywhere: the whole training step can be jitted. ``inner.update``
-    is traced once per trace of ``update``.
-
-    If you unscale the gradients yourself (to clip them, log them, or in
-    code ported from TF's ``get_unscaled_gradients`` + ``apply_gradients``
-    loop), don't pass the unscaled ones to ``update``: it would unscale them
-    again. Clip with ``clip_by_global_norm=`` (or inside ``inner``); for logging call
-    :func:`get_unscaled_gradients` on the side and pass the scaled gradients
-    to ``update`` (under ``jit`` XLA computes the product once).
+    Cost per ``update`` under ``jit``: one read pass over the gradients (:func:`all_finite`); the ``1/S``
+    multiply and the skip's choices fuse into ``inner``'s element-wise kernels, so the compiled step makes
+    plain optax's passes over the state plus that one read, and no copy, donated or not
+    (``benchmarks/bench_jax.py --passes-only``). About 20 scalar ops for the scale; no host sync.
 
     >>> import jax, jax.numpy as jnp, optax, lossscale.jax as lsj
     >>> params = {"w": jnp.array([1.0, -2.0])}
@@ -301,17 +450,13 @@ def loss_scale_optimizer(
         leaves = check_gradients(grads)
         scale_state = state.loss_scale_state
         scale = jnp.asarray(scale_state.loss_scale)
-        sample = None
+        # With S >= 1 (the policy's floor) g / S is finite exactly when g is: the check reads the scaled g.
+        factor: Any = None
+        sample: Any = None
         if max_norm is None and every == 1 and state.stats is not None and rule.min_scale >= 1:
-            # One pass: the statistics' max |g| is NaN or Inf iff a scaled gradient is, and with S >= 1
-            # the unscaled ones are finite iff the scaled ones are.
-            factor = None
-            sample = measure(leaves, jnp.asarray(state.stats.count), None)
+            sample = measure(leaves, jnp.asarray(state.stats.count), None)  # max |g| is the finite check too
             finite = jnp.isfinite(sample.amax)
         elif max_norm is None:
-            # With S >= 1 (the policy's floor), 0 < 1/S <= 1: g / S is finite exactly when g is, so the check
-            # reads the scaled gradients and the multiply happens only inside the update.
-            factor = None
             finite = all_finite(grads if rule.min_scale >= 1 else unscale(grads, scale))
         else:  # one pass gives both the global norm and the finite flag
             norm = jnp.sqrt(squared_norm(grads, scale))
@@ -319,8 +464,6 @@ def loss_scale_optimizer(
             factor = jnp.where(norm < max_norm, jnp.float32(1), jnp.float32(max_norm) / norm)
         if axes is not None:
             finite = lax.pmin(finite.astype(jnp.int32), axes) > 0
-        if sample is not None and axes is not None:
-            sample = _reduce_across(sample, leaves, axes)
         new_scale_state, new_stats, sampled = step_scale(
             policy, every, leaves, scale_state, state.stats, finite, axes, sample
         )
@@ -347,6 +490,36 @@ def loss_scale_optimizer(
     return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
 
-def stepper_of(update: Callable) -> Callable | None:
-    """The internal stepper of a transformation built by :func:`loss_scale_optimizer` (None for others)."""
-    return _STEPPERS.get(update)
+def apply_gradients(tx: Any, grads: Any, opt_state: Any, params: Any, **extra_args: Any) -> tuple[Any, Any]:
+    """``(new_params, new_opt_state)``: ``tx.update`` then ``optax.apply_updates``, with one skip.
+
+    For a :func:`loss_scale_optimizer` the same numbers as ``update`` + ``optax.apply_updates``, but the skip
+    chooses between the new and the old parameters, so the updates are never written to memory (XLA fuses
+    them into the parameter update), and with donated buffers the parameters are written in place. Any other
+    optax transformation takes those two lines. Cost: the update's; no host sync.
+
+    Args:
+        tx: the transformation, usually ``loss_scale_optimizer(...)``.
+        grads: the gradients of the scaled loss (:func:`value_and_grad`).
+        opt_state: ``tx``'s state.
+        params: the parameters (required).
+        **extra_args: passed to the inner transformation's ``update``.
+
+    >>> import jax.numpy as jnp, optax, lossscale.jax as lsj
+    >>> tx = lsj.loss_scale_optimizer(optax.sgd(0.5), 4)
+    >>> params = jnp.array([1.0, 2.0])
+    >>> state = tx.init(params)
+    >>> params, state = lsj.apply_gradients(tx, jnp.array([4.0, jnp.inf]), state, params)   # skipped
+    >>> params.tolist(), int(state.skipped_steps)
+    ([1.0, 2.0], 1)
+    >>> lsj.apply_gradients(tx, jnp.array([4.0, 8.0]), state, params)[0].tolist()
+    [0.5, 1.0]
+    """
+    if params is None:
+        raise TypeError("apply_gradients() needs the parameters to update; got params=None.")
+    update: Any = getattr(tx, "update", None)
+    stepper = _STEPPERS.get(update)
+    if stepper is None:
+        updates, opt_state = tx.update(grads, opt_state, params, **extra_args)
+        return optax.apply_updates(params, updates), opt_state
+    return stepper(grads, opt_state, params, extra_args, True)

@@ -12,7 +12,8 @@ import jax.numpy as jnp
 
 from .._rule import LossScaleState
 from ._compat import is_tracer
-from ._state import find_loss_scale_state
+from ._grads import scale_loss
+from ._optimizer import find_loss_scale_state
 
 __all__ = ["value_and_grad"]
 
@@ -22,77 +23,42 @@ def value_and_grad(
 ) -> Callable[..., Any]:
     """``jax.value_and_grad`` of ``fun``, with the loss scaled by the scale of the optimizer state.
 
-    The returned function takes ``fun``'s arguments and returns
-    ``(loss, grads)``, or ``((loss, aux), grads)`` with ``has_aux=True``,
-    where ``loss`` is ``fun``'s own (unscaled) value and ``grads`` are the
-    gradients of ``loss * S``: what ``update`` of :func:`loss_scale_optimizer`
-    expects. With ``S`` the scale and ``L`` the loss::
+    The returned function takes ``fun``'s arguments and returns ``(loss, grads)`` (``((loss, aux), grads)``
+    with ``has_aux=True``): ``fun``'s own loss and the gradients of the scaled loss, what ``update`` of
+    :func:`loss_scale_optimizer` expects::
 
         loss  = L(params)
-        grads = d(S * L)/d(params) = S * dL/d(params)   # S as in get_scaled_loss
+        grads = d(S * L)/d(params)      # S * L formed as in get_scaled_loss
 
-    Two forms; in both ``S`` is read from a state when the returned function
-    is *called*, never from a copy taken earlier:
+    ``S`` is read from a state when the returned function is *called*:
 
-    * **Build once, pass the state at call time** (recommended; the
-      ``jax.value_and_grad`` habit)::
-
-          grad_fn = lsj.value_and_grad(loss_fn)             # once, anywhere
-          loss, grads = grad_fn(params, batch, opt_state=state)
-
-      The keyword ``opt_state`` is taken by this function and not passed to
-      ``fun``. Any number of calls, inside or outside ``jit``.
-    * **Build inside the step with the current state**:
-      ``lsj.value_and_grad(loss_fn, state)(params, batch)``. What the
-      returned function may do depends on that state:
-
-      - *traced* (built inside the ``jit``/``pmap``/``scan`` step that is
-        given the state): any number of calls within that trace, each
-        reading that state (not checked: built before a ``lax.scan`` over
-        steps and called in its body, it would be stale; use the call-time
-        form there);
-      - *concrete* (eager code, ``jax.disable_jit()``): **one** call, outside
-        any trace. A second call, or a call inside a ``jit``/``pmap``/
-        ``scan`` trace (or a ``vmap`` over its arguments), raises
-        ``RuntimeError`` naming the call-time form. Rebuilt each step, as in the step body, it is right;
-        reused, it would scale every loss by that one state's ``S`` (after a
-        backoff, a 2x update), whatever replaced the state, an
-        eager or a jitted ``update``.
-
-      ``opt_state=`` at call time overrides the state given here, and such a
-      call has no limit.
+    * ``grad_fn = lsj.value_and_grad(loss_fn)`` once, then ``grad_fn(params, batch, opt_state=state)`` at
+      each step (recommended). The keyword ``opt_state`` is not passed to ``fun``.
+    * ``lsj.value_and_grad(loss_fn, state)(params, batch)`` built inside the step. With a *traced* state
+      (inside the ``jit``/``pmap``/``scan`` step given it) any number of calls in that trace (not checked:
+      reused across a ``lax.scan`` over steps it would be stale). With a *concrete* state (eager code) **one**
+      call, outside any trace: a second call, or one inside a trace, raises ``RuntimeError``, since it would
+      scale every later loss by that state's ``S``. ``opt_state=`` at call time overrides the state given
+      here, with no limit.
 
     Args:
-        fun: the loss function; returns a 0-d floating-point array (or
-            ``(loss, aux)`` with ``has_aux=True``).
-        opt_state: optional; anything holding exactly one loss scale: the
-            state of :func:`loss_scale_optimizer`, an ``optax.chain`` state
-            around it, a flax ``TrainState`` or its ``opt_state``, a
-            ``flax.nnx.Optimizer``'s ``opt_state``.
-        argnums: as in ``jax.value_and_grad`` (indices into ``fun``'s
-            arguments).
+        fun: the loss function; returns a 0-d floating-point array (or ``(loss, aux)`` with ``has_aux``).
+        opt_state: optional; anything :func:`find_state` takes.
+        argnums: as in ``jax.value_and_grad`` (indices into ``fun``'s arguments).
         has_aux: as in ``jax.value_and_grad``.
 
     Returns:
-        A function with ``fun``'s signature plus the keyword ``opt_state``.
-        It composes with ``jax.jit``, ``jax.pmap`` and ``jax.shard_map``
-        (average the gradients there, or give ``loss_scale_optimizer`` an
-        ``axis_name``).
+        A function with ``fun``'s signature plus the keyword ``opt_state``; it composes with ``jax.jit``,
+        ``jax.pmap`` and ``jax.shard_map``.
 
     Raises:
-        TypeError: no loss scale in ``opt_state``; no state at all (neither
-            here nor at call time); ``fun`` returned something other than a
-            floating-point array (or a pair with ``has_aux``).
-        ValueError: more than one loss scale, or an ``optax.chain`` that
-            clips before the loss scale.
-        RuntimeError: a function built with a concrete state called a second
-            time, or inside a trace (see above).
+        TypeError: no loss scale in ``opt_state``; no state at all; ``fun`` returned something other than a
+            0-d floating-point array (or a pair with ``has_aux``).
+        ValueError: more than one loss scale, or an ``optax.chain`` that clips before the loss scale.
+        RuntimeError: a function built with a concrete state called a second time, or inside a trace.
 
-    Cost: one scalar multiply on the loss more than ``jax.value_and_grad``
-    (the backward pass carries ``S`` from the loss's cotangent); a walk of
-    the state's tree structure per call (at trace time under ``jit``); no
-    host sync. The once-only rule of a concrete state costs a lock and a
-    flag per call, nothing on the arrays.
+    Cost: one scalar multiply on the loss more than ``jax.value_and_grad``; a walk of the state's tree
+    structure per call (at trace time under ``jit``); with a concrete state a lock and a flag per call.
 
     >>> import jax, jax.numpy as jnp, optax, lossscale.jax as lsj
     >>> opt = lsj.loss_scale_optimizer(optax.sgd(0.1), 1024)
@@ -131,8 +97,7 @@ def value_and_grad(
                 f"{type(loss).__name__}{'' if dtype is None else f' of dtype {dtype} and shape {jnp.shape(loss)}'}"
                 f"{'' if has_aux else ' (pass has_aux=True if it returns (loss, aux))'}."
             )
-        wide = jnp.promote_types(dtype, jnp.float32)
-        return (loss.astype(wide) * scale.astype(wide)).astype(dtype), (loss, aux)
+        return scale_loss(loss, scale), (loss, aux)
 
     # The scale is argument 0 of ``scaled``, so fun's argnums shift by one; it is never differentiated.
     def shift(a: Any) -> Any:
@@ -141,8 +106,8 @@ def value_and_grad(
     shifted = shift(argnums) if isinstance(argnums, int) else tuple(shift(a) for a in argnums)
     grad_fn = jax.value_and_grad(scaled, argnums=shifted, has_aux=True)
 
-    # A concrete state given here allows one call, outside any trace (see above); the lock makes the flag's
-    # test-and-set atomic, so two threads cannot both make the one call.
+    # A concrete state given here allows one call, outside any trace; the lock makes the flag's test-and-set
+    # atomic, so two threads cannot both make the one call.
     once = None if bound is None or is_tracer(jnp.asarray(bound.loss_scale)) else threading.Lock()
     used = False
 

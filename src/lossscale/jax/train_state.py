@@ -21,8 +21,7 @@ try:
 except ImportError as error:  # pragma: no cover - exercised only without flax
     raise ImportError(f"lossscale.jax.train_state needs flax ({error.name} is missing): pip install flax.") from error
 
-from ._apply import apply_gradients
-from ._state import find_state
+from ._optimizer import apply_gradients, find_state
 
 __all__ = ["TrainState"]
 
