@@ -44,21 +44,8 @@ from ._stats import tensor_names
 from ._value_and_grad import value_and_grad
 
 __all__ = [
-    "DynamicLossScale",
-    "ExponentialUpdateLossScaleManager",
-    "FixedLossScale",
-    "FixedLossScaleManager",
-    "LossScale",
-    "LossScaleError",
-    "LossScaleOptimizerState",
-    "LossScaleState",
-    "all_finite",
-    "apply_gradients",
-    "check_state",
-    "find_state",
-    "get_scaled_loss",
-    "get_unscaled_gradients",
-    "loss_scale_optimizer",
-    "tensor_names",
+    "DynamicLossScale", "ExponentialUpdateLossScaleManager", "FixedLossScale", "FixedLossScaleManager", "LossScale",
+    "LossScaleError", "LossScaleOptimizerState", "LossScaleState", "all_finite", "apply_gradients", "check_state",
+    "find_state", "get_scaled_loss", "get_unscaled_gradients", "loss_scale_optimizer", "tensor_names",
     "value_and_grad",
 ]

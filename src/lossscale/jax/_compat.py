@@ -14,20 +14,21 @@ __all__ = ["eval_jaxpr_choosing", "is_tracer", "like", "typeof", "varying_axes"]
 # Public replacement: ``jax.typeof`` (JAX >= 0.6). ``jax.core.get_aval`` is its older, deprecated spelling.
 typeof = getattr(jax, "typeof", None) or jax.core.get_aval
 
+try:  # jax.extend.core: JAX's API for library authors, with weaker stability promises
+    from jax.extend.core import Literal
+except ImportError:  # pragma: no cover - JAX < 0.4.36
+    Literal = jax.core.Literal  # type: ignore[misc]
+
 
 def is_tracer(x: Any) -> bool:
-    """Whether ``x`` is a value being traced (under ``jit``, ``grad``, ``vmap``, ...) rather than a concrete array.
-
-    ``jax.core.Tracer`` is public; ``jax.core`` is the module JAX keeps shrinking, hence the shim.
-    """
+    """Whether ``x`` is being traced (``jit``, ``grad``, ``vmap``, ...): ``jax.core``, which JAX keeps shrinking."""
     return isinstance(x, jax.core.Tracer)
 
 
 def varying_axes(aval: Any) -> frozenset:
     """The shard_map axes over which a value varies (empty outside shard_map and on old JAX).
 
-    Public replacement: ``jax.typeof(x).manual_axis_type.varying`` (JAX >= 0.9). JAX 0.6 - 0.8 kept the
-    same set in the then-private ``aval.vma``.
+    Public: ``jax.typeof(x).manual_axis_type.varying`` (JAX >= 0.9); JAX 0.6 - 0.8 kept it in ``aval.vma``.
     """
     manual = getattr(aval, "manual_axis_type", None)
     if manual is not None:
@@ -38,22 +39,13 @@ def varying_axes(aval: Any) -> frozenset:
 def like(x: Any, aval: Any) -> Any:
     """``x`` marked as varying over the same shard_map axes as ``aval``, so that both cond branches agree.
 
-    Public replacement: ``lax.pcast(x, axes, to="varying")`` (JAX >= 0.9); ``lax.pvary`` was its
-    experimental predecessor (JAX 0.6 - 0.8).
+    Public: ``lax.pcast(x, axes, to="varying")`` (JAX >= 0.9); ``lax.pvary`` in JAX 0.6 - 0.8.
     """
     missing = varying_axes(aval) - varying_axes(typeof(x))
     if not missing:
         return x
     axes = tuple(sorted(missing))
     return lax.pcast(x, axes, to="varying") if hasattr(lax, "pcast") else lax.pvary(x, axes)
-
-
-def _literal_type() -> type:
-    try:
-        from jax.extend import core as extend_core
-    except ImportError:  # pragma: no cover - JAX < 0.4.36
-        return jax.core.Literal  # type: ignore[attr-defined]
-    return extend_core.Literal
 
 
 def eval_jaxpr_choosing(closed: Any, args: Sequence[Any], choose: Callable[[int, Any], Any]) -> list[Any]:
@@ -66,12 +58,11 @@ def eval_jaxpr_choosing(closed: Any, args: Sequence[Any], choose: Callable[[int,
     ``jax.extend.core`` (``Literal``, ``Primitive.bind``, ``Primitive.get_bind_params``, whose result changed
     shape between releases), the calls of ``jax.core.eval_jaxpr``.
     """
-    literal = _literal_type()
     jaxpr = closed.jaxpr
     env: dict[Any, Any] = {}
 
     def read(v: Any) -> Any:
-        return v.val if isinstance(v, literal) else env[v]
+        return v.val if isinstance(v, Literal) else env[v]
 
     for v, x in zip(jaxpr.constvars, closed.consts):
         env[v] = x
@@ -80,7 +71,7 @@ def eval_jaxpr_choosing(closed: Any, args: Sequence[Any], choose: Callable[[int,
     bound = {v for v in list(jaxpr.constvars) + list(jaxpr.invars)}
     positions: dict[Any, list[int]] = {}
     for i, v in enumerate(jaxpr.outvars):
-        if not isinstance(v, literal):
+        if not isinstance(v, Literal):
             positions.setdefault(v, []).append(i)
     early = {v: p[0] for v, p in positions.items() if len(p) == 1 and v not in bound}
     for eqn in jaxpr.eqns:
@@ -93,6 +84,6 @@ def eval_jaxpr_choosing(closed: Any, args: Sequence[Any], choose: Callable[[int,
         for v, x in zip(eqn.outvars, outs):
             env[v] = choose(early[v], x) if v in early else x
     return [
-        read(v) if not isinstance(v, literal) and v in early else choose(i, read(v))
+        read(v) if not isinstance(v, Literal) and v in early else choose(i, read(v))
         for i, v in enumerate(jaxpr.outvars)
     ]

@@ -14,7 +14,7 @@ from jax import lax
 from .._errors import LossScaleError
 from .._history import STATS_COLUMNS, History
 
-__all__ = ["StepRecorder", "check_limit", "guard_skip", "recorder_for", "stall_message"]
+__all__ = ["StepRecorder", "check_limit", "guard_skip", "recorder_for"]
 
 
 def check_limit(max_consecutive_skips: Any) -> int | None:
@@ -28,12 +28,11 @@ def check_limit(max_consecutive_skips: Any) -> int | None:
     return int(max_consecutive_skips)
 
 
-def stall_message(streak: int, scale: float, limit: int) -> str:
-    """What :class:`lossscale.LossScaleError` says when ``streak`` steps in a row were skipped."""
-    return (
-        f"{streak} steps in a row were skipped because gradients held NaN or Inf (loss scale now {scale:g}; "
-        f"max_consecutive_skips={limit}). Lowering the scale has not helped, so the cause is likely not "
-        "an overflow of the scaled loss:\n"
+def _raise(streak: Any, scale: Any, *, limit: int) -> None:
+    raise LossScaleError(
+        f"{int(streak)} steps in a row were skipped because gradients held NaN or Inf (loss scale now "
+        f"{float(scale):g}; max_consecutive_skips={limit}). Lowering the scale has not helped, so the cause is "
+        "likely not an overflow of the scaled loss:\n"
         "  * a NaN in the loss itself (bad inputs or labels, log(0), 0/0): check jnp.isfinite(loss), or run "
         "with jax.config.update('jax_debug_nans', True);\n"
         "  * a learning rate too high, so the weights diverged: lower it or add warm-up;\n"
@@ -42,10 +41,6 @@ def stall_message(streak: int, scale: float, limit: int) -> str:
         "  * gradients clipped or transformed *before* loss_scale_optimizer in an optax.chain.\n"
         "Pass max_consecutive_skips=None to disable this check."
     )
-
-
-def _raise(streak: Any, scale: Any, *, limit: int) -> None:
-    raise LossScaleError(stall_message(int(streak), float(scale), limit))
 
 
 def guard_skip(streak: jax.Array, scale: jax.Array, limit: int) -> None:
@@ -62,13 +57,12 @@ def guard_skip(streak: jax.Array, scale: jax.Array, limit: int) -> None:
 
 
 class StepRecorder:
-    """Appends ``(step, loss_scale used, skipped)``, and a sampled step's statistics, to a History.
+    """Appends ``(step, scale used, skipped)``, and a sampled step's statistics, to a History on the host.
 
-    Steps are numbered after the history's last row (0 for an empty one); the loss, which ``update`` does not
-    see, is NaN. Cost: one ``jax.debug.callback`` per step (two scalars to the host, ``History.append`` about
-    40 us); JAX's callback machinery dominates (0.4-1.7 ms per step on a 2-core CPU even as a no-op:
+    Steps continue after the history's last row; the loss, which ``update`` does not see, is NaN. Cost: one
+    ``jax.debug.callback`` per step, whose machinery dominates (0.4-1.7 ms on a 2-core CPU even as a no-op:
     ``benchmarks/bench_jax_history.py``). Under ``pmap``/``shard_map`` the first device along the axes
-    records; under ``jit`` across processes JAX runs the callback on the process that holds device 0.
+    records; under ``jit`` across processes JAX calls back on the process that holds device 0.
     """
 
     def __init__(self, history: History) -> None:

@@ -1,7 +1,4 @@
-"""Kernels over gradient pytrees: scale the loss, unscale, check. Every result is a JAX array (no host sync).
-
-Under ``jit`` XLA fuses the multiply by ``1/S`` into whatever reads it (the check, the inner update).
-"""
+"""Kernels over gradient pytrees: scale the loss, unscale, check; each a JAX array (no host sync)."""
 
 from __future__ import annotations
 
@@ -55,10 +52,7 @@ def check_gradients(grads: Any) -> list[Any]:
 
 
 def unscale(grads: Any, scale: Any, factor: Any = None) -> Any:
-    """Each gradient times ``factor / scale``, computed in at least float32 and rounded once to its own dtype.
-
-    Cost: one element-wise multiply (free when XLA fuses it into the consumer).
-    """
+    """Each gradient times ``factor / scale`` in at least float32, rounded once to its dtype: one multiply."""
     inverse = _inverses(scale, factor)
 
     def one(g: Any) -> Any:
@@ -77,13 +71,12 @@ def _exactly_finite(leaves: list[Any]) -> jax.Array:
 
 
 def all_finite(tree: Any) -> jax.Array:
-    """A 0-d bool array: True iff no leaf of ``tree`` holds a NaN or an Inf.
+    """A 0-d bool array: True iff no leaf of ``tree`` holds a NaN or an Inf (an empty tree is finite).
 
-    float32/float64 leaves: one float32 sum of their sums, which is finite only if every element is; only when
-    it is not (a NaN, an Inf, or an overflow of the sum) does the exact ``all(isfinite(x))`` run, in a
-    ``lax.cond``. A plain sum reduces at memory speed, several times faster on CPU than ``all(isfinite(x))``.
-    float16/bfloat16 leaves: ``max(|x|)``; complex leaves: the exact check. Cost: one read pass (a second only
-    on a step with a NaN, an Inf or an overflowing sum); no host sync. An empty tree is finite.
+    float32/float64 leaves: one float32 sum of their sums, finite only if every element is (a plain sum reduces
+    at memory speed, several times faster on CPU than ``all(isfinite(x))``); only when it is not does the exact
+    check run, in a ``lax.cond``. float16/bfloat16 leaves: ``max(|x|)``; complex: the exact check. Cost: one
+    read pass (two on a step with a NaN, an Inf or an overflowing sum); no host sync.
 
     >>> import jax.numpy as jnp, lossscale.jax as lsj
     >>> bool(lsj.all_finite({"w": jnp.ones(3), "b": jnp.array([1.0, jnp.inf])}))

@@ -11,23 +11,20 @@ import jax
 import jax.numpy as jnp
 import optax
 from jax import lax
+from jax.tree_util import SequenceKey
 
 from .._resolve import resolve_loss_scale
 from .._rule import LossScaleState, initial_state
 from .._sampler import check_stats_every
+from .._stats import GradientStats, as_mapping
 from ._compat import eval_jaxpr_choosing, like
 from ._diagnostics import check_limit, guard_skip, recorder_for
 from ._grads import all_finite, check_gradients, scale_loss, squared_norm, unscale
-from ._stats import init_stats, measure, stats_mapping, step_scale
+from ._stats import init_stats, measure, step_scale
 
 __all__ = [
-    "LossScaleOptimizerState",
-    "apply_gradients",
-    "find_loss_scale_state",
-    "find_state",
-    "get_scaled_loss",
-    "get_unscaled_gradients",
-    "loss_scale_optimizer",
+    "LossScaleOptimizerState", "apply_gradients", "find_loss_scale_state", "find_state", "get_scaled_loss",
+    "get_unscaled_gradients", "loss_scale_optimizer",
 ]
 
 # The two layouts; the classes below give both the name LossScaleOptimizerState in repr.
@@ -39,25 +36,18 @@ class LossScaleOptimizerState(_Fields):
     """The state of :func:`~lossscale.jax.loss_scale_optimizer`: a NamedTuple pytree of arrays.
 
     The policy is not in it but in the transformation, so flatten, ``tree_map``, ``jit`` and restores cannot
-    lose it (jmp lost ``min_loss_scale`` on flatten: jmp PR #44).
+    lose it (jmp lost ``min_loss_scale`` on flatten: jmp PR #44). Without ``stats_every`` the tuple has 0.1's
+    two fields, so 0.1's flax msgpack and orbax checkpoints restore; with it, the third ``stats``.
 
     Attributes:
         inner_state: the wrapped transformation's state, untouched by skipped steps.
-        loss_scale_state: a :class:`lossscale.LossScaleState` of 0-d arrays: ``loss_scale`` (float32),
-            ``good_steps``, ``bad_steps``, ``skipped_steps`` and ``consecutive_skips`` (int32, saturating).
-        stats: with ``stats_every``, the core's ``SamplerState`` (step count, latest sample,
-            ``AutoLossScale``'s state); None otherwise.
-
-    Without ``stats_every`` the tuple has 0.1's two fields (``stats`` reads None), so its flax msgpack and
-    orbax checkpoints restore across versions; with it, a third field. The constructor builds either and
-    ``isinstance`` holds for both.
+        loss_scale_state: a :class:`lossscale.LossScaleState` of 0-d arrays.
+        stats: with ``stats_every``, the core's ``SamplerState``; None otherwise.
 
     >>> import jax.numpy as jnp, optax, lossscale.jax as lsj
     >>> state = lsj.loss_scale_optimizer(optax.sgd(0.1)).init({"w": jnp.ones(2)})
     >>> float(state.loss_scale), int(state.skipped_steps), state._fields, state.stats
     (32768.0, 0, ('inner_state', 'loss_scale_state'), None)
-    >>> lsj.loss_scale_optimizer(optax.sgd(0.1), stats_every=10).init({"w": jnp.ones(2)})._fields
-    ('inner_state', 'loss_scale_state', 'stats')
     """
 
     __slots__ = ()
@@ -95,7 +85,7 @@ class LossScaleOptimizerState(_Fields):
     @property
     def gradient_stats(self) -> dict[str, Any] | None:
         """The latest sample of ``stats_every`` (see docs/gradient_stats.md), or None when off."""
-        return stats_mapping(self.stats)
+        return None if self.stats is None else as_mapping(GradientStats(*map(jnp.asarray, self.stats.sample)))
 
     @property
     def last_step_skipped(self) -> jax.Array:
@@ -143,27 +133,15 @@ def _hides_scaled_gradients(node: Any) -> bool:
 
 def _check_chain_order(state: Any, caller: str) -> None:
     """Raise if an ``optax.chain`` runs a stateless transform or ``zero_nans`` before the loss scale."""
-
-    def is_leaf(n: Any) -> bool:
-        return _is_scale_node(n) or _hides_scaled_gradients(n)
-
-    leaves = jax.tree_util.tree_flatten_with_path(state, is_leaf=is_leaf)[0]
+    leaves = jax.tree_util.tree_flatten_with_path(
+        state, is_leaf=lambda n: _is_scale_node(n) or _hides_scaled_gradients(n)
+    )[0]
     scale_paths = [p for p, n in leaves if _is_scale_node(n)]
     for path, node in leaves:
-        if not _hides_scaled_gradients(node):
-            continue
-        for scale_path in scale_paths:
-            common = 0
-            while common < min(len(path), len(scale_path)) and path[common] == scale_path[common]:
-                common += 1
-            if common >= min(len(path), len(scale_path)):
-                continue
-            mine, theirs = path[common], scale_path[common]
-            if (
-                isinstance(mine, jax.tree_util.SequenceKey)
-                and isinstance(theirs, jax.tree_util.SequenceKey)
-                and mine.idx < theirs.idx
-            ):
+        for scale_path in scale_paths if _hides_scaled_gradients(node) else ():
+            # where the two paths part: a lower index in the same chain runs first
+            mine, theirs = next(((a, b) for a, b in zip(path, scale_path) if a != b), (None, None))
+            if isinstance(mine, SequenceKey) and isinstance(theirs, SequenceKey) and mine.idx < theirs.idx:
                 raise ValueError(
                     f"{caller}: an optax.chain runs a transformation ({type(node).__name__} at "
                     f"{jax.tree_util.keystr(path)}; e.g. optax.clip_by_global_norm) before loss_scale_optimizer, "
@@ -183,12 +161,9 @@ def find_state(opt_state: Any) -> LossScaleOptimizerState:
     """The :class:`LossScaleOptimizerState` inside ``opt_state``, wherever it sits.
 
     ``opt_state``: the state of :func:`loss_scale_optimizer`, of an ``optax.chain`` holding it, a flax
-    ``TrainState`` or its ``opt_state``, or a ``flax.nnx.Optimizer``'s ``opt_state``. Cost: a walk of the
-    tree structure in Python (at trace time under ``jit``).
-
-    Raises:
-        TypeError: no loss scale in ``opt_state``.
-        ValueError: more than one; or a chain that clips before the loss scale.
+    ``TrainState`` or its ``opt_state``, an ``nnx.Optimizer``'s ``opt_state``. Cost: a walk of the tree in
+    Python (at trace time under ``jit``). Raises TypeError if it holds no loss scale, ValueError if more than
+    one or if a chain clips before it.
 
     >>> import jax.numpy as jnp, optax, lossscale.jax as lsj
     >>> opt = optax.chain(lsj.loss_scale_optimizer(optax.sgd(0.1), 8), optax.scale(1.0))
@@ -200,14 +175,11 @@ def find_state(opt_state: Any) -> LossScaleOptimizerState:
 
 
 def get_scaled_loss(loss: Any, state: Any) -> jax.Array:
-    """``loss * S``, with ``S`` the current scale in ``state``, formed in at least float32, in ``loss``'s dtype.
+    """``loss * S``, with ``S`` the scale in ``state`` (as :func:`find_state`), formed in float32, in ``loss``'s dtype.
 
-    Differentiate this, not ``loss``: the gradients are ``S`` times the true ones, above float16's underflow
-    (about 6e-8). ``state``: anything :func:`find_state` takes. Cost: one scalar multiply.
-
-    Raises:
-        TypeError: ``loss`` is not a floating-point array; no loss scale in ``state``.
-        ValueError: more than one, or an ``optax.chain`` that clips before the loss scale.
+    Differentiate this, not ``loss``: the gradients are then ``S`` times the true ones, above float16's
+    underflow (about 6e-8). Cost: one scalar multiply. Raises TypeError for a loss that is not a floating-point
+    array, and :func:`find_state`'s errors.
 
     >>> import jax.numpy as jnp, optax, lossscale.jax as lsj
     >>> state = lsj.loss_scale_optimizer(optax.sgd(0.1), 1024).init(jnp.ones(2))
@@ -225,10 +197,9 @@ def get_scaled_loss(loss: Any, state: Any) -> jax.Array:
 
 
 def get_unscaled_gradients(grads: Any, state: Any) -> Any:
-    """A new pytree: each gradient times ``1/S`` (the correctly rounded float32 reciprocal), in its own dtype.
+    """Each gradient times ``1/S`` (float32, correctly rounded), in its own dtype: one element-wise multiply.
 
-    ``update()`` unscales for you: use this to look at the true gradients and still pass the scaled ones to
-    ``update()`` (under ``jit`` XLA shares the multiply). Cost: one element-wise multiply.
+    ``update()`` unscales for you: use this to look at the true gradients, and pass the scaled ones to it.
 
     >>> import jax.numpy as jnp, optax, lossscale.jax as lsj
     >>> state = lsj.loss_scale_optimizer(optax.sgd(0.1), 1024).init(jnp.ones(2))
@@ -265,11 +236,10 @@ def _check_max_norm(max_norm: Any) -> float | None:
 def _chosen(finite: jax.Array, update: Callable, operands: Any, olds: Any) -> Any:
     """``update(*operands)`` where ``finite``, else ``olds`` (None: zeros shaped like that output), leaf by leaf.
 
-    Each output is chosen with ``jnp.where`` as soon as the traced ``update`` computes it
-    (:func:`~lossscale.jax._compat.eval_jaxpr_choosing`), so later equations (Adam's parameter update reading
-    its new moments) read the chosen value. XLA fuses each choice into the kernel that computes the value and
-    writes every output once, in place when donated: the skip costs no pass. (A choice made at the end makes XLA
-    copy the donated moments; a ``lax.cond`` copies its operands, or its results when donated.)
+    Each output is chosen with ``jnp.where`` as soon as it is computed (:func:`eval_jaxpr_choosing`), so later
+    equations (Adam's parameter update reading its new moments) read the chosen value: XLA fuses each choice
+    into the kernel that computes it, in place when donated, and the skip costs no pass. (A choice at the end
+    makes XLA copy the donated moments; a ``lax.cond`` copies its operands, or its results when donated.)
     """
     flat, in_tree = jax.tree_util.tree_flatten(operands)
     closed, shapes = jax.make_jaxpr(
@@ -328,10 +298,8 @@ def loss_scale_optimizer(
 ) -> optax.GradientTransformationExtraArgs:
     """Wraps ``inner`` in loss scaling; TF's ``LossScaleOptimizer`` for optax.
 
-    The loss is multiplied by ``S`` before differentiation and the gradients by ``1/S`` before the update, so
-    that float16 gradients below about 6e-8 do not flush to zero (Micikevicius et al., 2018).
-    ``update(grads, state, params)`` takes the gradients of the **scaled** loss (:func:`value_and_grad`, or
-    ``jax.grad`` of :func:`get_scaled_loss`) and computes, with ``g`` those gradients::
+    ``update(grads, state, params)`` takes ``g``, the gradients of the **scaled** loss (:func:`value_and_grad`,
+    or ``jax.grad`` of :func:`get_scaled_loss`; never gradients you unscaled already), and computes::
 
         finite = all(isfinite(g))              # NaN and +-Inf alike (of g / S when S may be < 1)
         u = g * (1 / S)                        # each leaf in its own dtype
@@ -341,59 +309,45 @@ def loss_scale_optimizer(
         inner_state = where(finite, new_inner, inner_state)
         S, counters = lossscale.next_state(policy, S, counters, finite)
 
-    A non-finite step is skipped in every mode, fixed scales included (``loss_scale=1`` for skip-only, e.g.
-    bfloat16): zero updates, and the inner state bit for bit what it was. The inner update runs, and is thrown
-    away, on a skipped step too (host callbacks inside ``inner`` run on every step). Don't pass gradients you
-    unscaled yourself: ``update`` would unscale them again.
+    A non-finite step is skipped with every policy (``loss_scale=1``: skip only, e.g. for bfloat16); the
+    inner update runs and is thrown away. Cost under ``jit``: one read pass over the gradients
+    (:func:`all_finite`); the ``1/S`` multiply and the skip fuse into ``inner``'s kernels, so the step makes
+    plain optax's passes over the state plus that read, and no copy (``benchmarks/bench_jax.py
+    --passes-only``); no host sync.
 
     Args:
-        inner: the optax transformation that receives the unscaled gradients, e.g. ``optax.adamw(1e-3)``.
-            Put gradient clipping *inside* it (``optax.chain(optax.clip_by_global_norm(1.0), ...)``).
-        loss_scale: the experimental form: a number (fixed scale), ``"dynamic"``, any
-            :class:`lossscale.LossScale` (managers included) or its ``lossscale.serialize`` dict.
+        inner: the optax transformation that receives the unscaled gradients, e.g. ``optax.adamw(1e-3)``;
+            a clip goes *inside* it (``optax.chain(optax.clip_by_global_norm(1.0), ...)``).
+        loss_scale: the experimental form: a number (fixed), ``"dynamic"``, any :class:`lossscale.LossScale`
+            (managers included) or its ``lossscale.serialize`` dict.
         dynamic: the stable form (default True).
         initial_scale: the initial (or, when ``dynamic=False``, fixed) scale; default 2**15.
         dynamic_growth_steps: finite steps before the scale doubles; default 2000.
         min_loss_scale: the floor of a dynamic scale (default 1).
         max_loss_scale: the ceiling of a dynamic scale (default None: none).
-        hysteresis: non-finite steps before a dynamic scale backs off (default 1, TF's). These three refine
-            the stable form's dynamic scale or ``loss_scale="dynamic"``; a policy object carries its own.
-        axis_name: under ``jax.pmap`` or ``jax.shard_map``, the axis name(s) over which the finite flag is
-            reduced (``lax.pmin``) so that every device skips or steps together. Not needed under ``jit``
-            with sharded arrays (the check is global) nor after a ``lax.pmean`` of the gradients.
-        clip_by_global_norm: clip the *true* gradients to this global norm before ``inner`` sees them. The
-            norm (``sqrt(sum((g/S)**2))`` in float32) is also the finite check and its factor is folded into
-            the ``1/S`` multiply: no extra pass. Never clip *before* this transformation in an
-            ``optax.chain`` (:func:`get_scaled_loss` and :func:`value_and_grad` refuse that order).
-        max_consecutive_skips: raise :class:`lossscale.LossScaleError` (likely causes and fixes) from the
-            jitted step in which the ``N``-th step in a row is skipped (default None: never); JAX wraps it in
-            its runtime error when the results are read. A ``jax.debug.callback`` behind a ``lax.cond`` that
-            only a skipped step reaches: a finite step runs no host code.
-        history: a :class:`lossscale.History` that gets one row per step (step, the scale used, skipped; the
-            loss as NaN). Cost: one ``jax.debug.callback`` per step (0.4-1.7 ms on CPU); None stages
-            nothing. Under ``pmap``/``shard_map`` pass ``axis_name`` (the first device records).
-        stats_every: measure the scaled gradients every ``N``-th update (default None: never; 16 with
-            ``loss_scale="auto"``): per tensor and overall ``amax``, ``headroom_bits``, the shares of zeros and
-            float16 subnormals (:mod:`lossscale._stats`), in ``state.gradient_stats``;
-            ``lossscale.AutoLossScale`` sets the scale from them. Cost on a sampled step: about one read
-            pass (with ``N=1`` and no clip it is the finite check too); otherwise a ``lax.cond``. Measured
-            (``benchmarks/bench_stats.py``, 2-core CPU, Adam): 1M parameters 1.27x the step at ``N=1``,
-            1.03x at ``N=16``; 10M 1.14x and 1.00x.
+        hysteresis: non-finite steps before a dynamic scale backs off (default 1). These three refine the
+            stable form's dynamic scale or ``"dynamic"``; a policy object carries its own.
+        max_consecutive_skips: raise :class:`lossscale.LossScaleError` from the jitted step that skips for
+            the ``N``-th time in a row (default None: never); a ``jax.debug.callback`` that only such a step
+            reaches.
+        history: a :class:`lossscale.History` that gets one row per step (the loss as NaN): one
+            ``jax.debug.callback`` per step (0.4-1.7 ms on CPU).
+        axis_name: under ``jax.pmap``/``jax.shard_map``, the axis name(s) over which the finite flag is
+            ``lax.pmin``-ed, so that every device skips or steps together. Not needed under ``jit``.
+        clip_by_global_norm: clip the true gradients to this global norm; the norm is also the finite check
+            and its factor joins the ``1/S`` multiply: no extra pass.
+        stats_every: measure the scaled gradients every ``N``-th update (default None; 16 with
+            ``loss_scale="auto"``) into ``state.gradient_stats``, which ``lossscale.AutoLossScale`` reads:
+            about one read pass on a sampled step (1.03x the step at ``N=16``: docs/gradient_stats.md).
 
     Returns:
         An ``optax.GradientTransformationExtraArgs`` whose state is a :class:`LossScaleOptimizerState`;
-        extra keyword arguments of ``update`` go to ``inner``. Keep ``lossscale.serialize(policy)`` with
-        your config to rebuild the same transformation.
+        extra keyword arguments of ``update`` go to ``inner``.
 
     Raises:
-        TypeError, ValueError: as ``lossscale.torch.LossScaleOptimizer`` for the scale arguments and
-            ``max_consecutive_skips``; an ``inner`` that is not an optax transformation, a
-            ``clip_by_global_norm`` that is not a positive number, a ``history`` that is not a History.
-
-    Cost per ``update`` under ``jit``: one read pass over the gradients (:func:`all_finite`); the ``1/S``
-    multiply and the skip's choices fuse into ``inner``'s element-wise kernels, so the compiled step makes
-    plain optax's passes over the state plus that one read, and no copy, donated or not
-    (``benchmarks/bench_jax.py --passes-only``). About 20 scalar ops for the scale; no host sync.
+        TypeError, ValueError: the scale arguments and ``max_consecutive_skips`` as in
+            ``lossscale.torch.LossScaleOptimizer``; ``inner``, ``clip_by_global_norm`` or ``history`` of the
+            wrong kind.
 
     >>> import jax, jax.numpy as jnp, optax, lossscale.jax as lsj
     >>> params = {"w": jnp.array([1.0, -2.0])}
@@ -404,8 +358,7 @@ def loss_scale_optimizer(
     >>> updates, state = jax.jit(opt.update)(grads, state, params)
     >>> optax.apply_updates(params, updates)["w"]
     Array([0., 0.], dtype=float32)
-    >>> bad = {"w": jnp.array([jnp.inf, 0.0])}
-    >>> updates, state = opt.update(bad, state, params)      # skipped, scale halves
+    >>> updates, state = opt.update({"w": jnp.array([jnp.inf, 0.0])}, state, params)  # skipped, scale halves
     >>> updates["w"], float(state.loss_scale), int(state.skipped_steps)
     (Array([0., 0.], dtype=float32), 16384.0, 1)
     """
@@ -493,17 +446,9 @@ def loss_scale_optimizer(
 def apply_gradients(tx: Any, grads: Any, opt_state: Any, params: Any, **extra_args: Any) -> tuple[Any, Any]:
     """``(new_params, new_opt_state)``: ``tx.update`` then ``optax.apply_updates``, with one skip.
 
-    For a :func:`loss_scale_optimizer` the same numbers as ``update`` + ``optax.apply_updates``, but the skip
-    chooses between the new and the old parameters, so the updates are never written to memory (XLA fuses
-    them into the parameter update), and with donated buffers the parameters are written in place. Any other
-    optax transformation takes those two lines. Cost: the update's; no host sync.
-
-    Args:
-        tx: the transformation, usually ``loss_scale_optimizer(...)``.
-        grads: the gradients of the scaled loss (:func:`value_and_grad`).
-        opt_state: ``tx``'s state.
-        params: the parameters (required).
-        **extra_args: passed to the inner transformation's ``update``.
+    For a :func:`loss_scale_optimizer` the skip chooses between the new and the old parameters: the same
+    numbers, but the updates are never written to memory and donated parameters are updated in place. Any
+    other ``tx`` takes the two calls. ``params`` is required; ``extra_args`` go to the inner ``update``.
 
     >>> import jax.numpy as jnp, optax, lossscale.jax as lsj
     >>> tx = lsj.loss_scale_optimizer(optax.sgd(0.5), 4)

@@ -1,9 +1,6 @@
-"""``stats_every`` on JAX: the measurement, inside the jitted step; the sampler is the core's.
-
-The decision, the kept sample, the auto rule and the count are :func:`lossscale._sampler.next_sampler_state`
-over ``jax.numpy``; its ``SamplerState`` is the optimizer state's third field. The measurement runs under a
-``lax.cond`` on ``count % stats_every == 0``: the step compiles once and an unsampled step runs no reduction.
-Inside ``optax.MultiSteps`` it samples the micro-batches' mean gradients; outside, each micro-batch's own.
+"""``stats_every`` on JAX: the measurement inside the jitted step; the sampler is the core's
+(:func:`lossscale._sampler.next_sampler_state` over ``jax.numpy``; its ``SamplerState`` is the state's third
+field). Inside ``optax.MultiSteps`` it samples the micro-batches' mean gradients, outside each micro-batch's.
 """
 
 from __future__ import annotations
@@ -18,9 +15,9 @@ from jax import lax
 from .._policy import LossScale
 from .._rule import LossScaleState, next_state
 from .._sampler import SamplerState, initial_sampler_state, is_due, next_sampler_state
-from .._stats import FLOAT16_TINY, GradientStats, as_mapping, summarize
+from .._stats import FLOAT16_TINY, GradientStats, summarize
 
-__all__ = ["init_stats", "measure", "stats_mapping", "step_scale", "tensor_names"]
+__all__ = ["init_stats", "measure", "step_scale", "tensor_names"]
 
 
 def init_stats(policy: LossScale, params: Any) -> SamplerState:
@@ -68,11 +65,7 @@ def _sums(g: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
 
 
 def measure(grads: list, count: Any, axes: tuple[Hashable, ...] | None) -> GradientStats:
-    """The statistics of the scaled gradient leaves ``grads`` (across ``axes`` when given), tagged ``count``.
-
-    Cost: about one read pass over the gradients (:func:`_sums`), plus about 25 ops on ``(T,)`` arrays;
-    under ``axes`` four collectives per leaf on 0-d values.
-    """
+    """The statistics of the gradient leaves ``grads`` (across ``axes``), tagged ``count``: about one read pass."""
     zero = jnp.zeros((), jnp.float32)
     sums = [_sums(g) if g.size else (zero,) * 4 for g in grads]
     sample = summarize(sums, [g.size for g in grads], jnp.asarray(count, jnp.int32), jnp)
@@ -80,20 +73,14 @@ def measure(grads: list, count: Any, axes: tuple[Hashable, ...] | None) -> Gradi
 
 
 def step_scale(
-    policy: LossScale,
-    every: int | None,
-    grads: list,
-    scale_state: LossScaleState,
-    stats: SamplerState | None,
-    finite: jax.Array,
-    axes: tuple[Hashable, ...] | None,
-    sample: GradientStats | None = None,
+    policy: LossScale, every: int | None, grads: list, scale_state: LossScaleState, stats: SamplerState | None,
+    finite: jax.Array, axes: tuple[Hashable, ...] | None, sample: GradientStats | None = None,
 ) -> tuple[LossScaleState, SamplerState | None, Any]:
     """The new scale state, sampler state and ``sampled`` flag after one update (``grads``: the scaled leaves).
 
-    ``sample``: this device's statistics when the caller measured them for the finite flag (``stats_every=1``:
-    ``isfinite(amax)``, so the check and the statistics are one pass). Cost on a sampled step: :func:`measure`
-    and about 60 scalar ops; otherwise the ``lax.cond`` and the scalar update. No host sync.
+    ``sample``: this device's statistics when the caller measured them as the finite check (``stats_every=1``).
+    The measurement runs under a ``lax.cond`` on ``count % every == 0``: the step compiles once and an
+    unsampled step runs no reduction. No host sync.
     """
     if every is None or stats is None:
         return next_state(policy.rule_params(), scale_state, finite, jnp), stats, False
@@ -120,9 +107,3 @@ def tensor_names(params: Any) -> tuple[str, ...]:
     """The names ``gradient_stats["per_tensor"]`` uses for the leaves of ``params`` (``jax.tree_util.keystr``)."""
     return tuple(jax.tree_util.keystr(path) for path, _ in jax.tree_util.tree_flatten_with_path(params)[0])
 
-
-def stats_mapping(stats: SamplerState | None) -> dict[str, Any] | None:
-    """``gradient_stats`` of a state: :func:`lossscale._stats.as_mapping` of the latest sample, or None."""
-    if stats is None:
-        return None
-    return as_mapping(GradientStats(*(jnp.asarray(x) for x in stats.sample)))

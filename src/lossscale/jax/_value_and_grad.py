@@ -24,22 +24,14 @@ def value_and_grad(
     """``jax.value_and_grad`` of ``fun``, with the loss scaled by the scale of the optimizer state.
 
     The returned function takes ``fun``'s arguments and returns ``(loss, grads)`` (``((loss, aux), grads)``
-    with ``has_aux=True``): ``fun``'s own loss and the gradients of the scaled loss, what ``update`` of
-    :func:`loss_scale_optimizer` expects::
-
-        loss  = L(params)
-        grads = d(S * L)/d(params)      # S * L formed as in get_scaled_loss
-
-    ``S`` is read from a state when the returned function is *called*:
-
-    * ``grad_fn = lsj.value_and_grad(loss_fn)`` once, then ``grad_fn(params, batch, opt_state=state)`` at
-      each step (recommended). The keyword ``opt_state`` is not passed to ``fun``.
-    * ``lsj.value_and_grad(loss_fn, state)(params, batch)`` built inside the step. With a *traced* state
-      (inside the ``jit``/``pmap``/``scan`` step given it) any number of calls in that trace (not checked:
-      reused across a ``lax.scan`` over steps it would be stale). With a *concrete* state (eager code) **one**
-      call, outside any trace: a second call, or one inside a trace, raises ``RuntimeError``, since it would
-      scale every later loss by that state's ``S``. ``opt_state=`` at call time overrides the state given
-      here, with no limit.
+    with ``has_aux``): ``fun``'s own loss ``L`` and ``d(S * L)/d(params)``, what ``update`` expects. ``S`` is
+    read when the function is *called*: from ``opt_state=`` given then (recommended: build once, pass the
+    current state at each call; the keyword is not passed to ``fun``), else from the state given here. Built
+    inside the step with that step's traced state it may be called any number of times in that trace; with a
+    *concrete* state (eager code) once, outside any trace, since a later call would scale the loss by that
+    old state's ``S`` (a second call, or one inside a trace, raises ``RuntimeError``). It composes with
+    ``jax.jit``, ``jax.pmap`` and ``jax.shard_map``. Cost: one scalar multiply more than
+    ``jax.value_and_grad``.
 
     Args:
         fun: the loss function; returns a 0-d floating-point array (or ``(loss, aux)`` with ``has_aux``).
@@ -47,18 +39,11 @@ def value_and_grad(
         argnums: as in ``jax.value_and_grad`` (indices into ``fun``'s arguments).
         has_aux: as in ``jax.value_and_grad``.
 
-    Returns:
-        A function with ``fun``'s signature plus the keyword ``opt_state``; it composes with ``jax.jit``,
-        ``jax.pmap`` and ``jax.shard_map``.
-
     Raises:
         TypeError: no loss scale in ``opt_state``; no state at all; ``fun`` returned something other than a
             0-d floating-point array (or a pair with ``has_aux``).
         ValueError: more than one loss scale, or an ``optax.chain`` that clips before the loss scale.
         RuntimeError: a function built with a concrete state called a second time, or inside a trace.
-
-    Cost: one scalar multiply on the loss more than ``jax.value_and_grad``; a walk of the state's tree
-    structure per call (at trace time under ``jit``); with a concrete state a lock and a flag per call.
 
     >>> import jax, jax.numpy as jnp, optax, lossscale.jax as lsj
     >>> opt = lsj.loss_scale_optimizer(optax.sgd(0.1), 1024)
