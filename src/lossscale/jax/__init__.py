@@ -39,9 +39,9 @@ from ._optimizer import (
     get_scaled_loss,
     get_unscaled_gradients,
     loss_scale_optimizer,
+    value_and_grad,
 )
 from ._stats import tensor_names
-from ._value_and_grad import value_and_grad
 
 __all__ = [
     "DynamicLossScale", "ExponentialUpdateLossScaleManager", "FixedLossScale", "FixedLossScaleManager", "LossScale",

@@ -9,7 +9,7 @@ from typing import Any
 import jax
 from jax import lax
 
-__all__ = ["eval_jaxpr_choosing", "is_tracer", "like", "typeof", "varying_axes"]
+__all__ = ["eval_jaxpr_choosing", "is_tracer", "like"]
 
 # Public replacement: ``jax.typeof`` (JAX >= 0.6). ``jax.core.get_aval`` is its older, deprecated spelling.
 typeof = getattr(jax, "typeof", None) or jax.core.get_aval
@@ -25,23 +25,18 @@ def is_tracer(x: Any) -> bool:
     return isinstance(x, jax.core.Tracer)
 
 
-def varying_axes(aval: Any) -> frozenset:
-    """The shard_map axes over which a value varies (empty outside shard_map and on old JAX).
-
-    Public: ``jax.typeof(x).manual_axis_type.varying`` (JAX >= 0.9); JAX 0.6 - 0.8 kept it in ``aval.vma``.
-    """
-    manual = getattr(aval, "manual_axis_type", None)
-    if manual is not None:
-        return frozenset(manual.varying)
-    return frozenset(getattr(aval, "vma", None) or ())
-
-
 def like(x: Any, aval: Any) -> Any:
     """``x`` marked as varying over the same shard_map axes as ``aval``, so that both cond branches agree.
 
-    Public: ``lax.pcast(x, axes, to="varying")`` (JAX >= 0.9); ``lax.pvary`` in JAX 0.6 - 0.8.
+    Public: ``lax.pcast(x, axes, to="varying")`` and ``jax.typeof(x).manual_axis_type.varying`` (JAX >= 0.9);
+    ``lax.pvary`` and ``aval.vma`` in JAX 0.6 - 0.8; neither before (nothing varies).
     """
-    missing = varying_axes(aval) - varying_axes(typeof(x))
+
+    def varying(a: Any) -> frozenset:
+        manual = getattr(a, "manual_axis_type", None)
+        return frozenset(manual.varying) if manual is not None else frozenset(getattr(a, "vma", None) or ())
+
+    missing = varying(aval) - varying(typeof(x))
     if not missing:
         return x
     axes = tuple(sorted(missing))
@@ -59,16 +54,12 @@ def eval_jaxpr_choosing(closed: Any, args: Sequence[Any], choose: Callable[[int,
     shape between releases), the calls of ``jax.core.eval_jaxpr``.
     """
     jaxpr = closed.jaxpr
-    env: dict[Any, Any] = {}
+    env: dict[Any, Any] = {**dict(zip(jaxpr.constvars, closed.consts)), **dict(zip(jaxpr.invars, args))}
+    bound = set(env)
 
     def read(v: Any) -> Any:
         return v.val if isinstance(v, Literal) else env[v]
 
-    for v, x in zip(jaxpr.constvars, closed.consts):
-        env[v] = x
-    for v, x in zip(jaxpr.invars, args):
-        env[v] = x
-    bound = {v for v in list(jaxpr.constvars) + list(jaxpr.invars)}
     positions: dict[Any, list[int]] = {}
     for i, v in enumerate(jaxpr.outvars):
         if not isinstance(v, Literal):

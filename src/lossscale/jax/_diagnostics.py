@@ -46,14 +46,15 @@ def _raise(streak: Any, scale: Any, *, limit: int) -> None:
 def guard_skip(streak: jax.Array, scale: jax.Array, limit: int) -> None:
     """Raise on the host iff ``streak`` (the skips in a row after this step) ``>= limit``.
 
-    A ``jax.debug.callback`` behind a ``lax.cond``: a finite step, and a skip below the limit, run no host code.
-    JAX re-raises the error wrapped in its runtime error at the latest when the step's results are read.
+    A finite step, and a skip below the limit, run no host code. JAX re-raises the error wrapped in its runtime
+    error at the latest when the step's results are read.
     """
-    lax.cond(
-        streak >= limit,
-        lambda: jax.debug.callback(functools.partial(_raise, limit=limit), streak, scale),
-        lambda: None,
-    )
+    _call_back_if(streak >= limit, functools.partial(_raise, limit=limit), streak, scale)
+
+
+def _call_back_if(pred: jax.Array, fn: Any, *args: Any) -> None:
+    """``fn(*args)`` on the host where ``pred`` holds: a ``jax.debug.callback`` behind a ``lax.cond``."""
+    lax.cond(pred, lambda: jax.debug.callback(fn, *args), lambda: None)
 
 
 class StepRecorder:
@@ -76,9 +77,7 @@ class StepRecorder:
             stats = {name: float(np.asarray(value)) for name, value in zip(STATS_COLUMNS, columns)}
         self.history.append(step, float(np.asarray(scale)), not bool(np.asarray(finite)), stats=stats)
 
-    def record(
-        self, scale: jax.Array, finite: jax.Array, axes: tuple[Hashable, ...] | None, measured: Any = None
-    ) -> None:
+    def record(self, scale: jax.Array, finite: jax.Array, axes: tuple[Hashable, ...] | None, measured: Any = None) -> None:
         """Stages the callback (runs it, eagerly); ``measured``: ``(sampled, sample)`` with ``stats_every``."""
         args: tuple[Any, ...] = (scale, finite)
         if measured is not None:
@@ -87,11 +86,7 @@ class StepRecorder:
         if axes is None:
             jax.debug.callback(self._append, *args)
         else:
-            lax.cond(
-                lax.axis_index(axes) == 0,
-                lambda: jax.debug.callback(self._append, *args),
-                lambda: None,
-            )
+            _call_back_if(lax.axis_index(axes) == 0, self._append, *args)
 
 
 def recorder_for(history: Any) -> StepRecorder | None:

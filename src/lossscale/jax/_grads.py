@@ -17,20 +17,18 @@ def scale_loss(loss: Any, scale: Any) -> jax.Array:
     return (loss.astype(wide) * jnp.asarray(scale).astype(wide)).astype(loss.dtype)
 
 
-def _reciprocal(scale: Any, dtype: Any) -> jax.Array:
-    # Correctly rounded in float32: a float64 quotient rounded to float32 is the same number (53 > 2 * 24 + 2
-    # bits; Figueroa 1995), so this is torch's float64-exact reciprocal without jax_enable_x64.
-    return jnp.reciprocal(jnp.asarray(scale).astype(jnp.finfo(dtype).dtype))
-
-
 def _inverses(scale: Any, factor: Any = None) -> Any:
-    """``dtype -> (1/scale) * factor`` in that dtype (at least float32), each computed once."""
+    """``dtype -> (wide, factor / scale)`` with ``wide`` that dtype widened to at least float32, computed once.
+
+    ``1/scale`` is correctly rounded: the float64 quotient rounded to float32 is the same number (53 > 2 * 24 + 2
+    bits; Figueroa 1995), so this is torch's float64-exact reciprocal without ``jax_enable_x64``.
+    """
     cache: dict[Any, jax.Array] = {}
 
     def inverse(dtype: Any) -> tuple[Any, jax.Array]:
         wide = jnp.promote_types(dtype, jnp.float32)
         if wide not in cache:
-            value = _reciprocal(scale, wide)
+            value = jnp.reciprocal(jnp.asarray(scale).astype(jnp.finfo(wide).dtype))
             cache[wide] = value if factor is None else value * jnp.asarray(factor).astype(wide)
         return wide, cache[wide]
 

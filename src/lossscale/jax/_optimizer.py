@@ -1,10 +1,12 @@
-"""``loss_scale_optimizer``: TF's ``LossScaleOptimizer`` as an optax transformation, its state and its verbs."""
+"""``loss_scale_optimizer``: TF's ``LossScaleOptimizer`` as an optax transformation, its state and the loop's verbs."""
 
 from __future__ import annotations
 
 import collections
+import functools
+import threading
 import weakref
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import jax
@@ -17,14 +19,14 @@ from .._resolve import resolve_loss_scale
 from .._rule import LossScaleState, initial_state
 from .._sampler import check_stats_every
 from .._stats import GradientStats, as_mapping
-from ._compat import eval_jaxpr_choosing, like
+from ._compat import eval_jaxpr_choosing, is_tracer, like
 from ._diagnostics import check_limit, guard_skip, recorder_for
 from ._grads import all_finite, check_gradients, scale_loss, squared_norm, unscale
 from ._stats import init_stats, measure, step_scale
 
 __all__ = [
-    "LossScaleOptimizerState", "apply_gradients", "find_loss_scale_state", "find_state", "get_scaled_loss",
-    "get_unscaled_gradients", "loss_scale_optimizer",
+    "LossScaleOptimizerState", "apply_gradients", "find_state", "get_scaled_loss", "get_unscaled_gradients",
+    "loss_scale_optimizer", "value_and_grad",
 ]
 
 # The two layouts; the classes below give both the name LossScaleOptimizerState in repr.
@@ -209,6 +211,119 @@ def get_unscaled_gradients(grads: Any, state: Any) -> Any:
     return unscale(grads, find_loss_scale_state(state, "get_unscaled_gradients()").loss_scale)
 
 
+def value_and_grad(
+    fun: Callable[..., Any], opt_state: Any = None, *, argnums: int | Sequence[int] = 0, has_aux: bool = False
+) -> Callable[..., Any]:
+    """``jax.value_and_grad`` of ``fun``, with the loss scaled by the scale of the optimizer state.
+
+    The returned function takes ``fun``'s arguments and returns ``(loss, grads)`` (``((loss, aux), grads)``
+    with ``has_aux``): ``fun``'s own loss ``L`` and ``d(S * L)/d(params)``, what ``update`` expects. ``S`` is
+    read when the function is *called*: from ``opt_state=`` given then (recommended: build once, pass the
+    current state at each call; the keyword is not passed to ``fun``), else from the state given here. Built
+    inside the step with that step's traced state it may be called any number of times in that trace; with a
+    *concrete* state (eager code) once, outside any trace, since a later call would scale the loss by that
+    old state's ``S`` (a second call, or one inside a trace, raises ``RuntimeError``). It composes with
+    ``jax.jit``, ``jax.pmap`` and ``jax.shard_map``. Cost: one scalar multiply more than
+    ``jax.value_and_grad``.
+
+    Args:
+        fun: the loss function; returns a 0-d floating-point array (or ``(loss, aux)`` with ``has_aux``).
+        opt_state: optional; anything :func:`find_state` takes.
+        argnums: as in ``jax.value_and_grad`` (indices into ``fun``'s arguments).
+        has_aux: as in ``jax.value_and_grad``.
+
+    Raises:
+        TypeError: no loss scale in ``opt_state``; no state at all; ``fun`` returned something other than a
+            0-d floating-point array (or a pair with ``has_aux``).
+        ValueError: more than one loss scale, or an ``optax.chain`` that clips before the loss scale.
+        RuntimeError: a function built with a concrete state called a second time, or inside a trace.
+
+    >>> import jax, jax.numpy as jnp, optax, lossscale.jax as lsj
+    >>> opt = lsj.loss_scale_optimizer(optax.sgd(0.1), 1024)
+    >>> params = jnp.array([1.0, 2.0])
+    >>> state = opt.init(params)
+    >>> grad_fn = lsj.value_and_grad(lambda p: jnp.sum(p**2))
+    >>> loss, grads = grad_fn(params, opt_state=state)
+    >>> float(loss), grads.tolist()                  # true loss, gradients of 1024 * loss
+    (5.0, [2048.0, 4096.0])
+    >>> built = lsj.value_and_grad(lambda p: jnp.sum(p**2), state)  # a concrete state: one call
+    >>> built(params)[1].tolist()
+    [2048.0, 4096.0]
+    >>> built(params)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    RuntimeError: value_and_grad(fun, opt_state) was built with a concrete optimizer state ...
+    """
+    if not callable(fun):
+        raise TypeError(f"value_and_grad() needs a callable loss function, got {type(fun).__name__}.")
+    bound = None if opt_state is None else find_loss_scale_state(opt_state, "value_and_grad()")
+
+    def scaled(scale: jax.Array, *args: Any, **kwargs: Any) -> tuple[jax.Array, Any]:
+        out = fun(*args, **kwargs)
+        if has_aux and not (isinstance(out, (tuple, list)) and len(out) == 2):
+            raise TypeError(
+                f"with has_aux=True the loss function must return a pair (loss, aux), got {type(out).__name__}."
+            )
+        loss, aux = out if has_aux else (out, None)
+        dtype = getattr(loss, "dtype", None)
+        if dtype is None or not jnp.issubdtype(dtype, jnp.floating) or jnp.ndim(loss) != 0:
+            raise TypeError(
+                f"value_and_grad() needs a loss function returning a 0-d floating-point array, got "
+                f"{type(loss).__name__}{'' if dtype is None else f' of dtype {dtype} and shape {jnp.shape(loss)}'}"
+                f"{'' if has_aux else ' (pass has_aux=True if it returns (loss, aux))'}."
+            )
+        return scale_loss(loss, scale), (loss, aux)
+
+    # The scale is argument 0 of ``scaled``, so fun's argnums shift by one; it is never differentiated.
+    def shift(a: Any) -> Any:
+        return a + 1 if isinstance(a, int) and a >= 0 else a
+
+    shifted = shift(argnums) if isinstance(argnums, int) else tuple(shift(a) for a in argnums)
+    grad_fn = jax.value_and_grad(scaled, argnums=shifted, has_aux=True)
+
+    # A concrete state given here allows one call, outside any trace; the lock makes the flag's test-and-set
+    # atomic, so two threads cannot both make the one call.
+    once = None if bound is None or is_tracer(jnp.asarray(bound.loss_scale)) else threading.Lock()
+    used = False
+
+    @functools.wraps(fun)
+    def wrapped(*args: Any, opt_state: Any = None, **kwargs: Any) -> tuple[Any, Any]:
+        nonlocal used
+        if opt_state is not None:
+            scale_state = find_loss_scale_state(opt_state, "value_and_grad()")
+        elif bound is not None:
+            scale_state = bound
+            if once is not None:
+                with once:
+                    again, used = used, True
+                if again:
+                    raise _reuse_error(bound, "called a second time: once update() has replaced that state, it "
+                                       "would scale the loss by the old state's loss scale")
+        else:
+            raise TypeError(
+                "value_and_grad(fun) reads the loss scale when it is called: pass the current optimizer state, "
+                "grad_fn(params, ..., opt_state=state), or build it inside the step as value_and_grad(fun, state)."
+            )
+        (scaled_loss, (loss, aux)), grads = grad_fn(jnp.asarray(scale_state.loss_scale), *args, **kwargs)
+        if once is not None and opt_state is None and is_tracer(scaled_loss):
+            # Under jit/pmap/scan every op is staged out, so the scaled loss is a tracer even when every input
+            # is a constant: the compiled step would keep this state's scale as a constant.
+            raise _reuse_error(scale_state, "called inside a traced function (jit, pmap, scan, vmap): the "
+                               "compiled step would keep that state's loss scale as a constant")
+        return ((loss, aux) if has_aux else loss), grads
+
+    return wrapped
+
+
+def _reuse_error(bound: LossScaleState, what: str) -> RuntimeError:
+    return RuntimeError(
+        f"value_and_grad(fun, opt_state) was built with a concrete optimizer state and {what} "
+        f"({float(jnp.asarray(bound.loss_scale)):g}). A function built with a concrete state may be called once, "
+        "outside any trace. Build it once without the state and pass the current one at each call: "
+        "grad_fn = lsj.value_and_grad(loss_fn); loss, grads = grad_fn(params, batch, opt_state=state)."
+    )
+
+
 def _axis_names(axis_name: Any) -> tuple[Hashable, ...] | None:
     if axis_name is None:
         return None
@@ -267,13 +382,11 @@ def _chosen(finite: jax.Array, update: Callable, operands: Any, olds: Any) -> An
             )
 
     def choose(i: int, new: Any) -> Any:
-        aval = avals[i]
-        old = old_leaves[i]
+        aval, old = avals[i], old_leaves[i]
         kept = jnp.zeros((), aval.dtype) if old is None else jnp.asarray(old)
         return like(jnp.where(finite, new, kept).astype(aval.dtype), aval)
 
-    out = eval_jaxpr_choosing(closed, flat, choose)
-    return jax.tree_util.tree_unflatten(out_tree, out)
+    return jax.tree_util.tree_unflatten(out_tree, eval_jaxpr_choosing(closed, flat, choose))
 
 
 #: ``update`` function of each transformation built here -> its stepper (for :func:`apply_gradients`).
@@ -281,19 +394,10 @@ _STEPPERS: weakref.WeakKeyDictionary[Callable, Callable] = weakref.WeakKeyDictio
 
 
 def loss_scale_optimizer(
-    inner: optax.GradientTransformation,
-    loss_scale: Any = None,
-    *,
-    dynamic: bool | None = None,
-    initial_scale: float | None = None,
-    dynamic_growth_steps: int | None = None,
-    min_loss_scale: float | None = None,
-    max_loss_scale: float | None = None,
-    hysteresis: int | None = None,
-    max_consecutive_skips: int | None = None,
-    history: Any = None,
-    axis_name: str | tuple[str, ...] | None = None,
-    clip_by_global_norm: float | None = None,
+    inner: optax.GradientTransformation, loss_scale: Any = None, *, dynamic: bool | None = None,
+    initial_scale: float | None = None, dynamic_growth_steps: int | None = None, min_loss_scale: float | None = None,
+    max_loss_scale: float | None = None, hysteresis: int | None = None, max_consecutive_skips: int | None = None,
+    history: Any = None, axis_name: str | tuple[str, ...] | None = None, clip_by_global_norm: float | None = None,
     stats_every: int | None = None,
 ) -> optax.GradientTransformationExtraArgs:
     """Wraps ``inner`` in loss scaling; TF's ``LossScaleOptimizer`` for optax.
@@ -368,13 +472,8 @@ def loss_scale_optimizer(
             "Build the optimizer first, e.g. loss_scale_optimizer(optax.adamw(1e-3))."
         )
     policy = resolve_loss_scale(
-        loss_scale,
-        dynamic=dynamic,
-        initial_scale=initial_scale,
-        dynamic_growth_steps=dynamic_growth_steps,
-        min_loss_scale=min_loss_scale,
-        max_loss_scale=max_loss_scale,
-        hysteresis=hysteresis,
+        loss_scale, dynamic=dynamic, initial_scale=initial_scale, dynamic_growth_steps=dynamic_growth_steps,
+        min_loss_scale=min_loss_scale, max_loss_scale=max_loss_scale, hysteresis=hysteresis,
     )
     rule = policy.rule_params()
     axes = _axis_names(axis_name)
@@ -434,9 +533,7 @@ def loss_scale_optimizer(
             guard_skip(new_scale_state.consecutive_skips, new_scale_state.loss_scale, limit)
         return first, LossScaleOptimizerState(new_inner, new_scale_state, new_stats)
 
-    def update_fn(
-        updates: Any, state: LossScaleOptimizerState, params: Any = None, **extra_args: Any
-    ) -> tuple[Any, LossScaleOptimizerState]:
+    def update_fn(updates: Any, state: LossScaleOptimizerState, params: Any = None, **extra_args: Any) -> tuple:
         return stepper(updates, state, params, extra_args, False)
 
     _STEPPERS[update_fn] = stepper
