@@ -1,8 +1,4 @@
-"""lossscale for JAX: ``loss_scale_optimizer`` wraps any optax transformation.
-
-``value_and_grad`` gives the true loss and the gradients of the scaled loss;
-``apply_gradients`` steps and returns new parameters. For flax linen,
-``lossscale.jax.train_state.TrainState`` counts only applied steps.
+"""lossscale for JAX: ``loss_scale_optimizer`` wraps any optax transformation (docs/jax.md).
 
 >>> import jax.numpy as jnp, optax, lossscale.jax as lsj
 >>> opt = lsj.loss_scale_optimizer(optax.adamw(1e-3))

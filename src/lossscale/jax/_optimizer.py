@@ -218,13 +218,10 @@ def value_and_grad(
 
     The returned function takes ``fun``'s arguments and returns ``(loss, grads)`` (``((loss, aux), grads)``
     with ``has_aux``): ``fun``'s own loss ``L`` and ``d(S * L)/d(params)``, what ``update`` expects. ``S`` is
-    read when the function is *called*: from ``opt_state=`` given then (recommended: build once, pass the
-    current state at each call; the keyword is not passed to ``fun``), else from the state given here. Built
-    inside the step with that step's traced state it may be called any number of times in that trace; with a
-    *concrete* state (eager code) once, outside any trace, since a later call would scale the loss by that
-    old state's ``S`` (a second call, or one inside a trace, raises ``RuntimeError``). It composes with
-    ``jax.jit``, ``jax.pmap`` and ``jax.shard_map``. Cost: one scalar multiply more than
-    ``jax.value_and_grad``.
+    read at each call, from the keyword ``opt_state=`` (not passed to ``fun``) or else from the state given
+    here: a traced one (built inside the step) for any number of calls in its trace, a concrete one for one
+    call outside any trace (a later call would use an old ``S``). Cost: one scalar multiply more than
+    ``jax.value_and_grad``; it composes with ``jax.jit``, ``jax.pmap`` and ``jax.shard_map``.
 
     Args:
         fun: the loss function; returns a 0-d floating-point array (or ``(loss, aux)`` with ``has_aux``).
@@ -413,11 +410,10 @@ def loss_scale_optimizer(
         inner_state = where(finite, new_inner, inner_state)
         S, counters = lossscale.next_state(policy, S, counters, finite)
 
-    A non-finite step is skipped with every policy (``loss_scale=1``: skip only, e.g. for bfloat16); the
-    inner update runs and is thrown away. Cost under ``jit``: one read pass over the gradients
-    (:func:`all_finite`); the ``1/S`` multiply and the skip fuse into ``inner``'s kernels, so the step makes
-    plain optax's passes over the state plus that read, and no copy (``benchmarks/bench_jax.py
-    --passes-only``); no host sync.
+    A non-finite step is skipped with every policy (``loss_scale=1``: skip only, e.g. for bfloat16). Cost
+    under ``jit``: one read pass over the gradients (:func:`all_finite`); the ``1/S`` multiply and the skip
+    fuse into ``inner``'s kernels, so the step makes plain optax's passes over the state plus that read
+    (``benchmarks/bench_jax.py --passes-only``); no host sync.
 
     Args:
         inner: the optax transformation that receives the unscaled gradients, e.g. ``optax.adamw(1e-3)``;
@@ -431,9 +427,8 @@ def loss_scale_optimizer(
         max_loss_scale: the ceiling of a dynamic scale (default None: none).
         hysteresis: non-finite steps before a dynamic scale backs off (default 1). These three refine the
             stable form's dynamic scale or ``"dynamic"``; a policy object carries its own.
-        max_consecutive_skips: raise :class:`lossscale.LossScaleError` from the jitted step that skips for
-            the ``N``-th time in a row (default None: never); a ``jax.debug.callback`` that only such a step
-            reaches.
+        max_consecutive_skips: raise :class:`lossscale.LossScaleError` from the step that skips for the
+            ``N``-th time in a row (default None: never); no host code on the other steps.
         history: a :class:`lossscale.History` that gets one row per step (the loss as NaN): one
             ``jax.debug.callback`` per step (0.4-1.7 ms on CPU).
         axis_name: under ``jax.pmap``/``jax.shard_map``, the axis name(s) over which the finite flag is
@@ -446,12 +441,8 @@ def loss_scale_optimizer(
 
     Returns:
         An ``optax.GradientTransformationExtraArgs`` whose state is a :class:`LossScaleOptimizerState`;
-        extra keyword arguments of ``update`` go to ``inner``.
-
-    Raises:
-        TypeError, ValueError: the scale arguments and ``max_consecutive_skips`` as in
-            ``lossscale.torch.LossScaleOptimizer``; ``inner``, ``clip_by_global_norm`` or ``history`` of the
-            wrong kind.
+        extra keyword arguments of ``update`` go to ``inner``. Bad arguments raise TypeError or ValueError
+        (the scale's as in ``lossscale.torch.LossScaleOptimizer``).
 
     >>> import jax, jax.numpy as jnp, optax, lossscale.jax as lsj
     >>> params = {"w": jnp.array([1.0, -2.0])}

@@ -1,7 +1,4 @@
-"""``stats_every`` on JAX: the measurement inside the jitted step; the sampler is the core's
-(:func:`lossscale._sampler.next_sampler_state` over ``jax.numpy``; its ``SamplerState`` is the state's third
-field). Inside ``optax.MultiSteps`` it samples the micro-batches' mean gradients, outside each micro-batch's.
-"""
+"""``stats_every`` on JAX: the measurement inside the jitted step; the sampler is the core's, over ``jax.numpy``."""
 
 from __future__ import annotations
 
@@ -78,9 +75,8 @@ def step_scale(
 ) -> tuple[LossScaleState, SamplerState | None, Any]:
     """The new scale state, sampler state and ``sampled`` flag after one update (``grads``: the scaled leaves).
 
-    ``sample``: this device's statistics when the caller measured them as the finite check (``stats_every=1``).
-    The measurement runs under a ``lax.cond`` on ``count % every == 0``: the step compiles once and an
-    unsampled step runs no reduction. No host sync.
+    ``sample``: this device's statistics if measured as the finite check. An unsampled step runs no reduction
+    (a ``lax.cond`` on ``count % every == 0``), and the step compiles once.
     """
     if every is None or stats is None:
         return next_state(policy.rule_params(), scale_state, finite, jnp), stats, False
