@@ -21,7 +21,7 @@ except ImportError:  # pragma: no cover - JAX < 0.4.36
 
 
 def is_tracer(x: Any) -> bool:
-    """Whether ``x`` is being traced (``jit``, ``grad``, ``vmap``, ...): ``jax.core``, which JAX keeps shrinking."""
+    """Whether ``x`` is a tracer (``jit``, ``grad``, ``vmap``, ...); ``jax.core`` is the module JAX keeps shrinking."""
     return isinstance(x, jax.core.Tracer)
 
 
