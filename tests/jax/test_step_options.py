@@ -107,10 +107,10 @@ def test_stall_guard_raises_from_the_jitted_loop_on_the_nth_skip_in_a_row():
 
 
 def test_stall_guard_runs_host_code_only_when_the_limit_is_reached(monkeypatch):
-    from lossscale.jax import _guard
+    from lossscale.jax import _diagnostics
 
     runs = []
-    monkeypatch.setattr(_guard, "_raise", lambda streak, scale, *, limit: runs.append((int(streak), float(scale))))
+    monkeypatch.setattr(_diagnostics, "_raise", lambda streak, scale, *, limit: runs.append((int(streak), float(scale))))
     opt = lsj.loss_scale_optimizer(optax.sgd(1.0), 64.0, max_consecutive_skips=2)
     step = jax.jit(opt.update)
     state = opt.init(jnp.zeros(2))

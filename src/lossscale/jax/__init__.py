@@ -1,8 +1,7 @@
-"""lossscale for JAX: ``loss_scale_optimizer`` wraps any optax transformation.
+"""lossscale for JAX: ``loss_scale_optimizer`` wraps any optax transformation (docs/jax.md).
 
-``value_and_grad`` gives the true loss and the gradients of the scaled loss;
-``apply_gradients`` steps and returns new parameters. For flax linen,
-``lossscale.jax.train_state.TrainState`` counts only applied steps.
+``value_and_grad`` gives the true loss and the gradients of the scaled loss; ``apply_gradients`` steps and returns
+new parameters; ``lossscale.jax.train_state.TrainState`` (flax linen) counts only the applied steps.
 
 >>> import jax.numpy as jnp, optax, lossscale.jax as lsj
 >>> opt = lsj.loss_scale_optimizer(optax.adamw(1e-3))
@@ -30,31 +29,22 @@ from .._policy import (
     LossScale,
 )
 from .._rule import LossScaleState
-from ._apply import apply_gradients
 from ._check import check_state
 from ._grads import all_finite
-from ._optimizer import loss_scale_optimizer
-from ._scaling import get_scaled_loss, get_unscaled_gradients
-from ._state import LossScaleOptimizerState, find_state
+from ._optimizer import (
+    LossScaleOptimizerState,
+    apply_gradients,
+    find_state,
+    get_scaled_loss,
+    get_unscaled_gradients,
+    loss_scale_optimizer,
+    value_and_grad,
+)
 from ._stats import tensor_names
-from ._value_and_grad import value_and_grad
 
 __all__ = [
-    "DynamicLossScale",
-    "ExponentialUpdateLossScaleManager",
-    "FixedLossScale",
-    "FixedLossScaleManager",
-    "LossScale",
-    "LossScaleError",
-    "LossScaleOptimizerState",
-    "LossScaleState",
-    "all_finite",
-    "apply_gradients",
-    "check_state",
-    "find_state",
-    "get_scaled_loss",
-    "get_unscaled_gradients",
-    "loss_scale_optimizer",
-    "tensor_names",
+    "DynamicLossScale", "ExponentialUpdateLossScaleManager", "FixedLossScale", "FixedLossScaleManager", "LossScale",
+    "LossScaleError", "LossScaleOptimizerState", "LossScaleState", "all_finite", "apply_gradients", "check_state",
+    "find_state", "get_scaled_loss", "get_unscaled_gradients", "loss_scale_optimizer", "tensor_names",
     "value_and_grad",
 ]

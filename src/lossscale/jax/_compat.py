@@ -1,8 +1,4 @@
-"""Every JAX API that is private, unstable or version-dependent, in one place.
-
-Each shim names its public replacement; when the oldest supported JAX has it,
-the shim becomes a one-line alias and then goes.
-"""
+"""Every JAX API that is private, unstable or version-dependent; each shim names its public replacement."""
 
 from __future__ import annotations
 
@@ -13,98 +9,60 @@ from typing import Any
 import jax
 from jax import lax
 
-__all__ = ["eval_jaxpr_choosing", "is_tracer", "jaxpr_as_fun", "like", "typeof", "varying_axes"]
+__all__ = ["eval_jaxpr_choosing", "is_tracer", "like"]
 
 # Public replacement: ``jax.typeof`` (JAX >= 0.6). ``jax.core.get_aval`` is its older, deprecated spelling.
 typeof = getattr(jax, "typeof", None) or jax.core.get_aval
 
+try:  # jax.extend.core: JAX's API for library authors, with weaker stability promises
+    from jax.extend.core import Literal
+except ImportError:  # pragma: no cover - JAX < 0.4.36
+    Literal = jax.core.Literal  # type: ignore[misc]
+
 
 def is_tracer(x: Any) -> bool:
-    """Whether ``x`` is a value being traced (under ``jit``, ``grad``, ``vmap``, ...) rather than a concrete array.
-
-    ``jax.core.Tracer`` is public; ``jax.core`` is the module JAX keeps shrinking, hence the shim.
-    """
+    """Whether ``x`` is a tracer (``jit``, ``grad``, ``vmap``, ...); ``jax.core`` is the module JAX keeps shrinking."""
     return isinstance(x, jax.core.Tracer)
-
-
-def varying_axes(aval: Any) -> frozenset:
-    """The shard_map axes over which a value varies (empty outside shard_map and on old JAX).
-
-    Public replacement: ``jax.typeof(x).manual_axis_type.varying`` (JAX >= 0.9). JAX 0.6 - 0.8 kept the
-    same set in the then-private ``aval.vma``.
-    """
-    manual = getattr(aval, "manual_axis_type", None)
-    if manual is not None:
-        return frozenset(manual.varying)
-    return frozenset(getattr(aval, "vma", None) or ())
 
 
 def like(x: Any, aval: Any) -> Any:
     """``x`` marked as varying over the same shard_map axes as ``aval``, so that both cond branches agree.
 
-    Public replacement: ``lax.pcast(x, axes, to="varying")`` (JAX >= 0.9); ``lax.pvary`` was its
-    experimental predecessor (JAX 0.6 - 0.8).
+    Public: ``lax.pcast(x, axes, to="varying")`` and ``jax.typeof(x).manual_axis_type.varying`` (JAX >= 0.9);
+    ``lax.pvary`` and ``aval.vma`` in JAX 0.6 - 0.8; neither before (nothing varies).
     """
-    missing = varying_axes(aval) - varying_axes(typeof(x))
+
+    def varying(a: Any) -> frozenset:
+        manual = getattr(a, "manual_axis_type", None)
+        return frozenset(manual.varying) if manual is not None else frozenset(getattr(a, "vma", None) or ())
+
+    missing = varying(aval) - varying(typeof(x))
     if not missing:
         return x
     axes = tuple(sorted(missing))
     return lax.pcast(x, axes, to="varying") if hasattr(lax, "pcast") else lax.pvary(x, axes)
 
 
-def jaxpr_as_fun(closed: Any) -> Any:
-    """A function that evaluates a ``ClosedJaxpr`` on flat arguments, binding its primitives in the current trace.
-
-    Public (in ``jax.extend``, JAX's API for library authors, with weaker stability promises):
-    ``jax.extend.core.jaxpr_as_fun``; older JAX had it only as ``jax.core.jaxpr_as_fun``.
-    """
-    try:
-        from jax.extend.core import jaxpr_as_fun as public
-    except ImportError:  # pragma: no cover - JAX < 0.4.36
-        public = jax.core.jaxpr_as_fun
-    return public(closed)
-
-
-def _literal_type() -> type:
-    try:
-        from jax.extend import core as extend_core
-    except ImportError:  # pragma: no cover - JAX < 0.4.36
-        return jax.core.Literal  # type: ignore[attr-defined]
-    return extend_core.Literal
-
-
 def eval_jaxpr_choosing(closed: Any, args: Sequence[Any], choose: Callable[[int, Any], Any]) -> list[Any]:
     """Evaluates a ``ClosedJaxpr`` on flat ``args``, replacing its ``i``-th output by ``choose(i, value)``.
 
-    The replacement is made as soon as the equation that computes an output
-    has run, so every later equation that reads that value reads the chosen
-    one. An output that is also an input, a literal, or that fills more than
-    one output position is replaced at the end instead. The equations are
-    bound in the current trace (under ``jit``, they are staged as usual), as
-    ``jax.extend.core.jaxpr_as_fun`` does; only the order of evaluation is
-    this function's. The equations are bound without their source
-    information, so the inner update's ops carry no name scopes in XLA's
-    metadata (profiles name them by primitive only).
-
-    Uses ``jax.extend.core`` (JAX's API for library authors: ``Literal``,
-    ``Primitive.bind``, ``Primitive.get_bind_params``, whose result changed
-    shape between releases), the same calls as ``jax.core.eval_jaxpr``.
+    The replacement is made as soon as the equation that computes an output has run, so later equations read
+    the chosen value; an output that is also an input, a literal, or in several output positions is replaced
+    at the end. The equations are bound in the current trace, as ``jax.extend.core.jaxpr_as_fun`` does, without
+    their source information (profiles name the inner update's ops by primitive only). Uses
+    ``jax.extend.core`` (``Literal``, ``Primitive.bind``, ``Primitive.get_bind_params``, whose result changed
+    shape between releases), the calls of ``jax.core.eval_jaxpr``.
     """
-    literal = _literal_type()
     jaxpr = closed.jaxpr
-    env: dict[Any, Any] = {}
+    env: dict[Any, Any] = {**dict(zip(jaxpr.constvars, closed.consts)), **dict(zip(jaxpr.invars, args))}
+    bound = set(env)
 
     def read(v: Any) -> Any:
-        return v.val if isinstance(v, literal) else env[v]
+        return v.val if isinstance(v, Literal) else env[v]
 
-    for v, x in zip(jaxpr.constvars, closed.consts):
-        env[v] = x
-    for v, x in zip(jaxpr.invars, args):
-        env[v] = x
-    bound = {v for v in list(jaxpr.constvars) + list(jaxpr.invars)}
     positions: dict[Any, list[int]] = {}
     for i, v in enumerate(jaxpr.outvars):
-        if not isinstance(v, literal):
+        if not isinstance(v, Literal):
             positions.setdefault(v, []).append(i)
     early = {v: p[0] for v, p in positions.items() if len(p) == 1 and v not in bound}
     for eqn in jaxpr.eqns:
@@ -117,6 +75,6 @@ def eval_jaxpr_choosing(closed: Any, args: Sequence[Any], choose: Callable[[int,
         for v, x in zip(eqn.outvars, outs):
             env[v] = choose(early[v], x) if v in early else x
     return [
-        read(v) if not isinstance(v, literal) and v in early else choose(i, read(v))
+        read(v) if not isinstance(v, Literal) and v in early else choose(i, read(v))
         for i, v in enumerate(jaxpr.outvars)
     ]

@@ -1,10 +1,4 @@
-"""Passes over gradient pytrees: the reciprocal of the scale, unscale, check.
-
-Nothing here syncs with the host: every result is a JAX array. The functions
-are written so that, under ``jit``, XLA fuses the multiply by ``1/S`` into
-whatever reads its result (the finiteness reduction, the inner optimizer's
-element-wise update) instead of writing the unscaled gradients to memory.
-"""
+"""Kernels over gradient pytrees: scale the loss, unscale, check; each a JAX array (no host sync)."""
 
 from __future__ import annotations
 
@@ -14,67 +8,54 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-__all__ = ["all_finite", "check_gradients", "reciprocal", "squared_norm", "unscale"]
+__all__ = ["all_finite", "check_gradients", "scale_loss", "squared_norm", "unscale"]
 
 
-def _compute_dtype(dtype: Any) -> Any:
-    """The dtype a gradient is unscaled in: its own, promoted to at least float32."""
-    return jnp.promote_types(dtype, jnp.float32)
+def scale_loss(loss: Any, scale: Any) -> jax.Array:
+    """``loss * scale`` formed in at least float32 and rounded once to ``loss``'s dtype."""
+    wide = jnp.promote_types(loss.dtype, jnp.float32)
+    return (loss.astype(wide) * jnp.asarray(scale).astype(wide)).astype(loss.dtype)
 
 
-def reciprocal(scale: Any, dtype: Any = jnp.float32) -> jax.Array:
-    """``1 / scale`` rounded once to ``dtype`` (float32 unless the gradients are wider).
+def _inverses(scale: Any, factor: Any = None) -> Any:
+    """``dtype -> (wide, factor / scale)`` with ``wide`` that dtype widened to at least float32, computed once.
 
-    The division is done in ``dtype``. IEEE division is correctly rounded and,
-    because float64 has more than ``2 * 24 + 2`` significand bits, rounding the
-    float64 quotient to float32 gives the same number (Figueroa, 1995, "When
-    is double rounding innocuous?"): this is bit for bit the float64-exact
-    reciprocal that :mod:`lossscale.torch` computes, without needing
-    ``jax_enable_x64``. For powers of two it is exact.
-
-    >>> float(reciprocal(jnp.float32(2.0**15))) == 2.0**-15
-    True
+    ``1/scale`` is correctly rounded: the float64 quotient rounded to float32 is the same number (53 > 2 * 24 + 2
+    bits; Figueroa 1995), so this is torch's float64-exact reciprocal without ``jax_enable_x64``.
     """
-    real = jnp.finfo(dtype).dtype
-    return jnp.reciprocal(jnp.asarray(scale).astype(real))
+    cache: dict[Any, jax.Array] = {}
 
+    def inverse(dtype: Any) -> tuple[Any, jax.Array]:
+        wide = jnp.promote_types(dtype, jnp.float32)
+        if wide not in cache:
+            value = jnp.reciprocal(jnp.asarray(scale).astype(jnp.finfo(wide).dtype))
+            cache[wide] = value if factor is None else value * jnp.asarray(factor).astype(wide)
+        return wide, cache[wide]
 
-def _check_leaf(leaf: Any) -> None:
-    dtype = getattr(leaf, "dtype", None)
-    if dtype is None or not jnp.issubdtype(dtype, jnp.inexact):
-        raise TypeError(
-            f"Every gradient must be a floating-point array, got {type(leaf).__name__}"
-            f"{'' if dtype is None else f' of dtype {dtype}'}. Pass what jax.grad returns for float parameters; "
-            "keep integer state out of the parameters you differentiate."
-        )
+    return inverse
 
 
 def check_gradients(grads: Any) -> list[Any]:
     """The leaves of ``grads``, after checking each is a floating-point array."""
     leaves = jax.tree_util.tree_leaves(grads)
     for leaf in leaves:
-        _check_leaf(leaf)
+        dtype = getattr(leaf, "dtype", None)
+        if dtype is None or not jnp.issubdtype(dtype, jnp.inexact):
+            raise TypeError(
+                f"Every gradient must be a floating-point array, got {type(leaf).__name__}"
+                f"{'' if dtype is None else f' of dtype {dtype}'}. Pass what jax.grad returns for float "
+                "parameters; keep integer state out of the parameters you differentiate."
+            )
     return leaves
 
 
 def unscale(grads: Any, scale: Any, factor: Any = None) -> Any:
-    """Each gradient times ``1/scale`` (and times ``factor`` when given), in at least float32, in its own dtype.
-
-    A float16 or bfloat16 gradient is widened, multiplied by the float32
-    reciprocal and rounded back once, so small values do not flush to zero
-    on the way. ``factor`` (a 0-d float32 array, e.g. a clipping factor) is
-    folded into the reciprocal, so it costs no pass of its own. Cost: one
-    element-wise multiply per element (R+W when it is materialized; free when
-    XLA fuses it into the consumer). No host sync.
-    """
-    inverses: dict[Any, jax.Array] = {}
+    """Each gradient times ``factor / scale`` in at least float32, rounded once to its dtype: one multiply."""
+    inverse = _inverses(scale, factor)
 
     def one(g: Any) -> Any:
-        dtype = _compute_dtype(g.dtype)
-        if dtype not in inverses:
-            inverse = reciprocal(scale, dtype)
-            inverses[dtype] = inverse if factor is None else inverse * jnp.asarray(factor).astype(dtype)
-        return (g.astype(dtype) * inverses[dtype]).astype(g.dtype)
+        wide, value = inverse(g.dtype)
+        return (g.astype(wide) * value).astype(g.dtype)
 
     check_gradients(grads)
     return jax.tree_util.tree_map(one, grads)
@@ -88,29 +69,17 @@ def _exactly_finite(leaves: list[Any]) -> jax.Array:
 
 
 def all_finite(tree: Any) -> jax.Array:
-    """A 0-d bool array: True iff no leaf of ``tree`` holds a NaN or an Inf.
+    """A 0-d bool array: True iff no leaf of ``tree`` holds a NaN or an Inf (an empty tree is finite).
 
-    float32 and float64 leaves are checked through one float32 sum of their
-    sums: a finite sum implies that every element is finite (a NaN
-    propagates, an Inf makes the sum +-Inf, or NaN beside an opposite Inf).
-    Only when that sum is not finite (a NaN or Inf, or finite values whose
-    sum overflows) does the exact ``all(isfinite(x))`` run, in a
-    ``lax.cond``, so the answer is always the exact one. XLA reduces a plain
-    sum at memory speed, several times faster on CPU than
-    ``all(isfinite(x))`` or ``sum(x * 0)``. float16 and bfloat16 leaves,
-    whose own sums are slow on CPU, are checked through ``max(|x|)``, which
-    is NaN or Inf exactly when an element is; complex leaves through the
-    exact check (``|z|`` can overflow where ``z`` does not).
+    float32/float64 leaves: one float32 sum of their sums, finite only if every element is (a plain sum reduces
+    at memory speed, several times faster on CPU than ``all(isfinite(x))``); only when it is not does the exact
+    check run, in a ``lax.cond``. float16/bfloat16 leaves: ``max(|x|)``; complex: the exact check. Cost: one
+    read pass (two on a step with a NaN, an Inf or an overflowing sum); no host sync.
 
-    Cost: one read pass over the leaves (a second one only on a step that
-    holds a NaN or an Inf, or whose sum overflows float32); no host sync. An
-    empty tree is finite.
-
-    >>> bool(all_finite({"w": jnp.ones(3), "b": jnp.array([1.0, jnp.inf])}))
+    >>> import jax.numpy as jnp, lossscale.jax as lsj
+    >>> bool(lsj.all_finite({"w": jnp.ones(3), "b": jnp.array([1.0, jnp.inf])}))
     False
-    >>> bool(all_finite([jnp.array([jnp.nan], jnp.float16), jnp.zeros(2)]))
-    False
-    >>> bool(all_finite([jnp.full(2, 3e38), jnp.full(2, 3e38)]))      # the sum overflows; the values are finite
+    >>> bool(lsj.all_finite([jnp.full(2, 3e38), jnp.full(2, 3e38)]))      # the sum overflows; the values do not
     True
     """
     leaves = [jnp.asarray(leaf) for leaf in jax.tree_util.tree_leaves(tree)]
@@ -125,31 +94,22 @@ def all_finite(tree: Any) -> jax.Array:
         for leaf in wide:
             total = total + jnp.sum(leaf).astype(jnp.float32)
         summed = jnp.isfinite(total)
-        # The taken branch returns the sum's flag (True there) rather than a constant, so that under shard_map
-        # both branches vary over the same mesh axes as the gradients.
+        # The taken branch returns the sum's flag (True there), not a constant: under shard_map both branches
+        # then vary over the same mesh axes as the gradients.
         flag = flag & lax.cond(summed, lambda: summed, lambda: _exactly_finite(wide))
     return flag
 
 
 def squared_norm(tree: Any, scale: Any) -> jax.Array:
-    """``sum(x**2)`` over every leaf of ``tree * (1/scale)``, accumulated in float32 (a 0-d array).
+    """``sum((g / scale)**2)`` over every leaf, each widened to at least float32, accumulated in float32.
 
-    Each leaf is widened to at least float32 before it is unscaled and
-    squared, so float16 gradients neither overflow nor flush on the way.
-    The result is NaN or Inf if any leaf holds a NaN or an Inf, so it serves
-    as the finiteness check too (an overflow of the sum itself, a true norm
-    above about 1.8e19, also reads as non-finite: a spurious skip). Cost: one
-    read pass over the leaves; no host sync.
-
-    >>> float(squared_norm({"a": jnp.array([6.0, 8.0])}, 2.0))
-    25.0
+    NaN or Inf iff a leaf holds one (or the sum overflows, a norm above ~1.8e19: a spurious skip), so it is
+    the finite check too. Cost: one read pass.
     """
+    inverse = _inverses(scale)
     total = jnp.zeros((), jnp.float32)
-    inverses: dict[Any, jax.Array] = {}
     for leaf in jax.tree_util.tree_leaves(tree):
-        dtype = _compute_dtype(leaf.dtype)
-        if dtype not in inverses:
-            inverses[dtype] = reciprocal(scale, dtype)
-        u = leaf.astype(dtype) * inverses[dtype]
+        wide, value = inverse(leaf.dtype)
+        u = leaf.astype(wide) * value
         total = total + jnp.sum(u * u).astype(jnp.float32)
     return total

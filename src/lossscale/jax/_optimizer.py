@@ -1,29 +1,324 @@
-"""``loss_scale_optimizer``: TF's ``LossScaleOptimizer`` as an optax transformation."""
+"""``loss_scale_optimizer``: TF's ``LossScaleOptimizer`` as an optax transformation, its state and the loop's verbs."""
 
 from __future__ import annotations
 
+import collections
+import functools
+import threading
 import weakref
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import optax
 from jax import lax
+from jax.tree_util import SequenceKey
 
 from .._resolve import resolve_loss_scale
-from .._rule import initial_state
-from ._compat import eval_jaxpr_choosing, like
-from ._grads import all_finite, check_gradients, squared_norm, unscale
-from ._guard import check_limit, guard_skip
-from ._record import recorder_for
-from ._state import LossScaleOptimizerState, _is_scale_node
-from ._stats import _reduce_across, check_stats_every, init_stats, measure, step_scale
+from .._rule import LossScaleState, initial_state
+from .._sampler import check_stats_every
+from .._stats import GradientStats, as_mapping
+from ._compat import eval_jaxpr_choosing, is_tracer, like
+from ._diagnostics import check_limit, guard_skip, recorder_for
+from ._grads import all_finite, check_gradients, scale_loss, squared_norm, unscale
+from ._stats import init_stats, measure, step_scale
 
-__all__ = ["loss_scale_optimizer", "stepper_of"]
+__all__ = [
+    "LossScaleOptimizerState", "apply_gradients", "find_state", "get_scaled_loss", "get_unscaled_gradients",
+    "loss_scale_optimizer", "value_and_grad",
+]
 
-#: ``update`` function of each transformation built here -> its stepper (for :func:`apply_gradients`).
-_STEPPERS: weakref.WeakKeyDictionary[Callable, Callable] = weakref.WeakKeyDictionary()
+# The two layouts; the classes below give both the name LossScaleOptimizerState in repr.
+_Fields = collections.namedtuple("_Fields", ["inner_state", "loss_scale_state"])
+_FieldsWithStats = collections.namedtuple("_FieldsWithStats", ["inner_state", "loss_scale_state", "stats"])
+
+
+class LossScaleOptimizerState(_Fields):
+    """The state of :func:`~lossscale.jax.loss_scale_optimizer`: a NamedTuple pytree of arrays.
+
+    The policy is not in it but in the transformation, so flatten, ``tree_map``, ``jit`` and restores cannot
+    lose it (jmp lost ``min_loss_scale`` on flatten: jmp PR #44). Without ``stats_every`` the tuple has 0.1's
+    two fields, so 0.1's flax msgpack and orbax checkpoints restore; with it, the third ``stats``.
+
+    Attributes:
+        inner_state: the wrapped transformation's state, untouched by skipped steps.
+        loss_scale_state: a :class:`lossscale.LossScaleState` of 0-d arrays.
+        stats: with ``stats_every``, the core's ``SamplerState``; None otherwise.
+
+    >>> import jax.numpy as jnp, optax, lossscale.jax as lsj
+    >>> state = lsj.loss_scale_optimizer(optax.sgd(0.1)).init({"w": jnp.ones(2)})
+    >>> float(state.loss_scale), int(state.skipped_steps), state._fields, state.stats
+    (32768.0, 0, ('inner_state', 'loss_scale_state'), None)
+    """
+
+    __slots__ = ()
+
+    # Not Self: without statistics it returns cls, with them the three-field subclass.
+    def __new__(  # noqa: PYI034
+        cls, inner_state: Any, loss_scale_state: LossScaleState, stats: Any = None
+    ) -> LossScaleOptimizerState:
+        if stats is None:
+            return _Fields.__new__(cls, inner_state, loss_scale_state)
+        return tuple.__new__(_StatsOptimizerState, (inner_state, loss_scale_state, stats))
+
+    @property
+    def stats(self) -> Any:
+        """``stats_every``'s sampler state (None when off)."""
+        return None
+
+    # jnp.asarray: under flax.nnx.Optimizer the leaves are OptArray wrappers, which have no operators.
+
+    @property
+    def loss_scale(self) -> jax.Array:
+        """The current scale ``S``, a 0-d float32 array."""
+        return jnp.asarray(self.loss_scale_state.loss_scale)
+
+    @property
+    def skipped_steps(self) -> jax.Array:
+        """Steps skipped so far, a 0-d int32 array (saturating)."""
+        return jnp.asarray(self.loss_scale_state.skipped_steps)
+
+    @property
+    def consecutive_skips(self) -> jax.Array:
+        """Steps skipped in a row up to now (0 after a finite step), a 0-d int32 array."""
+        return jnp.asarray(self.loss_scale_state.consecutive_skips)
+
+    @property
+    def gradient_stats(self) -> dict[str, Any] | None:
+        """The latest sample of ``stats_every`` (see docs/gradient_stats.md), or None when off."""
+        return None if self.stats is None else as_mapping(GradientStats(*map(jnp.asarray, self.stats.sample)))
+
+    @property
+    def last_step_skipped(self) -> jax.Array:
+        """Whether the last step was skipped, a 0-d bool array."""
+        return self.consecutive_skips > 0
+
+
+# Both bases are tuples with empty __slots__, so their layouts agree; mypy refuses any two tuple bases.
+class _StatsOptimizerState(_FieldsWithStats, LossScaleOptimizerState):  # type: ignore[misc]
+    """The state with ``stats_every``: the three-field tuple's fields, ``_make`` and ``_replace``, the accessors."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{name}={value!r}" for name, value in zip(self._fields, self))
+        return f"LossScaleOptimizerState({fields})"
+
+
+def _is_scale_node(node: Any) -> bool:
+    return isinstance(node, (LossScaleOptimizerState, LossScaleState))
+
+
+def _find_node(state: Any, caller: str) -> Any:
+    if _is_scale_node(state):
+        return state
+    found = [n for n in jax.tree_util.tree_leaves(state, is_leaf=_is_scale_node) if _is_scale_node(n)]
+    if not found:
+        raise TypeError(
+            f"{caller} needs the state of a lossscale.jax.loss_scale_optimizer (what its init()/update() "
+            f"returned, or a flax TrainState's opt_state), got {type(state).__name__} holding no loss scale."
+        )
+    if len(found) > 1:
+        raise ValueError(
+            f"{caller} found {len(found)} loss scales in the state; pass the one you mean "
+            "(the LossScaleOptimizerState of the transformation whose gradients these are)."
+        )
+    _check_chain_order(state, caller)
+    return found[0]
+
+
+def _hides_scaled_gradients(node: Any) -> bool:
+    # optax's stateless transforms (the clips, scale, ...) keep an EmptyState; zero_nans hides the skip's NaNs.
+    return isinstance(node, (optax.EmptyState, optax.ZeroNansState))
+
+
+def _check_chain_order(state: Any, caller: str) -> None:
+    """Raise if an ``optax.chain`` runs a stateless transform or ``zero_nans`` before the loss scale."""
+    leaves = jax.tree_util.tree_flatten_with_path(
+        state, is_leaf=lambda n: _is_scale_node(n) or _hides_scaled_gradients(n)
+    )[0]
+    scale_paths = [p for p, n in leaves if _is_scale_node(n)]
+    for path, node in leaves:
+        for scale_path in scale_paths if _hides_scaled_gradients(node) else ():
+            # where the two paths part: a lower index in the same chain runs first
+            mine, theirs = next(((a, b) for a, b in zip(path, scale_path) if a != b), (None, None))
+            if isinstance(mine, SequenceKey) and isinstance(theirs, SequenceKey) and mine.idx < theirs.idx:
+                raise ValueError(
+                    f"{caller}: an optax.chain runs a transformation ({type(node).__name__} at "
+                    f"{jax.tree_util.keystr(path)}; e.g. optax.clip_by_global_norm) before loss_scale_optimizer, "
+                    "so it sees the SCALED gradients (a clip would clip S * g). Put it inside: "
+                    "loss_scale_optimizer(optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-3))), or use "
+                    "loss_scale_optimizer(optax.adamw(1e-3), clip_by_global_norm=1.0)."
+                )
+
+
+def find_loss_scale_state(state: Any, caller: str) -> LossScaleState:
+    """The one :class:`LossScaleState` in ``state`` (:func:`find_state`'s search and refusals)."""
+    node = _find_node(state, caller)
+    return node.loss_scale_state if isinstance(node, LossScaleOptimizerState) else node
+
+
+def find_state(opt_state: Any) -> LossScaleOptimizerState:
+    """The :class:`LossScaleOptimizerState` inside ``opt_state``, wherever it sits.
+
+    ``opt_state``: the state of :func:`loss_scale_optimizer`, of an ``optax.chain`` holding it, a flax
+    ``TrainState`` or its ``opt_state``, an ``nnx.Optimizer``'s ``opt_state``. Cost: a walk of the tree in
+    Python (at trace time under ``jit``). Raises TypeError if it holds no loss scale, ValueError if more than
+    one or if a chain clips before it.
+
+    >>> import jax.numpy as jnp, optax, lossscale.jax as lsj
+    >>> opt = optax.chain(lsj.loss_scale_optimizer(optax.sgd(0.1), 8), optax.scale(1.0))
+    >>> int(lsj.find_state(opt.init(jnp.ones(2))).consecutive_skips)
+    0
+    """
+    node = _find_node(opt_state, "find_state()")
+    return node if isinstance(node, LossScaleOptimizerState) else LossScaleOptimizerState(None, node)
+
+
+def get_scaled_loss(loss: Any, state: Any) -> jax.Array:
+    """``loss * S``, with ``S`` the scale in ``state`` (as :func:`find_state`), formed in float32, in ``loss``'s dtype.
+
+    Differentiate this, not ``loss``: the gradients are then ``S`` times the true ones, above float16's
+    underflow (about 6e-8). Cost: one scalar multiply. Raises TypeError for a loss that is not a floating-point
+    array, and :func:`find_state`'s errors.
+
+    >>> import jax.numpy as jnp, optax, lossscale.jax as lsj
+    >>> state = lsj.loss_scale_optimizer(optax.sgd(0.1), 1024).init(jnp.ones(2))
+    >>> float(lsj.get_scaled_loss(jnp.float32(0.5), state))
+    512.0
+    """
+    scale = find_loss_scale_state(state, "get_scaled_loss()").loss_scale
+    dtype = getattr(loss, "dtype", None)
+    if dtype is None or not jnp.issubdtype(dtype, jnp.floating):
+        raise TypeError(
+            f"get_scaled_loss() needs a floating-point JAX array, got {type(loss).__name__}"
+            f"{'' if dtype is None else f' of dtype {dtype}'}. Compute the loss with jax.numpy first."
+        )
+    return scale_loss(loss, scale)
+
+
+def get_unscaled_gradients(grads: Any, state: Any) -> Any:
+    """Each gradient times ``1/S`` (float32, correctly rounded), in its own dtype: one element-wise multiply.
+
+    ``update()`` unscales for you: use this to look at the true gradients, and pass the scaled ones to it.
+
+    >>> import jax.numpy as jnp, optax, lossscale.jax as lsj
+    >>> state = lsj.loss_scale_optimizer(optax.sgd(0.1), 1024).init(jnp.ones(2))
+    >>> lsj.get_unscaled_gradients({"w": jnp.array([512.0, 2048.0], jnp.float16)}, state)
+    {'w': Array([0.5, 2. ], dtype=float16)}
+    """
+    return unscale(grads, find_loss_scale_state(state, "get_unscaled_gradients()").loss_scale)
+
+
+def value_and_grad(
+    fun: Callable[..., Any], opt_state: Any = None, *, argnums: int | Sequence[int] = 0, has_aux: bool = False
+) -> Callable[..., Any]:
+    """``jax.value_and_grad`` of ``fun``, with the loss scaled by the scale of the optimizer state.
+
+    The returned function takes ``fun``'s arguments and returns ``(loss, grads)`` (``((loss, aux), grads)``
+    with ``has_aux``): ``fun``'s own loss ``L`` and ``d(S * L)/d(params)``, what ``update`` expects. ``S`` is
+    read at each call, from the keyword ``opt_state=`` (not passed to ``fun``) or else from the state given
+    here: a traced one (built inside the step) for any number of calls in its trace, a concrete one for one
+    call outside any trace (a later call would use an old ``S``). Cost: one scalar multiply more than
+    ``jax.value_and_grad``; it composes with ``jax.jit``, ``jax.pmap`` and ``jax.shard_map``.
+
+    Args:
+        fun: the loss function; returns a 0-d floating-point array (or ``(loss, aux)`` with ``has_aux``).
+        opt_state: optional; anything :func:`find_state` takes.
+        argnums: as in ``jax.value_and_grad`` (indices into ``fun``'s arguments).
+        has_aux: as in ``jax.value_and_grad``.
+
+    Raises:
+        TypeError: no loss scale in ``opt_state``; no state at all; ``fun`` returned something other than a
+            0-d floating-point array (or a pair with ``has_aux``).
+        ValueError: more than one loss scale, or an ``optax.chain`` that clips before the loss scale.
+        RuntimeError: a function built with a concrete state called a second time, or inside a trace.
+
+    >>> import jax, jax.numpy as jnp, optax, lossscale.jax as lsj
+    >>> opt = lsj.loss_scale_optimizer(optax.sgd(0.1), 1024)
+    >>> params = jnp.array([1.0, 2.0])
+    >>> state = opt.init(params)
+    >>> grad_fn = lsj.value_and_grad(lambda p: jnp.sum(p**2))
+    >>> loss, grads = grad_fn(params, opt_state=state)
+    >>> float(loss), grads.tolist()                  # true loss, gradients of 1024 * loss
+    (5.0, [2048.0, 4096.0])
+    >>> built = lsj.value_and_grad(lambda p: jnp.sum(p**2), state)  # a concrete state: one call
+    >>> built(params)[1].tolist()
+    [2048.0, 4096.0]
+    >>> built(params)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    RuntimeError: value_and_grad(fun, opt_state) was built with a concrete optimizer state ...
+    """
+    if not callable(fun):
+        raise TypeError(f"value_and_grad() needs a callable loss function, got {type(fun).__name__}.")
+    bound = None if opt_state is None else find_loss_scale_state(opt_state, "value_and_grad()")
+
+    def scaled(scale: jax.Array, *args: Any, **kwargs: Any) -> tuple[jax.Array, Any]:
+        out = fun(*args, **kwargs)
+        if has_aux and not (isinstance(out, (tuple, list)) and len(out) == 2):
+            raise TypeError(
+                f"with has_aux=True the loss function must return a pair (loss, aux), got {type(out).__name__}."
+            )
+        loss, aux = out if has_aux else (out, None)
+        dtype = getattr(loss, "dtype", None)
+        if dtype is None or not jnp.issubdtype(dtype, jnp.floating) or jnp.ndim(loss) != 0:
+            raise TypeError(
+                f"value_and_grad() needs a loss function returning a 0-d floating-point array, got "
+                f"{type(loss).__name__}{'' if dtype is None else f' of dtype {dtype} and shape {jnp.shape(loss)}'}"
+                f"{'' if has_aux else ' (pass has_aux=True if it returns (loss, aux))'}."
+            )
+        return scale_loss(loss, scale), (loss, aux)
+
+    # The scale is argument 0 of ``scaled``, so fun's argnums shift by one; it is never differentiated.
+    def shift(a: Any) -> Any:
+        return a + 1 if isinstance(a, int) and a >= 0 else a
+
+    shifted = shift(argnums) if isinstance(argnums, int) else tuple(shift(a) for a in argnums)
+    grad_fn = jax.value_and_grad(scaled, argnums=shifted, has_aux=True)
+
+    # A concrete state given here allows one call, outside any trace; the lock makes the flag's test-and-set
+    # atomic, so two threads cannot both make the one call.
+    once = None if bound is None or is_tracer(jnp.asarray(bound.loss_scale)) else threading.Lock()
+    used = False
+
+    @functools.wraps(fun)
+    def wrapped(*args: Any, opt_state: Any = None, **kwargs: Any) -> tuple[Any, Any]:
+        nonlocal used
+        if opt_state is not None:
+            scale_state = find_loss_scale_state(opt_state, "value_and_grad()")
+        elif bound is not None:
+            scale_state = bound
+            if once is not None:
+                with once:
+                    again, used = used, True
+                if again:
+                    raise _reuse_error(bound, "called a second time: once update() has replaced that state, it "
+                                       "would scale the loss by the old state's loss scale")
+        else:
+            raise TypeError(
+                "value_and_grad(fun) reads the loss scale when it is called: pass the current optimizer state, "
+                "grad_fn(params, ..., opt_state=state), or build it inside the step as value_and_grad(fun, state)."
+            )
+        (scaled_loss, (loss, aux)), grads = grad_fn(jnp.asarray(scale_state.loss_scale), *args, **kwargs)
+        if once is not None and opt_state is None and is_tracer(scaled_loss):
+            # Under jit/pmap/scan every op is staged out, so the scaled loss is a tracer even when every input
+            # is a constant: the compiled step would keep this state's scale as a constant.
+            raise _reuse_error(scale_state, "called inside a traced function (jit, pmap, scan, vmap): the "
+                               "compiled step would keep that state's loss scale as a constant")
+        return ((loss, aux) if has_aux else loss), grads
+
+    return wrapped
+
+
+def _reuse_error(bound: LossScaleState, what: str) -> RuntimeError:
+    return RuntimeError(
+        f"value_and_grad(fun, opt_state) was built with a concrete optimizer state and {what} "
+        f"({float(jnp.asarray(bound.loss_scale)):g}). A function built with a concrete state may be called once, "
+        "outside any trace. Build it once without the state and pass the current one at each call: "
+        "grad_fn = lsj.value_and_grad(loss_fn); loss, grads = grad_fn(params, batch, opt_state=state)."
+    )
 
 
 def _axis_names(axis_name: Any) -> tuple[Hashable, ...] | None:
@@ -53,18 +348,10 @@ def _check_max_norm(max_norm: Any) -> float | None:
 def _chosen(finite: jax.Array, update: Callable, operands: Any, olds: Any) -> Any:
     """``update(*operands)`` where ``finite``, else ``olds`` (None: zeros shaped like that output), leaf by leaf.
 
-    ``update`` is traced once, to a jaxpr, and evaluated with each output
-    leaf chosen by ``jnp.where(finite, new, old)`` as soon as it is computed
-    (:func:`~lossscale.jax._compat.eval_jaxpr_choosing`): the equations after
-    it, e.g. Adam's parameter update reading the new moments, read the chosen
-    value. Under ``jit`` XLA then fuses each choice into the element-wise
-    kernel that computes the value and writes every output once, in place
-    when the buffers are donated, so the skip costs no pass over the state of
-    its own. (A choice made only at the end leaves the parameter update
-    reading the moments' new values while they are written in place, and
-    XLA copies the moments first; a ``lax.cond`` copies its operands when
-    they are not donated, or its results when they are.) On a skipped step
-    the update is computed and thrown away; its NaN never reaches an output.
+    Each output is chosen with ``jnp.where`` as soon as it is computed (:func:`eval_jaxpr_choosing`), so later
+    equations (Adam's parameter update reading its new moments) read the chosen value: XLA fuses each choice
+    into the kernel that computes it, in place when donated, and the skip costs no pass. (A choice at the end
+    makes XLA copy the donated moments; a ``lax.cond`` copies its operands, or its results when donated.)
     """
     flat, in_tree = jax.tree_util.tree_flatten(operands)
     closed, shapes = jax.make_jaxpr(
@@ -92,40 +379,28 @@ def _chosen(finite: jax.Array, update: Callable, operands: Any, olds: Any) -> An
             )
 
     def choose(i: int, new: Any) -> Any:
-        aval = avals[i]
-        old = old_leaves[i]
+        aval, old = avals[i], old_leaves[i]
         kept = jnp.zeros((), aval.dtype) if old is None else jnp.asarray(old)
         return like(jnp.where(finite, new, kept).astype(aval.dtype), aval)
 
-    out = eval_jaxpr_choosing(closed, flat, choose)
-    return jax.tree_util.tree_unflatten(out_tree, out)
+    return jax.tree_util.tree_unflatten(out_tree, eval_jaxpr_choosing(closed, flat, choose))
+
+
+#: ``update`` function of each transformation built here -> its stepper (for :func:`apply_gradients`).
+_STEPPERS: weakref.WeakKeyDictionary[Callable, Callable] = weakref.WeakKeyDictionary()
 
 
 def loss_scale_optimizer(
-    inner: optax.GradientTransformation,
-    loss_scale: Any = None,
-    *,
-    dynamic: bool | None = None,
-    initial_scale: float | None = None,
-    dynamic_growth_steps: int | None = None,
-    min_loss_scale: float | None = None,
-    max_loss_scale: float | None = None,
-    hysteresis: int | None = None,
-    max_consecutive_skips: int | None = None,
-    history: Any = None,
-    axis_name: str | tuple[str, ...] | None = None,
-    clip_by_global_norm: float | None = None,
+    inner: optax.GradientTransformation, loss_scale: Any = None, *, dynamic: bool | None = None,
+    initial_scale: float | None = None, dynamic_growth_steps: int | None = None, min_loss_scale: float | None = None,
+    max_loss_scale: float | None = None, hysteresis: int | None = None, max_consecutive_skips: int | None = None,
+    history: Any = None, axis_name: str | tuple[str, ...] | None = None, clip_by_global_norm: float | None = None,
     stats_every: int | None = None,
 ) -> optax.GradientTransformationExtraArgs:
     """Wraps ``inner`` in loss scaling; TF's ``LossScaleOptimizer`` for optax.
 
-    Loss scaling multiplies the loss by ``S`` before differentiation and the
-    gradients by ``1/S`` before the update, so that float16 gradients below
-    about 6e-8 do not flush to zero (Micikevicius et al., 2018, "Mixed
-    Precision Training"). ``update(grads, state, params)`` takes the
-    gradients of the **scaled** loss, that is ``jax.grad`` of
-    ``get_scaled_loss(loss, state)``, and computes, with ``g`` those
-    gradients::
+    ``update(grads, state, params)`` takes ``g``, the gradients of the **scaled** loss (:func:`value_and_grad`,
+    or ``jax.grad`` of :func:`get_scaled_loss`; never gradients you unscaled already), and computes::
 
         finite = all(isfinite(g))              # NaN and +-Inf alike (of g / S when S may be < 1)
         u = g * (1 / S)                        # each leaf in its own dtype
@@ -135,116 +410,39 @@ def loss_scale_optimizer(
         inner_state = where(finite, new_inner, inner_state)
         S, counters = lossscale.next_state(policy, S, counters, finite)
 
-    A non-finite step is skipped in every mode, fixed scales included (use
-    ``loss_scale=1`` for skip-only, e.g. with bfloat16): its updates are
-    zero and the inner state (Adam's moments and count) is bit for bit what
-    it was. The skip is a ``jnp.where`` on each output of ``inner.update``,
-    made as soon as that output is computed, so that the inner update's own
-    later reads (Adam's step reading its new moments) see the chosen value:
-    XLA then fuses every choice into the kernel that computes it, and the
-    skip adds no pass over the state, with or without donated buffers (a
-    ``lax.cond`` would copy the state, its operands when they are not
-    donated or its results when they are). The inner update runs, and is
-    thrown away, on a skipped step too (host callbacks inside ``inner``,
-    such as ``jax.debug.print``, run on every step).
+    A non-finite step is skipped with every policy (``loss_scale=1``: skip only, e.g. for bfloat16). Cost
+    under ``jit``: one read pass over the gradients (:func:`all_finite`); the ``1/S`` multiply and the skip
+    fuse into ``inner``'s kernels, so the step makes plain optax's passes over the state plus that read
+    (``benchmarks/bench_jax.py --passes-only``); no host sync.
 
     Args:
-        inner: the optax transformation that receives the unscaled gradients,
-            e.g. ``optax.adamw(1e-3)``. Put gradient clipping *inside* it
-            (``optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-3))``)
-            so that it sees the true gradients.
-        loss_scale: the experimental form: a number (fixed scale),
-            ``"dynamic"``, any :class:`lossscale.LossScale` (managers
-            included) or its ``lossscale.serialize`` dict.
+        inner: the optax transformation that receives the unscaled gradients, e.g. ``optax.adamw(1e-3)``;
+            a clip goes *inside* it (``optax.chain(optax.clip_by_global_norm(1.0), ...)``).
+        loss_scale: the experimental form: a number (fixed), ``"dynamic"``, any :class:`lossscale.LossScale`
+            (managers included) or its ``lossscale.serialize`` dict.
         dynamic: the stable form (default True).
-        initial_scale: the initial (or, when ``dynamic=False``, fixed) scale;
-            default 2**15.
+        initial_scale: the initial (or, when ``dynamic=False``, fixed) scale; default 2**15.
         dynamic_growth_steps: finite steps before the scale doubles; default 2000.
         min_loss_scale: the floor of a dynamic scale (default 1).
         max_loss_scale: the ceiling of a dynamic scale (default None: none).
-        hysteresis: non-finite steps before a dynamic scale backs off
-            (default 1, TF's). These three refine the stable form's dynamic
-            scale or ``loss_scale="dynamic"``; a policy object carries its own.
-        axis_name: under ``jax.pmap`` or ``jax.shard_map``, the axis name (or
-            names) over which the finite flag is reduced (``lax.pmin``), so
-            that every device skips or steps together when devices hold
-            different gradients. Not needed under ``jit`` with sharded arrays,
-            where the check is already global, nor after a ``lax.pmean`` of
-            the gradients, which spreads any NaN or Inf.
-        clip_by_global_norm: clip the *true* (unscaled) gradients to this
-            global norm before ``inner`` sees them, as
-            ``optax.clip_by_global_norm`` inside ``inner`` would. The norm
-            (``sqrt(sum((g/S)**2))`` in float32) also serves as the finite
-            check, so clipping adds no pass over the gradients; the factor
-            ``min(1, max_norm / norm)`` is folded into the ``1/S`` multiply.
-            Never put a clip *before* this transformation in an
-            ``optax.chain``: it would clip the scaled gradients
-            (:func:`get_scaled_loss` and :func:`value_and_grad` raise when
-            they see that order in the state).
-        max_consecutive_skips: raise :class:`lossscale.LossScaleError`, with
-            likely causes and fixes, from the jitted step in which the
-            ``N``-th step in a row is skipped (default None: never). It is a
-            ``jax.debug.callback`` behind a ``lax.cond`` on the streak, which
-            only a skipped step reaches: a finite step runs no host code and
-            adds no sync.
-            JAX re-raises it wrapped in its runtime error (the message is
-            kept) when the step's results are next read, on CPU at once.
-        history: a :class:`lossscale.History` that gets one row per step
-            (step number, the scale the step used, whether it was skipped;
-            the loss, which ``update`` does not see, as NaN). Default None:
-            nothing recorded and nothing staged. Cost when given: one
-            ``jax.debug.callback`` per step (two scalars to the host and a
-            Python call there; see ``lossscale.jax._record.StepRecorder``).
-            Under ``pmap``/``shard_map`` pass ``axis_name`` (the first
-            device records); under ``jit`` over several processes the
-            process holding device 0 records.
-        stats_every: measure the scaled gradients every ``N``-th update
-            (default None: never; 16 with ``loss_scale="auto"``): per tensor
-            and overall ``amax``, ``headroom_bits = log2(65504 / amax)``,
-            the share of exact zeros and of float16 subnormals
-            (:mod:`lossscale._stats`). The latest sample is
-            ``state.gradient_stats`` (arrays, on the device), and
-            ``lossscale.AutoLossScale`` sets the scale from it.
-            Cost: on a sampled step four reductions of each gradient (one
-            variadic reduction for a large one; with ``N=1`` and no clip
-            they also give the finite flag); otherwise a ``lax.cond``. Measured
-            (``benchmarks/bench_stats.py``, 2-core CPU, Adam MLP): 1M
-            parameters 1.27x the step at ``N=1``, 1.03x at ``N=16``; 10M
-            1.14x and 1.00x. The step compiles once; no host sync.
+        hysteresis: non-finite steps before a dynamic scale backs off (default 1). These three refine the
+            stable form's dynamic scale or ``"dynamic"``; a policy object carries its own.
+        max_consecutive_skips: raise :class:`lossscale.LossScaleError` from the step that skips for the
+            ``N``-th time in a row (default None: never); no host code on the other steps.
+        history: a :class:`lossscale.History` that gets one row per step (the loss as NaN): one
+            ``jax.debug.callback`` per step (0.4-1.7 ms on CPU).
+        axis_name: under ``jax.pmap``/``jax.shard_map``, the axis name(s) over which the finite flag is
+            ``lax.pmin``-ed, so that every device skips or steps together. Not needed under ``jit``.
+        clip_by_global_norm: clip the true gradients to this global norm; the norm is also the finite check
+            and its factor joins the ``1/S`` multiply: no extra pass.
+        stats_every: measure the scaled gradients every ``N``-th update (default None; 16 with
+            ``loss_scale="auto"``) into ``state.gradient_stats``, which ``lossscale.AutoLossScale`` reads:
+            about one read pass on a sampled step (1.03x the step at ``N=16``: docs/gradient_stats.md).
 
     Returns:
-        An ``optax.GradientTransformationExtraArgs``; extra keyword arguments
-        of ``update`` go to ``inner``. Its state is a
-        :class:`LossScaleOptimizerState`; the policy is not in it but in the
-        transformation, so it cannot be lost on flatten, ``tree_map`` or
-        restore. Keep ``lossscale.serialize(policy)`` with your config to
-        rebuild the same transformation.
-
-    Raises:
-        TypeError, ValueError: as ``lossscale.torch.LossScaleOptimizer`` for
-            the scale arguments (both forms at once, a bad policy) and
-            ``max_consecutive_skips``, and for an ``inner`` that is not an
-            optax transformation, a ``clip_by_global_norm`` that is not a
-            positive number, or a ``history`` that is not a
-            :class:`lossscale.History`.
-
-    Cost per ``update`` under ``jit``: one read pass over the gradients for
-    the check (:func:`all_finite`: one sum, with the exact check in a
-    ``lax.cond`` only when the sum is not finite); the ``1/S`` multiply and
-    the skip's choices are fused into ``inner``'s element-wise update, and
-    the updates into the caller's ``optax.apply_updates``. Measured in XLA's
-    compiled program (``benchmarks/bench_jax.py --passes-only``, Adam): plain
-    optax's passes over the state plus the one read of the gradients, and no
-    copy, donated or not. The scale update is about 20 scalar ops. No host
-    sync anywhere: the whole training step can be jitted. ``inner.update``
-    is traced once per trace of ``update``.
-
-    If you unscale the gradients yourself (to clip them, log them, or in
-    code ported from TF's ``get_unscaled_gradients`` + ``apply_gradients``
-    loop), don't pass the unscaled ones to ``update``: it would unscale them
-    again. Clip with ``clip_by_global_norm=`` (or inside ``inner``); for logging call
-    :func:`get_unscaled_gradients` on the side and pass the scaled gradients
-    to ``update`` (under ``jit`` XLA computes the product once).
+        An ``optax.GradientTransformationExtraArgs`` whose state is a :class:`LossScaleOptimizerState`;
+        extra keyword arguments of ``update`` go to ``inner``. Bad arguments raise TypeError or ValueError
+        (the scale's as in ``lossscale.torch.LossScaleOptimizer``).
 
     >>> import jax, jax.numpy as jnp, optax, lossscale.jax as lsj
     >>> params = {"w": jnp.array([1.0, -2.0])}
@@ -255,8 +453,7 @@ def loss_scale_optimizer(
     >>> updates, state = jax.jit(opt.update)(grads, state, params)
     >>> optax.apply_updates(params, updates)["w"]
     Array([0., 0.], dtype=float32)
-    >>> bad = {"w": jnp.array([jnp.inf, 0.0])}
-    >>> updates, state = opt.update(bad, state, params)      # skipped, scale halves
+    >>> updates, state = opt.update({"w": jnp.array([jnp.inf, 0.0])}, state, params)  # skipped, scale halves
     >>> updates["w"], float(state.loss_scale), int(state.skipped_steps)
     (Array([0., 0.], dtype=float32), 16384.0, 1)
     """
@@ -266,13 +463,8 @@ def loss_scale_optimizer(
             "Build the optimizer first, e.g. loss_scale_optimizer(optax.adamw(1e-3))."
         )
     policy = resolve_loss_scale(
-        loss_scale,
-        dynamic=dynamic,
-        initial_scale=initial_scale,
-        dynamic_growth_steps=dynamic_growth_steps,
-        min_loss_scale=min_loss_scale,
-        max_loss_scale=max_loss_scale,
-        hysteresis=hysteresis,
+        loss_scale, dynamic=dynamic, initial_scale=initial_scale, dynamic_growth_steps=dynamic_growth_steps,
+        min_loss_scale=min_loss_scale, max_loss_scale=max_loss_scale, hysteresis=hysteresis,
     )
     rule = policy.rule_params()
     axes = _axis_names(axis_name)
@@ -301,17 +493,13 @@ def loss_scale_optimizer(
         leaves = check_gradients(grads)
         scale_state = state.loss_scale_state
         scale = jnp.asarray(scale_state.loss_scale)
-        sample = None
+        # With S >= 1 (the policy's floor) g / S is finite exactly when g is: the check reads the scaled g.
+        factor: Any = None
+        sample: Any = None
         if max_norm is None and every == 1 and state.stats is not None and rule.min_scale >= 1:
-            # One pass: the statistics' max |g| is NaN or Inf iff a scaled gradient is, and with S >= 1
-            # the unscaled ones are finite iff the scaled ones are.
-            factor = None
-            sample = measure(leaves, jnp.asarray(state.stats.count), None)
+            sample = measure(leaves, jnp.asarray(state.stats.count), None)  # max |g| is the finite check too
             finite = jnp.isfinite(sample.amax)
         elif max_norm is None:
-            # With S >= 1 (the policy's floor), 0 < 1/S <= 1: g / S is finite exactly when g is, so the check
-            # reads the scaled gradients and the multiply happens only inside the update.
-            factor = None
             finite = all_finite(grads if rule.min_scale >= 1 else unscale(grads, scale))
         else:  # one pass gives both the global norm and the finite flag
             norm = jnp.sqrt(squared_norm(grads, scale))
@@ -319,8 +507,6 @@ def loss_scale_optimizer(
             factor = jnp.where(norm < max_norm, jnp.float32(1), jnp.float32(max_norm) / norm)
         if axes is not None:
             finite = lax.pmin(finite.astype(jnp.int32), axes) > 0
-        if sample is not None and axes is not None:
-            sample = _reduce_across(sample, leaves, axes)
         new_scale_state, new_stats, sampled = step_scale(
             policy, every, leaves, scale_state, state.stats, finite, axes, sample
         )
@@ -338,15 +524,35 @@ def loss_scale_optimizer(
             guard_skip(new_scale_state.consecutive_skips, new_scale_state.loss_scale, limit)
         return first, LossScaleOptimizerState(new_inner, new_scale_state, new_stats)
 
-    def update_fn(
-        updates: Any, state: LossScaleOptimizerState, params: Any = None, **extra_args: Any
-    ) -> tuple[Any, LossScaleOptimizerState]:
+    def update_fn(updates: Any, state: LossScaleOptimizerState, params: Any = None, **extra_args: Any) -> tuple:
         return stepper(updates, state, params, extra_args, False)
 
     _STEPPERS[update_fn] = stepper
     return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
 
-def stepper_of(update: Callable) -> Callable | None:
-    """The internal stepper of a transformation built by :func:`loss_scale_optimizer` (None for others)."""
-    return _STEPPERS.get(update)
+def apply_gradients(tx: Any, grads: Any, opt_state: Any, params: Any, **extra_args: Any) -> tuple[Any, Any]:
+    """``(new_params, new_opt_state)``: ``tx.update`` then ``optax.apply_updates``, with one skip.
+
+    For a :func:`loss_scale_optimizer` the skip chooses between the new and the old parameters: the same
+    numbers, but the updates are never written to memory and donated parameters are updated in place. Any
+    other ``tx`` takes the two calls. ``params`` is required; ``extra_args`` go to the inner ``update``.
+
+    >>> import jax.numpy as jnp, optax, lossscale.jax as lsj
+    >>> tx = lsj.loss_scale_optimizer(optax.sgd(0.5), 4)
+    >>> params = jnp.array([1.0, 2.0])
+    >>> state = tx.init(params)
+    >>> params, state = lsj.apply_gradients(tx, jnp.array([4.0, jnp.inf]), state, params)   # skipped
+    >>> params.tolist(), int(state.skipped_steps)
+    ([1.0, 2.0], 1)
+    >>> lsj.apply_gradients(tx, jnp.array([4.0, 8.0]), state, params)[0].tolist()
+    [0.5, 1.0]
+    """
+    if params is None:
+        raise TypeError("apply_gradients() needs the parameters to update; got params=None.")
+    update: Any = getattr(tx, "update", None)
+    stepper = _STEPPERS.get(update)
+    if stepper is None:
+        updates, opt_state = tx.update(grads, opt_state, params, **extra_args)
+        return optax.apply_updates(params, updates), opt_state
+    return stepper(grads, opt_state, params, extra_args, True)

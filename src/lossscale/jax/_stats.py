@@ -1,19 +1,4 @@
-"""``stats_every`` on JAX: the measurement, inside the jitted step; the sampler is the core's.
-
-The decision, the kept sample, the auto rule and the count are
-:func:`lossscale._sampler.next_sampler_state`, over ``jax.numpy``; its
-:class:`~lossscale._sampler.SamplerState` is the optimizer state's third
-field. Here: the measurement (the core's :func:`lossscale._stats.gradient_stats`
-of the scaled gradient leaves, reduced across the mapped axes when the step
-runs under ``pmap``/``shard_map``), run under a ``lax.cond`` on
-``count % stats_every == 0`` so the step compiles once and an unsampled step
-runs no reduction. Nothing leaves the device.
-
-Accumulation: ``optax.MultiSteps`` averages its micro-batches, so a
-``loss_scale_optimizer`` inside it samples the mean of the micro-batches'
-gradients, which is one micro-batch's scale (``micro_batches=1``); one
-outside it samples each micro-batch's own gradients.
-"""
+"""``stats_every`` on JAX: the measurement inside the jitted step; the sampler is the core's, over ``jax.numpy``."""
 
 from __future__ import annotations
 
@@ -26,13 +11,10 @@ from jax import lax
 
 from .._policy import LossScale
 from .._rule import LossScaleState, next_state
-from .._sampler import SamplerState, check_stats_every, initial_sampler_state, is_due, next_sampler_state
-from .._stats import FLOAT16_TINY, GradientStats, as_mapping, summarize
+from .._sampler import SamplerState, initial_sampler_state, is_due, next_sampler_state
+from .._stats import FLOAT16_TINY, GradientStats, summarize
 
-__all__ = ["StatsState", "check_stats_every", "init_stats", "measure", "stats_mapping", "step_scale", "tensor_names"]
-
-#: The state's third field: the core's sampler state (``count``, ``sample``, ``auto``), a pytree of arrays.
-StatsState = SamplerState
+__all__ = ["init_stats", "measure", "step_scale", "tensor_names"]
 
 
 def init_stats(policy: LossScale, params: Any) -> SamplerState:
@@ -43,14 +25,14 @@ def init_stats(policy: LossScale, params: Any) -> SamplerState:
 
 def _reduce_across(sample: GradientStats, leaves: list, axes: tuple[Hashable, ...]) -> GradientStats:
     """The statistics of the gradients of every device along ``axes``: max of maxima, mean of shares."""
+    sizes = [leaf.size for leaf in leaves]
     sums = [
         (lax.pmax(a, axes), lax.pmean(z * n, axes), lax.pmean(s * n, axes), lax.pmean(r * r * n, axes))
         for a, z, s, r, n in zip(
-            sample.tensor_amax, sample.tensor_zero_fraction, sample.tensor_subnormal_fraction, sample.tensor_rms,
-            [leaf.size for leaf in leaves],
+            sample.tensor_amax, sample.tensor_zero_fraction, sample.tensor_subnormal_fraction, sample.tensor_rms, sizes
         )
     ]
-    return summarize(sums, [leaf.size for leaf in leaves], sample.step, jnp)
+    return summarize(sums, sizes, sample.step, jnp)
 
 
 #: Leaves up to this many elements (4 MB of float32: the caches of the development CPU) take four plain
@@ -80,11 +62,7 @@ def _sums(g: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
 
 
 def measure(grads: list, count: Any, axes: tuple[Hashable, ...] | None) -> GradientStats:
-    """The statistics of the scaled gradient leaves ``grads`` (across ``axes`` when given), tagged ``count``.
-
-    Cost: about one read pass over the gradients (:func:`_sums`), plus about 25 ops on ``(T,)`` arrays;
-    under ``axes`` four collectives per leaf on 0-d values.
-    """
+    """The statistics of the gradient leaves ``grads`` (across ``axes``), tagged ``count``: about one read pass."""
     zero = jnp.zeros((), jnp.float32)
     sums = [_sums(g) if g.size else (zero,) * 4 for g in grads]
     sample = summarize(sums, [g.size for g in grads], jnp.asarray(count, jnp.int32), jnp)
@@ -92,28 +70,23 @@ def measure(grads: list, count: Any, axes: tuple[Hashable, ...] | None) -> Gradi
 
 
 def step_scale(
-    policy: LossScale,
-    every: int | None,
-    grads: list,
-    scale_state: LossScaleState,
-    stats: SamplerState | None,
-    finite: jax.Array,
-    axes: tuple[Hashable, ...] | None,
-    sample: GradientStats | None = None,
+    policy: LossScale, every: int | None, grads: list, scale_state: LossScaleState, stats: SamplerState | None,
+    finite: jax.Array, axes: tuple[Hashable, ...] | None, sample: GradientStats | None = None,
 ) -> tuple[LossScaleState, SamplerState | None, Any]:
-    """The new scale state, sampler state, and ``sampled`` flag after one update (``grads``: the scaled leaves).
+    """The new scale state, sampler state and ``sampled`` flag after one update (``grads``: the scaled leaves).
 
-    ``sample``: this step's statistics when the caller measured them already (``stats_every=1``, where
-    the finite flag is read from them: ``isfinite(amax)``, so the check and the statistics are one pass).
-    Cost on a sampled step: :func:`measure`, plus about 60 scalar ops. On an unsampled step: the
-    ``lax.cond`` and the scalar update. No host sync.
+    ``sample``: this device's statistics if measured as the finite check. An unsampled step runs no reduction
+    (a ``lax.cond`` on ``count % every == 0``), and the step compiles once.
     """
     if every is None or stats is None:
         return next_state(policy.rule_params(), scale_state, finite, jnp), stats, False
     count = jnp.asarray(stats.count)
     if every == 1:
         sampled: Any = True
-        sample = measure(grads, count, axes) if sample is None else sample
+        if sample is None:
+            sample = measure(grads, count, axes)
+        elif axes is not None:
+            sample = _reduce_across(sample, grads, axes)
     else:
         sampled = is_due(every, count)
         kept = stats.sample
@@ -130,9 +103,3 @@ def tensor_names(params: Any) -> tuple[str, ...]:
     """The names ``gradient_stats["per_tensor"]`` uses for the leaves of ``params`` (``jax.tree_util.keystr``)."""
     return tuple(jax.tree_util.keystr(path) for path, _ in jax.tree_util.tree_flatten_with_path(params)[0])
 
-
-def stats_mapping(stats: SamplerState | None) -> dict[str, Any] | None:
-    """``gradient_stats`` of a state: :func:`lossscale._stats.as_mapping` of the latest sample, or None."""
-    if stats is None:
-        return None
-    return as_mapping(GradientStats(*(jnp.asarray(x) for x in stats.sample)))

@@ -1,14 +1,4 @@
-"""flax linen: a ``TrainState`` whose ``step`` counts only the steps that were applied.
-
-flax's own ``TrainState.apply_gradients`` adds 1 to ``step`` on every call,
-skipped steps included, while the inner optax state (Adam's ``count``, and so
-every optax schedule) does not move on a skipped step. Either use this class,
-or keep flax's and read the applied steps as
-``state.step - lossscale.jax.find_state(state.opt_state).skipped_steps``.
-
-Importing this module imports flax (``pip install flax``); ``lossscale.jax``
-alone does not.
-"""
+"""flax linen: a ``TrainState`` whose ``step`` counts only the steps that were applied (imports flax)."""
 
 from __future__ import annotations
 
@@ -21,8 +11,7 @@ try:
 except ImportError as error:  # pragma: no cover - exercised only without flax
     raise ImportError(f"lossscale.jax.train_state needs flax ({error.name} is missing): pip install flax.") from error
 
-from ._apply import apply_gradients
-from ._state import find_state
+from ._optimizer import apply_gradients, find_state
 
 __all__ = ["TrainState"]
 
@@ -30,12 +19,9 @@ __all__ = ["TrainState"]
 class TrainState(_flax_train_state.TrainState):
     """flax's ``TrainState`` for a ``tx`` that holds a :func:`~lossscale.jax.loss_scale_optimizer`.
 
-    ``apply_gradients(grads=...)`` takes the gradients of the *scaled* loss
-    (:func:`lossscale.jax.value_and_grad`), steps or skips through
-    :func:`lossscale.jax.apply_gradients`, and adds 1 to ``step`` only when
-    the step was applied, so ``step`` equals the inner optimizer's count (and
-    TF/Keras's ``iterations``). Cost: flax's, minus one pass over the
-    parameters; no host sync.
+    ``apply_gradients(grads=...)`` takes the gradients of the *scaled* loss, steps or skips through
+    :func:`lossscale.jax.apply_gradients`, and adds 1 to ``step`` only when the step was applied (flax's
+    counts skipped steps too), so ``step`` is the inner optimizer's count. Cost: flax's, minus one pass.
 
     >>> import jax.numpy as jnp, optax, lossscale.jax as lsj
     >>> from lossscale.jax.train_state import TrainState

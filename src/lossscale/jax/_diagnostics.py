@@ -1,0 +1,103 @@
+"""Diagnostics under ``jit``: the stall guard and ``history=``, each a ``jax.debug.callback`` to the host."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Hashable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from .._errors import LossScaleError
+from .._history import STATS_COLUMNS, History
+
+__all__ = ["StepRecorder", "check_limit", "guard_skip", "recorder_for"]
+
+
+def check_limit(max_consecutive_skips: Any) -> int | None:
+    """``max_consecutive_skips`` validated: None or an int >= 1 (the torch binding's messages)."""
+    if max_consecutive_skips is None:
+        return None
+    if isinstance(max_consecutive_skips, bool) or not isinstance(max_consecutive_skips, (int, np.integer)):
+        raise TypeError(f"max_consecutive_skips must be an int or None, got {max_consecutive_skips!r}.")
+    if max_consecutive_skips < 1:
+        raise ValueError(f"max_consecutive_skips must be at least 1 (or None to disable), got {max_consecutive_skips}.")
+    return int(max_consecutive_skips)
+
+
+def _raise(streak: Any, scale: Any, *, limit: int) -> None:
+    raise LossScaleError(
+        f"{int(streak)} steps in a row were skipped because gradients held NaN or Inf (loss scale now "
+        f"{float(scale):g}; max_consecutive_skips={limit}). Lowering the scale has not helped, so the cause is "
+        "likely not an overflow of the scaled loss:\n"
+        "  * a NaN in the loss itself (bad inputs or labels, log(0), 0/0): check jnp.isfinite(loss), or run "
+        "with jax.config.update('jax_debug_nans', True);\n"
+        "  * a learning rate too high, so the weights diverged: lower it or add warm-up;\n"
+        "  * a model pretrained in bfloat16 and run in float16, whose activations overflow 65504: "
+        "run it in bfloat16 with loss_scale=1, or keep the overflowing layers in float32;\n"
+        "  * gradients clipped or transformed *before* loss_scale_optimizer in an optax.chain.\n"
+        "Pass max_consecutive_skips=None to disable this check."
+    )
+
+
+def guard_skip(streak: jax.Array, scale: jax.Array, limit: int) -> None:
+    """Raise on the host iff ``streak`` (the skips in a row after this step) ``>= limit``.
+
+    A finite step, and a skip below the limit, run no host code. JAX re-raises the error wrapped in its runtime
+    error at the latest when the step's results are read.
+    """
+    _call_back_if(streak >= limit, functools.partial(_raise, limit=limit), streak, scale)
+
+
+def _call_back_if(pred: jax.Array, fn: Any, *args: Any) -> None:
+    """``fn(*args)`` on the host where ``pred`` holds: a ``jax.debug.callback`` behind a ``lax.cond``."""
+    lax.cond(pred, lambda: jax.debug.callback(fn, *args), lambda: None)
+
+
+class StepRecorder:
+    """Appends ``(step, scale used, skipped)``, and a sampled step's statistics, to a History on the host.
+
+    Steps continue after the history's last row; the loss, which ``update`` does not see, is NaN. Cost: one
+    ``jax.debug.callback`` per step, whose machinery dominates (0.4-1.7 ms on a 2-core CPU even as a no-op:
+    ``benchmarks/bench_jax_history.py``). Under ``pmap``/``shard_map`` the first device along the axes
+    records; under ``jit`` across processes JAX calls back on the process that holds device 0.
+    """
+
+    def __init__(self, history: History) -> None:
+        self.history = history
+        self._next = int(history.steps[-1]) + 1 if len(history) else 0
+
+    def _append(self, scale: Any, finite: Any, sampled: Any = False, *columns: Any) -> None:
+        step, self._next = self._next, self._next + 1
+        stats = None
+        if bool(np.asarray(sampled)):
+            stats = {name: float(np.asarray(value)) for name, value in zip(STATS_COLUMNS, columns)}
+        self.history.append(step, float(np.asarray(scale)), not bool(np.asarray(finite)), stats=stats)
+
+    def record(self, scale: jax.Array, finite: jax.Array, axes: tuple[Hashable, ...] | None, measured: Any = None) -> None:
+        """Stages the callback (runs it, eagerly); ``measured``: ``(sampled, sample)`` with ``stats_every``."""
+        args: tuple[Any, ...] = (scale, finite)
+        if measured is not None:
+            sampled, sample = measured
+            args += (jnp.asarray(sampled), *(getattr(sample, name) for name in STATS_COLUMNS))
+        if axes is None:
+            jax.debug.callback(self._append, *args)
+        else:
+            _call_back_if(lax.axis_index(axes) == 0, self._append, *args)
+
+
+def recorder_for(history: Any) -> StepRecorder | None:
+    """The recorder for the ``history`` keyword (None/False: off), or a TypeError naming the fix."""
+    if history is None or history is False:
+        return None
+    if history is True:
+        raise TypeError(
+            "history=True has nowhere to keep the record on JAX (an optax transformation has no attributes): "
+            "pass your own, history = lossscale.History(); loss_scale_optimizer(inner, history=history)."
+        )
+    if not isinstance(history, History):
+        raise TypeError(f"history must be a lossscale.History or None, got {type(history).__name__}.")
+    return StepRecorder(history)
