@@ -1,53 +1,26 @@
-"""``LossScaleOptimizer`` for ``torch.optim``: TF's API over any torch optimizer.
+"""``LossScaleOptimizer``: TF's API over any ``torch.optim`` optimizer instance.
 
-It wraps the user's optimizer *instance* and is itself a
-``torch.optim.Optimizer`` whose ``param_groups``, ``state`` and ``defaults``
-are the inner optimizer's, so LR schedulers, ``add_param_group`` and
-checkpoints reach it. It holds one scale owner (``_scale.py``) and one
-:class:`~lossscale.torch._step.OptimizerStep` (stage, fused-state tracker,
-counters, flag agreement, diagnostics), which a ``step()`` runs top to
-bottom; checkpoints and pickling go through the records of
-``_checkpoint.py``; the TF v1 methods and the policy's attributes are
-mixins (``_tf_methods.py``, ``_policy_attributes.py``).
+It is itself a ``torch.optim.Optimizer`` whose ``param_groups``, ``state`` and ``defaults`` are the inner
+optimizer's (LR schedulers, ``add_param_group`` and checkpoints reach it), and holds one scale owner
+(``_scale.py``) and one :class:`~lossscale.torch._step.OptimizerStep`, which ``step()`` runs.
 
-Cost per ``step()``, with G the bytes of all gradients:
+Cost per ``step()``, G the bytes of all gradients:
 
-========================== ======================== ====================
-inner optimizer            passes over gradients    host syncs
-========================== ======================== ====================
-fused (``fused=True``)     1 unscale+check (R+W)    0: it skips itself [*]
-fused, float16 gradients   1 check (R+W, values     0 [*]
-                           unchanged); the kernel
-                           unscales in float32
-anything else              1 unscale+check (R+W)    1 (``found_inf``)
-with ``clip_grad_norm_``   1 norm (R) [+1 R+W if    as above
-                           not fused]
-no gradient at all         none                     0: a no-op
-========================== ======================== ====================
+========================== ========================================== ==========================
+inner optimizer            passes over gradients                      host syncs
+========================== ========================================== ==========================
+fused (``fused=True``)     1 unscale+check (R+W; float16 gradients: a 0: the kernel skips [*]
+                           check only, the kernel unscales in float32)
+anything else              1 unscale+check (R+W)                      1 (``found_inf``)
+with ``clip_grad_norm_``   +1 norm (R), +1 R+W unless fused           as above
+``min_loss_scale < 1``     +1 check (R+W): ``g / S`` can overflow     as above
+no gradient at all         none: a no-op (scale, counters unchanged)  0
+========================== ========================================== ==========================
 
-[*] 1 on a step in which a parameter gets its first gradient: the inner
-optimizer creates its state for that parameter then (SGD's momentum buffer
-is uninitialised memory until its first real step), so that step is
-decided on the host. In a usual run this is the first step only. Fused SGD
-on CPU is refused for float16/bfloat16 parameters where torch's kernel
-leaves them unchanged (torch 2.13; see ``_fused.py``): use fused AdamW.
+[*] 1 on a step in which a parameter gets its first gradient: its inner state is created then (SGD's
+momentum buffer is uninitialised memory until its first real step), so that step is decided on the host.
 
-A policy whose scale may fall below 1 (``min_loss_scale < 1``) adds one
-check pass (R+W) after the unscale: multiplying by ``1/S > 1`` can overflow
-a finite gradient.
-
-The scale update adds no host sync. Where it runs depends on where the
-scale lives: for state on an accelerator it is about 20 scalar torch ops
-on the device (and under ``torch.compile`` always torch ops); for CPU state
-it runs on the host, on numpy views of the same memory (the same rule on
-float32/int32 scalars), which involves no sync since CPU tensors have no
-queue (see ``_state.py``).
-
-A ``step()`` that finds no gradient at all (a frozen model, a forgotten
-backward) is a no-op: the inner optimizer is not stepped, and the scale,
-its counters, this optimizer's counters and the history stay as they
-were (GradScaler raises here instead; TF's ``apply_gradients`` raises, as
-this ``apply_gradients`` does).
+The scale update adds no sync: about 20 scalar ops on the device, or for CPU state the same rule on the host.
 
 The torch idiom::
 
@@ -59,8 +32,7 @@ The torch idiom::
         opt.get_scaled_loss(loss).backward()
         opt.step()          # unscale, check, step or skip, update the scale
 
-Closure-based optimizers (LBFGS): the closure scales its own loss and
-returns the unscaled one::
+Closure-based optimizers (LBFGS): the closure scales its own loss and returns the unscaled one::
 
     def closure():
         opt.zero_grad()
@@ -68,9 +40,6 @@ returns the unscaled one::
         opt.get_scaled_loss(loss).backward()
         return loss
     opt.step(closure)
-
-Every evaluation's gradients are unscaled and checked; if any overflowed,
-weights and inner state are restored from a copy taken before the step.
 """
 
 from __future__ import annotations
@@ -82,16 +51,16 @@ from typing import Any
 import torch
 
 from .._policy import LossScale
-from ._checkpoint import Checkpoint
+from .._resolve import stable_form
 from .._torch_compat import init_step_hooks
+from ._checkpoint import Checkpoint
 from ._diagnostics import Diagnostics, OverflowReport
 from ._distributed import FlagAgreement, agreement_groups, validate_process_group
 from ._distributed import check_replicas_agree as _check_replicas_agree
 from ._inner_load import load_inner
 from ._legacy_pickles import is_optimizer_0_1, optimizer_from_0_1
-from ._policy_attributes import PolicyAttributes
-from ._stats import StatsSampler, check_stats_every
 from ._scale import ScaleOwner, require_own_scale, scale_owner_for
+from ._stats import StatsSampler, check_stats_every
 from ._step import OptimizerStep
 from ._tf_methods import TFv1Methods
 
@@ -125,19 +94,7 @@ def _check_wrappable(optimizer: Any) -> None:
         )
 
 
-def _check_mode(check: Any) -> None:
-    """``check="step"`` is the one check mode; ``"backward"`` was removed (it measured slower everywhere)."""
-    if isinstance(check, str) and check == "step":
-        return
-    if isinstance(check, str) and check == "backward":
-        raise ValueError(
-            "check='backward' was removed: it measured slower than the step-time check on CPU and on an H100, "
-            "with the same weights and skips. Drop the check argument (the gradients are checked in step())."
-        )
-    raise ValueError(f"check must be 'step' (the only mode), got {check!r}. Drop the check argument.")
-
-
-class LossScaleOptimizer(TFv1Methods, PolicyAttributes, torch.optim.Optimizer):
+class LossScaleOptimizer(TFv1Methods, torch.optim.Optimizer):
     """An optimizer that applies loss scaling; TF's ``LossScaleOptimizer`` for torch.
 
     Loss scaling multiplies the loss by ``S`` before backprop and the
@@ -184,8 +141,6 @@ class LossScaleOptimizer(TFv1Methods, PolicyAttributes, torch.optim.Optimizer):
             scale, skip flag and loss (the one given to
             :meth:`get_scaled_loss`); transferred in batches, no per-step sync.
             Read it with :attr:`history`.
-        check: ``"step"``, the only mode (gradients are checked in
-            ``step()``); any other value raises ``ValueError``.
         stats_every: measure the *scaled* gradients every ``N``-th step
             (default None: never; 16 with ``loss_scale="auto"``) before
             anything unscales them: ``step()`` (a closure's first
@@ -232,11 +187,15 @@ class LossScaleOptimizer(TFv1Methods, PolicyAttributes, torch.optim.Optimizer):
         process_group: Any = None,
         overflow_report: bool = False,
         named_parameters: Iterable[tuple[str, torch.Tensor]] | None = None,
-        check: str = "step",
         stats_every: int | None = None,
+        **removed: Any,
     ) -> None:
+        if "check" in removed:
+            raise TypeError("LossScaleOptimizer's check argument was removed: step() always unscales and checks "
+                            "the gradients. Drop the check argument.")
+        if removed:
+            raise TypeError(f"LossScaleOptimizer() got an unexpected keyword argument {next(iter(removed))!r}")
         _check_wrappable(optimizer)
-        _check_mode(check)
         owner = scale_owner_for(
             optimizer, loss_scale, dynamic=dynamic, initial_scale=initial_scale,
             dynamic_growth_steps=dynamic_growth_steps, min_loss_scale=min_loss_scale,
@@ -264,7 +223,7 @@ class LossScaleOptimizer(TFv1Methods, PolicyAttributes, torch.optim.Optimizer):
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         self._inner.add_param_group(param_group)
-        self._steps.agree.reset()  # type: ignore[attr-defined]  # the new parameters may be DTensors on another mesh
+        self._steps.agree.reset()  # type: ignore[union-attr]  # the new parameters may be DTensors on another mesh
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """The inner optimizer's ``zero_grad``; also forgets an ``unscale_()`` or clip not yet stepped."""
@@ -320,12 +279,46 @@ class LossScaleOptimizer(TFv1Methods, PolicyAttributes, torch.optim.Optimizer):
         it on every rank of it. Cost: one all-gather of 6 numbers, one sync.
         """
         agree = self._steps.agree
-        group = agree.process_group if process_group is None else validate_process_group(process_group)  # type: ignore[attr-defined]
+        group = agree.process_group if process_group is None else validate_process_group(process_group)  # type: ignore[union-attr]
         owner = self._steps.owner
         _check_replicas_agree(owner.state, owner.policy, agreement_groups(group, self._params()))
 
-    # ------------------------------------------------------------ attributes (the vocabulary's; the policy's are
-    # in PolicyAttributes; no sync)
+    # ------------------------------------------------------------ attributes (TF's and Keras's names; no sync)
+
+    @property
+    def dynamic(self) -> bool:
+        """Whether the loss scale is dynamic."""
+        return self.loss_scale_policy.dynamic
+
+    @property
+    def dynamic_counter(self) -> torch.Tensor | None:
+        """Finite steps since the scale last changed (0-d int32 tensor), or None if fixed."""
+        return self._steps.owner.state.good_steps.clone() if self.dynamic else None
+
+    @property
+    def dynamic_growth_steps(self) -> int | None:
+        """Finite steps it takes to grow the scale, or None if fixed."""
+        return stable_form(self.loss_scale_policy)["dynamic_growth_steps"]
+
+    @property
+    def initial_scale(self) -> float:
+        """The initial loss scale (the only one, when fixed)."""
+        return self.loss_scale_policy.initial_scale
+
+    @property
+    def min_loss_scale(self) -> float | None:
+        """The floor of a dynamic scale (None if fixed)."""
+        return getattr(self.loss_scale_policy, "min_loss_scale", None) if self.dynamic else None
+
+    @property
+    def max_loss_scale(self) -> float | None:
+        """The ceiling of a dynamic scale (None: none, or fixed)."""
+        return getattr(self.loss_scale_policy, "max_loss_scale", None) if self.dynamic else None
+
+    @property
+    def hysteresis(self) -> int | None:
+        """Non-finite steps a dynamic scale tolerates before backing off (None if fixed)."""
+        return getattr(self.loss_scale_policy, "hysteresis", None) if self.dynamic else None
 
     @property
     def max_consecutive_skips(self) -> int | None:
@@ -351,7 +344,7 @@ class LossScaleOptimizer(TFv1Methods, PolicyAttributes, torch.optim.Optimizer):
     @property
     def last_step_skipped(self) -> torch.Tensor:
         """0-d bool tensor: was this optimizer's last step skipped? (its own, even with a shared scale; no sync)."""
-        return self._steps.counters.last_step_skipped(self._steps.owner.device)
+        return self._steps.counters.consecutive_skips(self._steps.owner.device) > 0
 
     @property
     def skipped_steps(self) -> torch.Tensor:

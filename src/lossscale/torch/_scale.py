@@ -1,30 +1,8 @@
-"""The loss scale's state as torch tensors, and who advances it: :class:`ScaleState` and the scale owners.
+"""The loss scale's state as torch tensors (:class:`ScaleState`), and who advances it: the scale owners.
 
-:class:`ScaleState` holds the policy and a :class:`~lossscale.LossScaleState`
-of five 0-d tensors (float32 scale, four int32 counters) on one device, and
-is the only code that changes them:
-
-* :meth:`ScaleState.advance` ``(found_inf)``: the core rule
-  ``state <- next_state(policy, state, found_inf == 0)``, in place (the
-  tensors keep their addresses: friendly to CUDA graphs). On an
-  accelerator, and under ``torch.compile``, about 20 scalar torch ops on
-  the device: no host sync. For CPU state it runs on the host
-  (:func:`lossscale._rule.advance_in_place`) on numpy views sharing the
-  tensors' memory: about 10 microseconds instead of 30, and no sync, since
-  a CPU tensor has no queue to wait for.
-* :meth:`ScaleState.inv_scale`: ``1/S`` in float32, computed in float64.
-* :meth:`ScaleState.record` / :meth:`ScaleState.load`: the checkpoint record
-  (:class:`~lossscale.torch._checkpoint.ScaleRecord`), also what pickling uses.
-
-The owners keep one :class:`ScaleState` and share one reading surface
-(:class:`ScaleOwner`); they differ in :meth:`ScaleOwner.add_step`, which a
-step (``_step.py``) calls with its found-inf flag and its stage record:
-
-* :class:`PrivateLossScale` (one ``LossScaleOptimizer``'s): advances at once.
-* :class:`SharedLossScale`: keeps the flag (MAX over the members), marks the
-  record ``STEPPED``, and advances once in :meth:`SharedLossScale.update`.
-* :class:`IterationScale`: GradScaler's, a shared scale that also takes
-  torch's ``update(new_scale)`` and policy changes.
+A step (``_step.py``) ends with ``owner.add_step(found_inf, record)``: :class:`PrivateLossScale` (one
+``LossScaleOptimizer``'s) advances at once; :class:`SharedLossScale` keeps the MAX of its members' flags and
+advances once in ``update()``; :class:`IterationScale` is GradScaler's, which also takes a new scale or policy.
 """
 
 from __future__ import annotations
@@ -33,7 +11,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import replace
 from numbers import Real
-from typing import TYPE_CHECKING, Any, NamedTuple, cast
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 import torch
@@ -42,12 +20,9 @@ from .._auto import AutoLossScale
 from .._policy import DynamicLossScale, LossScale
 from .._resolve import resolve_loss_scale
 from .._rule import LossScaleState, advance_in_place, initial_state, next_state
-from ._checkpoint import ScaleRecord
 from .._torch_compat import foreach_copy_
 from .._torch_kernels import move, reciprocal
-
-if TYPE_CHECKING:
-    from ._step import StepRecord
+from ._checkpoint import ScaleRecord
 
 __all__ = [
     "IterationScale", "PrivateLossScale", "ScaleOwner", "ScaleState", "SharedLossScale", "StepScale",
@@ -56,7 +31,12 @@ __all__ = [
 
 
 class ScaleState:
-    """A policy and its live state tensors; the only code that changes them.
+    """A policy and its five live 0-d tensors (float32 scale, four int32 counters); the only code that changes them.
+
+    :meth:`advance` is the core rule ``state <- next_state(policy, state, found_inf == 0)`` in place (the
+    tensors keep their addresses, friendly to CUDA graphs): about 20 scalar ops on an accelerator or under
+    ``torch.compile``; for CPU state the same rule on the host, on numpy views of the tensors' memory (about
+    10 microseconds instead of 30). No host sync either way: a CPU tensor has no queue to wait for.
 
     >>> import torch, lossscale
     >>> s = ScaleState(lossscale.DynamicLossScale(8.0, 2))
@@ -269,7 +249,7 @@ class ScaleOwner:
         """Applies the core rule once, in place (see :meth:`ScaleState.advance`); no host sync."""
         self._scale.advance(found_inf)
 
-    def add_step(self, found_inf: torch.Tensor, member: StepRecord) -> None:
+    def add_step(self, found_inf: torch.Tensor, member: Any) -> None:
         raise NotImplementedError
 
     def assign(self, new: LossScaleState) -> None:
@@ -306,7 +286,7 @@ class PrivateLossScale(ScaleOwner):
 
     advances_each_step = True
 
-    def add_step(self, found_inf: torch.Tensor, member: StepRecord) -> None:
+    def add_step(self, found_inf: torch.Tensor, member: Any) -> None:
         self._scale.advance(found_inf)
 
     def update(self) -> None:
@@ -359,9 +339,9 @@ class SharedLossScale(ScaleOwner):
         )
         super().__init__(policy, device)
         self._pending: torch.Tensor | None = None
-        self._members: list[StepRecord] = []
+        self._members: list[Any] = []
 
-    def add_step(self, found_inf: torch.Tensor, member: StepRecord) -> None:
+    def add_step(self, found_inf: torch.Tensor, member: Any) -> None:
         """Keeps one optimizer's flag for :meth:`update`, which makes its record (``STEPPED``) ready again. No sync."""
         self._members.append(member)
         if found_inf.device != self.device:
@@ -369,19 +349,19 @@ class SharedLossScale(ScaleOwner):
         self._pending = found_inf if self._pending is None else torch.maximum(self._pending, found_inf)
 
     def update(self) -> None:
-        """Advances the scale once for this iteration, from every optimizer's flag.
+        """Advances the scale once for this iteration, from every optimizer's flag (any non-finite: one
+        non-finite step); with no step since the last update, nothing. No host sync."""
+        pending = self._close()
+        if pending is not None:
+            self._scale.advance(pending)
 
-        An iteration in which any optimizer saw a non-finite gradient counts
-        as one non-finite step. Calling it with no step since the last update
-        does nothing. No host sync.
-        """
+    def _close(self) -> torch.Tensor | None:
+        """Readies every member for the next iteration; this iteration's flag (None: no step)."""
         members, self._members = self._members, []
         for member in members:
             member.reset()
-        if self._pending is None:
-            return
         pending, self._pending = self._pending, None
-        self._scale.advance(pending)
+        return pending
 
     def to_(self, device: torch.device) -> None:
         super().to_(device)
@@ -390,10 +370,7 @@ class SharedLossScale(ScaleOwner):
 
     def load_record(self, record: ScaleRecord) -> None:
         super().load_record(record)
-        self._pending = None
-        for member in self._members:
-            member.reset()
-        self._members = []
+        self._close()
 
     def __getstate__(self) -> dict[str, Any]:
         """The scale's record (see :meth:`ScaleState.__getstate__`); pending flags and members are not kept."""
@@ -482,11 +459,7 @@ class IterationScale(SharedLossScale):
             super().update()
             return
         value = new_scale_tensor(new_scale)
-        members, self._members = self._members, []
-        for member in members:
-            member.reset()
-        pending, self._pending = self._pending, None
-        self._scale.set_scale(value, pending)
+        self._scale.set_scale(value, self._close())
 
     def overwrite(self, *, scale: float | None = None, growth_tracker: int | None = None) -> None:
         """Sets the scale and/or the growth counter in place (torch's ``_init_scale``/``_init_growth_tracker``)."""

@@ -23,8 +23,8 @@ from typing import Any
 import torch
 
 from .._resolve import serialize, stable_form
-from ._checkpoint import read_policy
 from .._torch_kernels import GradGroups, check_finite, unscaled_copies
+from ._checkpoint import read_policy
 from ._step import OptimizerStep
 
 __all__ = ["TFv1Methods", "optimizer_class"]
@@ -142,7 +142,7 @@ class TFv1Methods:
             for grad, var in pairs:
                 if grad is not None:
                     var.grad = grad
-            found_inf, _ = self._steps.apply(self.inner_optimizer, found_inf, None, named_grads=named)  # type: ignore[attr-defined]
+            found_inf = self._steps.apply(self.inner_optimizer, found_inf, None, named_grads=named)[0]  # type: ignore[attr-defined]
         finally:
             for p, grad in zip(params, saved):
                 p.grad = grad
