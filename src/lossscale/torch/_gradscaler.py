@@ -44,11 +44,9 @@ def torch_policy(
     max_loss_scale: Any = None,
     hysteresis: Any = 1,
 ) -> DynamicLossScale:
-    """The :class:`~lossscale.DynamicLossScale` of torch GradScaler's arguments (validated; errors in torch's names).
-
-    torch's names map onto the policy's: ``init_scale -> initial_loss_scale``,
-    ``growth_interval -> increment_period`` (any int >= 1, saturated at
-    2**31 - 1), ``growth_factor -> multiplier``, ``backoff_factor``.
+    """The :class:`~lossscale.DynamicLossScale` of torch GradScaler's arguments (validated; errors in torch's names):
+    ``init_scale -> initial_loss_scale``, ``growth_interval -> increment_period`` (saturated at 2**31 - 1),
+    ``growth_factor -> multiplier``, ``backoff_factor``.
 
     >>> torch_policy(2.0**16, 2.0, 0.5, 2000).get_config()
     {'initial_loss_scale': 65536.0, 'increment_period': 2000, 'multiplier': 2.0, 'backoff_factor': 0.5}
@@ -72,25 +70,16 @@ class GradScaler:
         device, init_scale, growth_factor, backoff_factor, growth_interval, enabled: as
             ``torch.amp.GradScaler`` (``device="cuda"`` without CUDA warns and disables, as torch does); a
             ``growth_interval`` above 2**31 - 1 saturates there (the growth counter is int32).
-        min_loss_scale, max_loss_scale, hysteresis: the rest of the policy
-            (see :class:`lossscale.DynamicLossScale`).
-        max_consecutive_skips, overflow_report, named_parameters: as
-            :class:`LossScaleOptimizer` (per optimizer).
-        history: True or a :class:`lossscale.History`: one row per
-            ``update()`` (scale used, skipped, the loss given to ``scale()``).
-        sync_skips: decide a fused optimizer's skip on the host, so that a
-            skipped step does not call ``optimizer.step`` at all (one host
-            sync per step). Integrations that learn of a skip by whether
-            ``optimizer.step`` ran (accelerate, the transformers Trainer:
-            their LR scheduler holds only then) need it;
-            ``integrations.accelerate.attach`` sets it. Default False: the
-            fused kernel skips on the device, 0 syncs, as torch's.
-        stats_every: measure the scaled gradients every ``N``-th iteration
-            (default None: never); the latest sample is
-            :attr:`gradient_stats`, one per iteration over every optimizer
-            stepped; with ``history``, its statistics columns. Cost as in
-            :class:`LossScaleOptimizer`; no host sync. ``scale()`` calls
-            since the last ``update()`` count the micro-batches.
+        min_loss_scale, max_loss_scale, hysteresis: the rest of the policy (see :class:`lossscale.DynamicLossScale`).
+        max_consecutive_skips, overflow_report, named_parameters: as :class:`LossScaleOptimizer` (per optimizer).
+        history: True or a :class:`lossscale.History`: one row per ``update()`` (scale used, skipped, the loss
+            given to ``scale()``).
+        sync_skips: decide a fused optimizer's skip on the host (one sync per step), so that a skipped step does
+            not call ``optimizer.step`` at all: integrations that learn of a skip that way (accelerate, the
+            transformers Trainer) need it; ``integrations.accelerate.attach`` sets it. Default False, as torch.
+        stats_every: measure the scaled gradients every ``N``-th iteration (default None); the latest sample,
+            over every optimizer stepped, is :attr:`gradient_stats` (and history columns). Cost as in
+            :class:`LossScaleOptimizer`. ``scale()`` calls since the last ``update()`` count the micro-batches.
             (``AutoLossScale`` needs ``LossScaleOptimizer``.)
 
     >>> import torch
@@ -138,8 +127,6 @@ class GradScaler:
         self.sync_skips = bool(sync_skips)
         self._updates = self._slots = 0
 
-    # ------------------------------------------------------------ scaling
-
     def scale(self, outputs: Any) -> Any:
         """``outputs * S``: a tensor, or nested lists/tuples (other iterables: a lazy ``map``) of them. No sync."""
         if not self._enabled:
@@ -171,17 +158,13 @@ class GradScaler:
         raise ValueError(f"outputs must be a Tensor or an iterable of Tensors, got a {type(value).__name__}.")
 
     def _lazy_init_scale_growth_tracker(self, device: Any) -> None:
-        """Puts the scale on ``device`` (torch's name: accelerate calls it after loading under FSDP2)."""
+        """Puts the scale on ``device`` (torch's name; accelerate calls it after loading under FSDP2)."""
         self._owner.to_(torch.device(device))
         self._placed = True
 
-    # ------------------------------------------------------------ per optimizer
-
     def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
-        """Divides ``optimizer``'s gradients by ``S`` in place (e.g. to clip them); once per iteration.
-
-        Cost: one R+W pass that also checks for NaN/Inf; no sync.
-        """
+        """Divides ``optimizer``'s gradients by ``S`` in place (to clip them), once per iteration: one R+W pass
+        that also checks for NaN/Inf; no sync."""
         if not self._enabled:
             return
         slot = self._step_of(optimizer)
@@ -197,10 +180,8 @@ class GradScaler:
     def step(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
         """Unscales and checks ``optimizer``'s gradients (unless ``unscale_`` did), then steps or skips.
 
-        ``optimizer.step(*args, **kwargs)`` is called through the attribute of
-        the object passed in (so a patched ``step`` runs), and its result is
-        returned; a skip decided on the host does not call it and returns
-        None. See the module docstring for the syncs.
+        Returns ``optimizer.step(*args, **kwargs)``'s result (the attribute of the object passed in: a patched
+        ``step`` runs); a skip decided on the host does not call it and returns None.
         """
         if not self._enabled:
             return optimizer.step(*args, **kwargs)
@@ -232,10 +213,8 @@ class GradScaler:
         return step
 
     def update(self, new_scale: float | torch.Tensor | None = None) -> None:
-        """Advances the scale once for this iteration: backs off if any optimizer overflowed, else maybe grows.
-
-        An optimizer that was unscaled but not stepped counts too (as in
-        torch). ``new_scale`` (a float or a 1-element tensor) sets the scale
+        """Advances the scale once for this iteration: backs off if any optimizer overflowed (one unscaled but not
+        stepped too, as in torch), else maybe grows. ``new_scale`` (a float or a 1-element tensor) sets the scale
         instead and keeps the growth counter. No sync.
         """
         if not self._enabled:
@@ -257,14 +236,13 @@ class GradScaler:
     def gradient_stats(self) -> dict[str, Any] | None:
         """The latest ``stats_every`` sample (tensors; ``docs/gradient_stats.md``), None when off or before one.
 
-        A sample covers every optimizer stepped (or unscaled) in its iteration, on their scaled gradients:
-        per-tensor names start with ``opt{k}.``, ``k`` counting the optimizers in the order this scaler first
-        saw them; the overall values do not depend on the order of the ``step`` calls.
+        It covers every optimizer stepped (or unscaled) in its iteration: per-tensor names start with
+        ``opt{k}.``, ``k`` counting the optimizers in the order this scaler first saw them.
         """
         return None if self._sampler is None else self._sampler.gradient_stats
 
     def _stats_progress(self) -> tuple[int, int] | None:
-        """``(stats_every, steps so far)`` for ``lossscale.underflow_report``'s errors; None when off."""
+        """``(stats_every, steps so far)`` for ``lossscale.underflow_report``; None when off."""
         return None if self._sampler is None else (self._sampler.every, self._sampler.state.count)
 
     def state_dict(self) -> dict[str, Any]:
@@ -338,7 +316,7 @@ class GradScaler:
 
     @property
     def skipped_steps(self) -> torch.Tensor:
-        """0-d int32 tensor: iterations (``update()`` calls) in which a step was skipped; in ``state_dict``."""
+        """0-d int32 tensor: iterations (``update()`` calls) in which a step was skipped."""
         return self._owner.state.skipped_steps.clone()
 
     @property

@@ -97,68 +97,41 @@ def _check_wrappable(optimizer: Any) -> None:
 class LossScaleOptimizer(TFv1Methods, torch.optim.Optimizer):
     """An optimizer that applies loss scaling; TF's ``LossScaleOptimizer`` for torch.
 
-    Loss scaling multiplies the loss by ``S`` before backprop and the
-    gradients by ``1/S`` before the update, so that float16 gradients below
-    about 6e-8 do not flush to zero (Micikevicius et al., 2018, "Mixed
-    Precision Training"). A step whose gradients hold a NaN or an Inf is
-    skipped (no change to weights, inner state or step counts) in every mode,
+    Loss scaling multiplies the loss by ``S`` before backprop and the gradients by ``1/S`` before the update,
+    so that float16 gradients below about 6e-8 do not flush to zero (Micikevicius et al., 2018). A step whose
+    gradients hold a NaN or an Inf is skipped (weights, inner state and step counts unchanged) in every mode,
     fixed included, and the scale is updated either way.
 
     Args:
         optimizer: the ``torch.optim.Optimizer`` instance to wrap.
-        loss_scale: the experimental form: a number (fixed scale),
-            ``"dynamic"``, any :class:`lossscale.LossScale` (managers included),
-            or a :class:`SharedLossScale` to share with other optimizers.
+        loss_scale: the experimental form: a number (fixed), ``"dynamic"``, any :class:`lossscale.LossScale`
+            (managers included), or a :class:`SharedLossScale` to share with other optimizers.
         dynamic: the stable form (default True).
-        initial_scale: the initial (or, when ``dynamic=False``, fixed) scale;
-            default 2**15.
+        initial_scale: the initial (or, when ``dynamic=False``, fixed) scale; default 2**15.
         dynamic_growth_steps: finite steps before the scale doubles; default 2000.
-        min_loss_scale, max_loss_scale, hysteresis: refine the dynamic scale
-            (defaults 1, none, 1; see :class:`lossscale.DynamicLossScale`).
-        process_group: a ``torch.distributed`` group over which the found-inf
-            flag is all-reduced (MAX) before the decision, so that every rank
-            skips or steps together when ranks hold different gradients
-            (sharded optimizers, model parallelism). One scalar all-reduce per
-            step. Not needed with plain DDP, whose gradients already agree.
-            A ``DeviceMesh`` means all of its ranks. When it is None and the
-            parameters are DTensors (FSDP2 ``fully_shard``), the flag is
-            reduced over their device mesh automatically. Give a group that
-            spans every rank that must agree (e.g. all pipeline stages).
-            See ``docs/distributed.md``.
-        max_consecutive_skips: raise :class:`lossscale.LossScaleError`, with
-            likely causes and fixes, once this many of *this optimizer's*
-            steps in a row were skipped (default None: never): it raises in
-            the n-th skipped ``step()``, and with a shared scale other
-            optimizers' overflows do not count. No sync (on CUDA the read is
-            deferred, so it raises one step late).
-        overflow_report: on a skipped step, log (logger ``"lossscale"``) and
-            keep in :attr:`last_overflow_report` which gradients held NaN or
-            Inf. Free on finite steps of the unfused path; one host sync per
-            step on the fused path; one more on a skipped step (the flags
-            of all gradients are stacked and read at once).
+        min_loss_scale, max_loss_scale, hysteresis: refine the dynamic scale (defaults 1, none, 1; see
+            :class:`lossscale.DynamicLossScale`).
+        process_group: a ``torch.distributed`` group (a ``DeviceMesh``: all its ranks) over which the found-inf
+            flag is MAX-all-reduced before the decision, so that ranks holding different gradients (sharded
+            optimizers, model parallelism) skip together: one scalar all-reduce per step. Not needed with plain
+            DDP. None with DTensor parameters (FSDP2): their mesh. See ``docs/distributed.md``.
+        max_consecutive_skips: raise :class:`lossscale.LossScaleError`, with likely causes and fixes, at the n-th
+            skipped ``step()`` in a row of *this* optimizer (default None: never). No sync (on CUDA the read is
+            deferred: it raises one step late).
+        overflow_report: on a skipped step, log (logger ``"lossscale"``) and keep in
+            :attr:`last_overflow_report` which gradients held NaN or Inf. Cost: one sync per step on the fused
+            path, one more on a skipped step.
         named_parameters: names for that report, e.g. ``model.named_parameters()``.
-        history: True or a :class:`lossscale.History` to record each step's
-            scale, skip flag and loss (the one given to
-            :meth:`get_scaled_loss`); transferred in batches, no per-step sync.
-            Read it with :attr:`history`.
-        stats_every: measure the *scaled* gradients every ``N``-th step
-            (default None: never; 16 with ``loss_scale="auto"``) before
-            anything unscales them: ``step()`` (a closure's first
-            evaluation), ``unscale_()``, ``clip_grad_norm_()``, or
-            ``apply_gradients``/``minimize`` (the given gradients times the
-            scale); the latest sample is :attr:`gradient_stats`
-            (``docs/gradient_stats.md``). ``lossscale.AutoLossScale`` sets
-            the scale from it, reading the calls of :meth:`get_scaled_loss`
-            since the last step or ``zero_grad()`` as the micro-batches
-            summed into the gradients (gradient accumulation). Cost:
-            nothing on an unsampled step (a Python counter: no walk over
-            the parameters, no device work; the auto rule's scalar ops
-            only); on a sampled one one pass of about 8 arithmetic kernels
-            per gradient, no host sync and no copy from the host (a sparse
-            gradient's coalesce is one sync on CUDA). Measured
-            (``benchmarks/bench_stats.py``, 2-core CPU, 1M-parameter MLP,
-            fused AdamW, autocast): the whole step 1.04-1.06x at ``N=1``,
-            1.003-1.008x at ``N=16``.
+        history: True or a :class:`lossscale.History`: each step's scale, skip flag and loss (the one given to
+            :meth:`get_scaled_loss`), moved in batches, no per-step sync.
+        stats_every: measure the *scaled* gradients every ``N``-th step (default None; 16 with
+            ``loss_scale="auto"``) before anything unscales them (``step()``, ``unscale_()``,
+            ``clip_grad_norm_()``, ``apply_gradients``); the latest sample is :attr:`gradient_stats`
+            (``docs/gradient_stats.md``). ``lossscale.AutoLossScale`` sets the scale from it, reading the
+            :meth:`get_scaled_loss` calls since the last step as micro-batches. Cost: an unsampled step, a
+            Python counter; a sampled one, one pass of about 8 kernels per gradient, no sync. Measured
+            (``benchmarks/bench_stats.py``, 2-core CPU, 1M-parameter MLP, fused AdamW): the step 1.04-1.06x at
+            ``N=1``, 1.003-1.008x at ``N=16``.
 
     See the module docstring for the torch idiom and closures (LBFGS).
 
@@ -210,8 +183,6 @@ class LossScaleOptimizer(TFv1Methods, torch.optim.Optimizer):
         init_step_hooks(self)
         _WRAPPED[optimizer] = weakref.ref(self)
 
-    # ------------------------------------------------------------ the inner optimizer's surface
-
     @property
     def inner_optimizer(self) -> torch.optim.Optimizer:
         """The optimizer this LossScaleOptimizer wraps."""
@@ -230,38 +201,28 @@ class LossScaleOptimizer(TFv1Methods, torch.optim.Optimizer):
         self._inner.zero_grad(set_to_none=set_to_none)
         self._steps.forget()
 
-    # ------------------------------------------------------------ scaling and stepping
-
     def unscale_(self) -> None:
-        """Unscales the gradients in place now, e.g. to clip or inspect them before ``step()``.
+        """Unscales the gradients in place now (to clip or inspect them); again before ``step()``, nothing.
 
-        Calling it again before ``step()`` does nothing: the gradients are
-        unscaled once. After :meth:`clip_grad_norm_` with a fused inner
-        optimizer (which leaves them scaled for its kernel) it applies that
-        clip's ``coef / S``. Cost: one R+W pass; no sync.
+        After a fused :meth:`clip_grad_norm_` (gradients left scaled) it applies that clip's ``coef / S``.
+        Cost: one R+W pass; no sync.
         """
         self._steps.unscale_(self._inner)
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
         """Clips the gradients' global norm to ``max_norm``, folding in the unscale; once per iteration.
 
-        Returns the norm of the *unscaled* gradients (0-d, no sync), like
-        ``torch.nn.utils.clip_grad_norm_``; a non-finite one skips the step.
-        Fused inner optimizer: the norm is the only pass (R), ``p.grad``
-        stays scaled and ``S/coef`` travels into its kernel; otherwise one
-        more R+W pass applies ``coef/S``. ``norm_type``: any p > 0 or
-        ``inf``. A second call before ``step()`` raises, fused or not.
+        Returns the *unscaled* gradients' norm (0-d, no sync), as ``torch.nn.utils.clip_grad_norm_``; a
+        non-finite one skips the step. Fused: the norm is the only pass (R) and ``S/coef`` goes into the
+        kernel; otherwise one more R+W applies ``coef/S``. ``norm_type``: any p > 0 or ``inf``.
         """
         return self._steps.clip_grad_norm_(self._inner, max_norm, norm_type)
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
-        """Unscales and checks the gradients, steps or skips, and updates the scale.
+        """Unscales and checks the gradients, steps or skips, and updates the scale (costs: the module docstring).
 
-        Returns the closure's loss, if a closure was given. See the module
-        docstring for the passes and host syncs of each case; with no
-        gradient at all it is a no-op. Closures: every evaluation's
-        gradients are unscaled and checked; on an overflow, weights and
-        inner state are restored from copies taken before the step.
+        With a closure, every evaluation's gradients are checked; on an overflow, weights and inner state are
+        restored from copies taken before. Returns the closure's loss.
         """
         if closure is not None:
             return self._steps.step_with_closure(self._inner, closure, self._named_grads)
@@ -272,12 +233,8 @@ class LossScaleOptimizer(TFv1Methods, torch.optim.Optimizer):
         return self._steps.diagnostics.named_grads(self._inner.param_groups)
 
     def check_replicas_agree(self, process_group: Any = None) -> None:
-        """Debug check: raises :class:`lossscale.LossScaleError` unless all ranks hold the same scale state.
-
-        Compares scale, counters and policy over ``process_group`` (default:
-        the group the found-inf flag is reduced over, else the world); call
-        it on every rank of it. Cost: one all-gather of 6 numbers, one sync.
-        """
+        """Debug check: raises :class:`lossscale.LossScaleError` unless every rank of ``process_group`` (default:
+        the flag's group, else the world) holds the same scale, counters and policy. One all-gather, one sync."""
         agree = self._steps.agree
         group = agree.process_group if process_group is None else validate_process_group(process_group)  # type: ignore[union-attr]
         owner = self._steps.owner
@@ -371,7 +328,7 @@ class LossScaleOptimizer(TFv1Methods, torch.optim.Optimizer):
         return None if self._sampler is None else self._sampler.gradient_stats
 
     def _stats_progress(self) -> tuple[int, int] | None:
-        """``(stats_every, steps so far)`` for ``lossscale.underflow_report``'s errors; None when off."""
+        """``(stats_every, steps so far)`` for ``lossscale.underflow_report``; None when off."""
         return None if self._sampler is None else (self._sampler.every, self._sampler.state.count)
 
     @property
@@ -379,8 +336,6 @@ class LossScaleOptimizer(TFv1Methods, torch.optim.Optimizer):
         """The report of the last skipped step (needs ``overflow_report=True``), or None."""
         reporter = self._steps.diagnostics.reporter
         return None if reporter is None else reporter.last
-
-    # ------------------------------------------------------------ checkpoints and pickling: one record
 
     def state_dict(self) -> dict[str, Any]:
         """The inner optimizer's state dict plus a ``"lossscale"`` entry (see ``_checkpoint.py``).
