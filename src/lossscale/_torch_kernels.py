@@ -179,19 +179,10 @@ def check_finite(grads: GradGroups, *, out_device: torch.device) -> torch.Tensor
 def unscaled_copies(
     grads: Sequence[torch.Tensor | None], inv_scale: torch.Tensor, found_inf: list[torch.Tensor] | None = None
 ) -> list[torch.Tensor | None]:
-    """New tensors ``g * inv_scale``, each of its gradient's dtype; ``None`` stays ``None``.
-
-    The product is formed in float32 for float16/bfloat16 gradients and
-    rounded once, so a value that ``1/S`` brings into float16's subnormal
-    range survives (``4 * 2**-26 = 2**-24``; in float16 ``2**-26`` itself is
-    0). Cost: float32/float64 gradients, one R pass and one W pass into new
-    memory; half types, one more R+W (a copy, then the unscale kernel on
-    it). No sync.
-
-    With ``found_inf`` (a list), the copies are also checked and one found-inf
-    flag per (device, dtype) group is appended (see :func:`unscale_and_check_`):
-    half types get it from their unscale kernel, the others from one more
-    R+W check pass over their copies.
+    """New tensors ``g * inv_scale`` in their gradient's dtype (None stays None); half types in float32,
+    rounded once, so a value ``1/S`` brings into float16's subnormal range survives. Cost: one R and one W pass
+    into new memory (+R+W for half types); no sync. With ``found_inf`` (a list), one flag per (device, dtype)
+    group is appended: half types' from their unscale kernel, the others' from one more R+W check.
     """
     out: list[torch.Tensor | None] = list(grads)
     present = [i for i, g in enumerate(grads) if g is not None]
@@ -224,16 +215,9 @@ def unscaled_copies(
 
 
 def scaled_norm(grads: GradGroups, norm_type: float, *, out_device: torch.device) -> torch.Tensor:
-    """The ``norm_type``-norm of all gradients together, accumulated in float32.
-
-    Cost: one R pass; no host sync. Per-tensor norms of half-precision
-    gradients are accumulated and returned in float32, so they cannot
-    overflow at float16's 65504.
-
-    DTensor gradients: the norm of the whole (unsharded) gradients, from the
-    local shards plus one scalar all-reduce per (mesh, sharded dimensions)
-    combination (one under FSDP2); plain gradients count as local.
-    """
+    """The ``norm_type``-norm of all gradients together, in float32 (no float16 overflow): one R pass, no sync.
+    DTensor gradients: the unsharded norm, from the local shards and one scalar all-reduce per (mesh, sharded
+    dimensions) combination."""
     if grads.sharded is not None:
         return _sharded_norm(grads.sharded, norm_type, out_device)
     norms: list[torch.Tensor] = []
@@ -282,18 +266,14 @@ def _sharded_norm(grads: Sequence[torch.Tensor], norm_type: float, out_device: t
 
 
 def _sparse_values(grad: torch.Tensor) -> torch.Tensor:
-    """The stored values of a sparse COO gradient, coalesced first for float16.
-
-    Uncoalesced float16 duplicates could overflow only when summed; coalescing
-    makes the check see what the optimizer will see (as GradScaler does).
-    """
+    """The stored values of a sparse COO gradient; float16 ones coalesced first (duplicates could overflow only
+    when summed: the check sees what the optimizer will, as GradScaler's)."""
     if grad.layout != torch.sparse_coo:
         raise TypeError(
             f"lossscale supports dense (strided) and sparse COO gradients, got layout {grad.layout}. "
             "Convert the gradient with .to_dense() or .to_sparse() before step()."
         )
     if grad.dtype == torch.float16 and not grad.is_coalesced():
-        # coalesce() returns a new tensor; move its storage into the gradient.
         grad.data = grad.coalesce()
     return sparse_values(grad)
 
@@ -330,13 +310,9 @@ Sums = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 
 
 def tensor_sums(g: torch.Tensor, factor: torch.Tensor | None = None) -> Sums:
-    """``(max|g|, #zeros, #subnormals, sum g**2)`` of one gradient (dense or sparse), 0-d float32 tensors.
-
-    ``factor``: a 0-d tensor the values are multiplied by first (the scale, for
-    gradients given already unscaled). Cost: one float32 copy of ``|g|`` (a
-    read and a write) and four reads, about 8 kernel launches; a sparse
-    gradient adds a coalesce (on CUDA that sizes its output: one host sync).
-    """
+    """``(max|g|, #zeros, #subnormals, sum g**2)`` of one gradient, 0-d float32 tensors (``factor``: multiplies
+    the values first). Cost: one float32 copy of ``|g|`` and four reads, about 8 kernels; a sparse gradient's
+    coalesce is one sync on CUDA."""
     n = g.numel()
     g = g.detach()
     if g.layout == torch.sparse_coo:
@@ -354,11 +330,8 @@ def tensor_sums(g: torch.Tensor, factor: torch.Tensor | None = None) -> Sums:
 
 
 def gradient_stats(grads: Sequence[torch.Tensor], step: Any = 0) -> GradientStats:
-    """:func:`lossscale._stats.gradient_stats` of the (scaled) ``grads``, in arithmetic kernels.
-
-    Cost: :func:`tensor_sums` per tensor, then about 30 kernels on ``(T,)``
-    tensors; the sizes are copied from the host (the optimizers keep them on
-    the device instead). No host sync. The whole step's cost: ``benchmarks/bench_stats.py``.
+    """:func:`lossscale._stats.gradient_stats` of the (scaled) ``grads`` in arithmetic kernels: :func:`tensor_sums`
+    per tensor, then about 30 kernels on ``(T,)`` tensors. No host sync.
 
     >>> s = gradient_stats([torch.tensor([0.0, 1.0, -4.0]), torch.zeros(2)])
     >>> float(s.amax), round(float(s.zero_fraction), 6)

@@ -108,8 +108,8 @@ class StepRecord:
 
 
 class StepCounters:
-    """One optimizer's own ``steps`` (int), ``skipped_steps`` and ``consecutive_skips`` (0-d int32), also under a
-    shared scale: per step, ``steps += 1`` and the core's :func:`~lossscale._rule.next_skip_counters`."""
+    """One optimizer's own ``steps``, ``skipped_steps`` and ``consecutive_skips``, also under a shared scale: per
+    step ``steps += 1`` and the core's :func:`~lossscale._rule.next_skip_counters`."""
 
     def __init__(self) -> None:
         self.steps = 0
@@ -372,40 +372,34 @@ class OptimizerStep:
             record.checked(found_inf, clipped=True)
         return total
 
-    def check(self, inner: torch.optim.Optimizer, fused: bool | None = None) -> tuple[torch.Tensor, Any] | None:
-        """``(found_inf, grad_scale)``: the record's check, or one made now; None: no gradient at all.
-
-        From READY a fused ``inner`` with float16 gradients gets a check only (R+W, values unchanged) and
-        ``grad_scale = S``: its kernel unscales in float32.
-        """
-        record = self.record
-        record.require("step")
-        if record.stage is Stage.UNSCALED:
-            return record.found_inf, record.grad_scale  # type: ignore[return-value]
-        fused = is_fused(inner) if fused is None else fused
-        scale = self.owner.for_step(None)
-        self.measure(inner)
-        grads, found_inf = check_param_grads_(inner.param_groups, scale.inv_scale, fused=fused,
-                                              recheck=scale.can_go_below_one)
-        if not grads.tensors:
-            return None
-        if found_inf is None:
-            require_unscalable(grads, "step()")
-        if grads.device != scale.device:  # the scale follows the gradients
-            scale = self.owner.for_step(grads.device)
-        return found_inf, scale.loss_scale if grads.has_float16 else None  # type: ignore[return-value]
-
     # ------------------------------------------------------------ the step
 
     def step(self, inner: torch.optim.Optimizer, args: tuple = (), kwargs: dict | None = None, *,
              on_host: bool = False, named_grads: Any = ()) -> tuple[torch.Tensor, bool | None, Any] | None:
-        """Checks, agrees, applies or skips, finishes: ``(found_inf, skipped, inner.step's result)``, or None
-        with no gradient at all. ``skipped`` is None where a fused kernel decided on the device."""
+        """Checks (or takes what ``unscale_()``/a clip checked), agrees, applies or skips, finishes: ``(found_inf,
+        skipped, inner.step's result)``; None with no gradient at all. ``skipped`` is None where a fused kernel
+        decided on the device. A fused ``inner`` with float16 gradients gets a check only (R+W, values
+        unchanged) and ``grad_scale = S``: its kernel unscales in float32.
+        """
+        record = self.record
+        record.require("step")
         fused = is_fused(inner)
-        checked = self.check(inner, fused)
-        if checked is None:
-            return None
-        return self.apply(inner, *checked, args, kwargs, on_host=on_host, named_grads=named_grads, fused=fused)
+        if record.stage is Stage.UNSCALED:
+            found_inf, grad_scale = record.found_inf, record.grad_scale
+        else:
+            scale = self.owner.for_step(None)
+            self.measure(inner)
+            grads, found_inf = check_param_grads_(inner.param_groups, scale.inv_scale, fused=fused,
+                                                  recheck=scale.can_go_below_one)
+            if not grads.tensors:
+                return None
+            if found_inf is None:
+                require_unscalable(grads, "step()")
+            if grads.device != scale.device:  # the scale follows the gradients
+                scale = self.owner.for_step(grads.device)
+            grad_scale = scale.loss_scale if grads.has_float16 else None
+        return self.apply(inner, found_inf, grad_scale, args, kwargs,  # type: ignore[arg-type]
+                          on_host=on_host, named_grads=named_grads, fused=fused)
 
     def apply(self, inner: torch.optim.Optimizer, found_inf: torch.Tensor, grad_scale: torch.Tensor | None,
               args: tuple = (), kwargs: dict | None = None, *, on_host: bool = False, named_grads: Any = (),
@@ -464,9 +458,9 @@ class OptimizerStep:
         else:
             owner.assign(new)
         if diagnostics.recorder is not None:
-            diagnostics.record(step, scale_used, found_inf)
+            diagnostics.recorder.record(step, scale_used, found_inf > 0)  # type: ignore[arg-type]
         if diagnostics.guard is not None:
-            diagnostics.check_stall(counters.consecutive_skips(found_inf.device), owner.state.loss_scale)
+            diagnostics.guard.check(counters.consecutive_skips(found_inf.device), owner.state.loss_scale)
 
     def step_with_closure(self, inner: torch.optim.Optimizer, closure: Callable[[], Any], named_grads: Any = ()) -> Any:
         """``inner.step(closure)`` with every evaluation's gradients unscaled and checked (LBFGS); the loss.
