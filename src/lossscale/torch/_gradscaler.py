@@ -1,17 +1,6 @@
-"""``lossscale.torch.GradScaler``: a drop-in for ``torch.amp.GradScaler`` on lossscale's state and rule.
-
-One :class:`~lossscale.torch._scale.IterationScale` (a shared scale advanced once per ``update()``) and, keyed
-weakly by optimizer (torch's ``per_optimizer_states``), one :class:`~lossscale.torch._step.OptimizerStep` each.
-
-Cost per ``step(optimizer)``, as ``LossScaleOptimizer.step()``: one unscale+check pass (R+W; fused float16: a
-check only); host syncs: unfused 1, fused 0 (the kernel skips; 1 when a parameter gets its state, or with
-``sync_skips=True``). ``scale()`` and ``update()`` add no sync; ``get_scale()`` and ``state_dict()`` one each.
-
-Two deliberate differences from torch, both on by default: TF's floor (the scale never backs off below
-``min_loss_scale=1``; torch's can reach 0, pytorch #101569) and growth only while ``S * growth_factor`` stays
-finite (and under ``max_loss_scale``). A ``step()`` that finds no gradient at all is a no-op (torch asserts),
-and so is ``update()`` with no step (torch asserts).
-"""
+"""``lossscale.torch.GradScaler``: a drop-in for ``torch.amp.GradScaler`` on lossscale's state and rule: one
+:class:`~lossscale.torch._scale.IterationScale` and, keyed weakly by optimizer (torch's
+``per_optimizer_states``), one :class:`~lossscale.torch._step.OptimizerStep` each."""
 
 from __future__ import annotations
 
@@ -65,6 +54,15 @@ def torch_policy(
 
 class GradScaler:
     """``torch.amp.GradScaler``'s interface over lossscale's dynamic loss scale.
+
+    Cost per ``step(optimizer)``, as ``LossScaleOptimizer.step()``: one unscale+check pass (R+W; fused float16:
+    a check only); host syncs: unfused 1, fused 0 (the kernel skips; 1 when a parameter gets its state, or
+    with ``sync_skips=True``). ``scale()`` and ``update()`` add none; ``get_scale()`` and ``state_dict()`` one.
+
+    Two deliberate differences from torch: TF's floor (the scale never backs off below ``min_loss_scale=1``;
+    torch's can reach 0, pytorch #101569) and growth only while ``S * growth_factor`` stays finite (and under
+    ``max_loss_scale``). A ``step()`` that finds no gradient, or an ``update()`` with no step, is a no-op
+    (torch asserts).
 
     Args:
         device, init_scale, growth_factor, backoff_factor, growth_interval, enabled: as

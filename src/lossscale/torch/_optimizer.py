@@ -1,46 +1,5 @@
-"""``LossScaleOptimizer``: TF's API over any ``torch.optim`` optimizer instance.
-
-It is itself a ``torch.optim.Optimizer`` whose ``param_groups``, ``state`` and ``defaults`` are the inner
-optimizer's (LR schedulers, ``add_param_group`` and checkpoints reach it), and holds one scale owner
-(``_scale.py``) and one :class:`~lossscale.torch._step.OptimizerStep`, which ``step()`` runs.
-
-Cost per ``step()``, G the bytes of all gradients:
-
-========================== ========================================== ==========================
-inner optimizer            passes over gradients                      host syncs
-========================== ========================================== ==========================
-fused (``fused=True``)     1 unscale+check (R+W; float16 gradients: a 0: the kernel skips [*]
-                           check only, the kernel unscales in float32)
-anything else              1 unscale+check (R+W)                      1 (``found_inf``)
-with ``clip_grad_norm_``   +1 norm (R), +1 R+W unless fused           as above
-``min_loss_scale < 1``     +1 check (R+W): ``g / S`` can overflow     as above
-no gradient at all         none: a no-op (scale, counters unchanged)  0
-========================== ========================================== ==========================
-
-[*] 1 on a step in which a parameter gets its first gradient: its inner state is created then (SGD's
-momentum buffer is uninitialised memory until its first real step), so that step is decided on the host.
-
-The scale update adds no sync: about 20 scalar ops on the device, or for CPU state the same rule on the host.
-
-The torch idiom::
-
-    opt = LossScaleOptimizer(torch.optim.AdamW(model.parameters(), fused=True))
-    for x, y in data:
-        opt.zero_grad()
-        with torch.autocast("cuda", dtype=torch.float16):
-            loss = loss_fn(model(x), y)
-        opt.get_scaled_loss(loss).backward()
-        opt.step()          # unscale, check, step or skip, update the scale
-
-Closure-based optimizers (LBFGS): the closure scales its own loss and returns the unscaled one::
-
-    def closure():
-        opt.zero_grad()
-        loss = loss_fn(model(x), y)
-        opt.get_scaled_loss(loss).backward()
-        return loss
-    opt.step(closure)
-"""
+"""``LossScaleOptimizer``: TF's API over any ``torch.optim`` optimizer instance; it holds one scale owner
+(``_scale.py``) and one :class:`~lossscale.torch._step.OptimizerStep`, which ``step()`` runs."""
 
 from __future__ import annotations
 
@@ -100,7 +59,33 @@ class LossScaleOptimizer(TFv1Methods, torch.optim.Optimizer):
     Loss scaling multiplies the loss by ``S`` before backprop and the gradients by ``1/S`` before the update,
     so that float16 gradients below about 6e-8 do not flush to zero (Micikevicius et al., 2018). A step whose
     gradients hold a NaN or an Inf is skipped (weights, inner state and step counts unchanged) in every mode,
-    fixed included, and the scale is updated either way.
+    fixed included, and the scale is updated either way. The wrapper is itself a ``torch.optim.Optimizer``
+    whose ``param_groups``, ``state`` and ``defaults`` are the inner one's (LR schedulers reach it)::
+
+        opt = LossScaleOptimizer(torch.optim.AdamW(model.parameters(), fused=True))
+        opt.zero_grad()
+        with torch.autocast("cuda", dtype=torch.float16):
+            loss = loss_fn(model(x), y)
+        opt.get_scaled_loss(loss).backward()
+        opt.step()          # unscale, check, step or skip, update the scale
+
+    Cost per ``step()`` (R/W: a read/write pass over the gradients):
+
+    ========================== ========================================== ==========================
+    inner optimizer            passes over gradients                      host syncs
+    ========================== ========================================== ==========================
+    fused (``fused=True``)     1 unscale+check (R+W; float16 gradients: a 0: the kernel skips [*]
+                               check only, the kernel unscales in float32)
+    anything else              1 unscale+check (R+W)                      1 (``found_inf``)
+    with ``clip_grad_norm_``   +1 norm (R), +1 R+W unless fused           as above
+    ``min_loss_scale < 1``     +1 check (R+W): ``g / S`` can overflow     as above
+    no gradient at all         none: a no-op (scale, counters unchanged)  0
+    ========================== ========================================== ==========================
+
+    [*] 1 on a step in which a parameter gets its first gradient (its inner state is created then, which a
+    device-side skip would leave behind). The scale update adds no sync (about 20 scalar ops; for CPU state
+    on the host). Closure optimizers (LBFGS): the closure calls ``opt.get_scaled_loss(loss).backward()`` and
+    returns ``loss``; every evaluation is checked.
 
     Args:
         optimizer: the ``torch.optim.Optimizer`` instance to wrap.
@@ -132,8 +117,6 @@ class LossScaleOptimizer(TFv1Methods, torch.optim.Optimizer):
             Python counter; a sampled one, one pass of about 8 kernels per gradient, no sync. Measured
             (``benchmarks/bench_stats.py``, 2-core CPU, 1M-parameter MLP, fused AdamW): the step 1.04-1.06x at
             ``N=1``, 1.003-1.008x at ``N=16``.
-
-    See the module docstring for the torch idiom and closures (LBFGS).
 
     >>> import torch
     >>> w = torch.nn.Parameter(torch.tensor([1.0]))
@@ -219,7 +202,7 @@ class LossScaleOptimizer(TFv1Methods, torch.optim.Optimizer):
         return self._steps.clip_grad_norm_(self._inner, max_norm, norm_type)
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
-        """Unscales and checks the gradients, steps or skips, and updates the scale (costs: the module docstring).
+        """Unscales and checks the gradients, steps or skips, and updates the scale (costs: the class docstring).
 
         With a closure, every evaluation's gradients are checked; on an overflow, weights and inner state are
         restored from copies taken before. Returns the closure's loss.

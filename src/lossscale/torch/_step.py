@@ -1,17 +1,12 @@
 """One optimizer's step: :class:`OptimizerStep`, its stage record, its own counters and the fused-state tracker.
 
-``LossScaleOptimizer`` keeps one per inner optimizer, ``GradScaler`` one per optimizer (torch's
-``per_optimizer_states``). A step::
+``LossScaleOptimizer`` keeps one per inner optimizer, ``GradScaler`` one per optimizer. A step: unscale-and-check
+(or take what ``unscale_()``/a clip checked), MAX the flag across ranks, ``inner.step()`` or skip (a fused
+kernel skips by itself), then report, count, advance the scale, record, guard.
 
-    found_inf, grad_scale = check(inner)   # unscale-and-check, or what unscale_()/clip_grad_norm_() left
-    found_inf = all_reduce_max(found_inf)  # across ranks (optional)
-    inner.step() or skip                   # a fused kernel skips by itself
-    finish(found_inf)                      # report, counters, the scale, history, stall guard
-
-The stages are torch's (``OptState``): READY -> UNSCALED (``unscale_()`` or a clip checked the gradients) ->
-STEPPED (a shared scale's step, until its ``update()``; a private scale is advanced at once and the record
-is READY again), plus a ``clipped`` flag. A fused clip leaves the gradients scaled and ``grad_scale = S/coef``
-for the kernel. ``zero_grad()`` forgets a check, not a step.
+The stages are torch's ``OptState``: READY -> UNSCALED (the gradients were checked) -> STEPPED (a shared
+scale's step, until its ``update()``; a private scale advances at once and the record is READY again), plus
+a ``clipped`` flag. A fused clip leaves the gradients scaled and ``grad_scale = S/coef`` for the kernel.
 
 Cost (R/W: a read/write pass over the gradients): unscale-and-check R+W (twice if ``S`` may fall below 1);
 clip R (+R+W unless fused); a fused float16 step an R+W check. Host syncs: one where the decision is on the
