@@ -59,12 +59,6 @@ class ScaleState:
     def can_go_below_one(self) -> bool:
         return self._params.min_scale < 1
 
-    def scaled(self, loss: torch.Tensor) -> torch.Tensor:
-        scale = self._tensors.loss_scale
-        if scale.device != loss.device:
-            scale = move(scale, loss.device)
-        return torch.mul(loss, scale).to(loss.dtype)
-
     def inv_scale(self) -> torch.Tensor:
         """``1 / S`` in float32, computed in float64 (for CPU state on the host: one op instead of three)."""
         views = self._host_views_now()
@@ -192,7 +186,10 @@ class ScaleOwner:
             )
         if not loss.is_floating_point():
             raise TypeError(f"get_scaled_loss() needs a floating-point loss, got dtype {loss.dtype}.")
-        return self._scale.scaled(loss)
+        scale = self._scale.tensors.loss_scale
+        if scale.device != loss.device:
+            scale = move(scale, loss.device)
+        return torch.mul(loss, scale).to(loss.dtype)
 
     def inv_scale(self) -> torch.Tensor:
         """``1 / S`` in float32, computed in float64; no sync."""
