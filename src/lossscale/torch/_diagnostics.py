@@ -277,10 +277,22 @@ class Diagnostics:
 class HostSyncCounter(TorchDispatchMode):
     """Counts host syncs inside a ``with`` block, to check that a training loop is sync-free.
 
-    With CUDA (``source == "cuda_sync_debug_mode"``): every synchronizing CUDA call torch's sync debug mode
-    reports, from any thread. Without (``"scalar_reads"``): calls of ``aten._local_scalar_dense`` on this thread
-    (``.item()``, ``float(t)``, ``bool(t)``...), not copies to the host nor value-dependent shapes; see
-    ``docs/torch.md``. ``scalar_reads`` is always the dispatcher count.
+    Where CUDA is available, it turns on torch's sync debug mode
+    (``torch.cuda.set_sync_debug_mode("warn")``) for the block and counts
+    the syncs torch reports: every blocking CUDA call, from any thread, as
+    torch sees them (``.item()``, ``.cpu()``, ``.tolist()``, boolean masks,
+    ``nonzero``...). ``source`` is then ``"cuda_sync_debug_mode"``.
+
+    Without CUDA (``source == "scalar_reads"``) it counts what would sync
+    on an accelerator as far as the dispatcher shows it: calls of
+    ``aten._local_scalar_dense``, i.e. ``.item()``, ``float(t)``,
+    ``int(t)`` and ``bool(t)``, made on the thread that entered the block.
+    It cannot see, and does not count: reads on other threads; copies to
+    the host (``.cpu()``, ``.to("cpu")``, ``.numpy()``, ``.tolist()``); ops whose output
+    size depends on values (boolean-mask indexing, ``nonzero``,
+    ``unique``). On a CPU tensor none of these waits for anything; use a
+    CUDA machine for the full count. ``scalar_reads`` is always the
+    dispatcher count.
 
     >>> import torch
     >>> with HostSyncCounter() as syncs:

@@ -37,6 +37,12 @@ class ScaleState:
     tensors keep their addresses): about 20 scalar ops on an accelerator or under ``torch.compile``; for CPU
     state the same rule on the host, on numpy views of the tensors' memory (10 microseconds instead of 30).
     No host sync either way: a CPU tensor has no queue to wait for.
+
+    >>> import torch, lossscale
+    >>> s = ScaleState(lossscale.DynamicLossScale(8.0, 2))
+    >>> s.advance(torch.tensor(0.0)); s.advance(torch.tensor(0.0))
+    >>> float(s.tensors.loss_scale), float(s.inv_scale())
+    (16.0, 0.0625)
     """
 
     def __init__(self, policy: LossScale, device: torch.device | str | None = None) -> None:
