@@ -1,8 +1,9 @@
-"""Which files of ``lossscale.torch`` one ``step()`` enters, in order, and how often it comes back into each.
+"""Which files of ``lossscale`` one ``step()`` enters, in order, and how often it comes back into each.
 
 Traces one real step (after a warm-up step, so that first-step work such as
 creating optimizer state is not counted) of ``LossScaleOptimizer`` and of
-``GradScaler`` with ``sys.settrace``, and prints, per binding file:
+``GradScaler`` with ``sys.settrace``, and prints, per file of the package (the binding, the top-level
+``_torch_kernels.py``/``_torch_compat.py`` and the core modules; not the integrations):
 
 * ``entries``: calls into the file from another file (a call within one
   file is not an entry);
@@ -28,7 +29,7 @@ import torch
 
 import lossscale.torch as lst
 
-ROOT = os.path.dirname(lst.__file__)
+ROOT = os.path.dirname(os.path.dirname(lst.__file__))  # the lossscale package
 
 
 def _file(frame) -> str | None:
@@ -39,7 +40,7 @@ def _file(frame) -> str | None:
 
 
 def walk(fn) -> tuple[list[str], Counter]:
-    """The binding files entered (cross-file calls, in order) while ``fn()`` runs, and the back-calls per file."""
+    """The package files entered (cross-file calls, in order) while ``fn()`` runs, and the back-calls per file."""
     entries: list[str] = []
     back: Counter = Counter()
 

@@ -1,40 +1,22 @@
-"""The torch kernels, shared by ``lossscale.torch`` and Keras on the torch backend: passes over gradients
-(unscale-and-check, check-only, copies, norms) and the statistics sums.
+"""The torch kernels, shared by ``lossscale.torch`` and Keras on torch: passes over gradients (unscale-and-check,
+check-only, copies, norms) and the statistics sums.
 
-Every function here states its cost in passes over the gradients (R = one
-read of every element, W = one write) and host syncs. None of them syncs:
-the "found inf" result is a 0-d float32 tensor (1.0 if any element was NaN
-or +-Inf), the convention torch's fused optimizers read.
+Costs are in passes over the gradients (R: a read of every element, W: a write) and host syncs; none syncs.
+A found-inf flag is a 0-d float32 tensor, 1.0 if any element was NaN or +-Inf (what torch's fused optimizers
+read). Dense gradients go by (device, dtype) group through one multi-tensor kernel (GradScaler's, float32 math
+for half types); sparse COO ones one by one. DTensor gradients (FSDP2, tensor parallel) are handled on their
+local shards (views): no collective per kernel; the step agrees on the flag once (``torch/_distributed.py``),
+and :func:`scaled_norm` all-reduces one scalar over the sharded dimensions.
 
-Dense gradients are grouped by (device, dtype) with torch's C++ grouping and
-handled by one multi-tensor kernel call per group
-(the kernel behind ``GradScaler.unscale_``, see ``_torch_compat.py``: R+W,
-computes in float32 for half types). Sparse gradients are handled one by one.
-
-DTensor gradients (FSDP2 ``fully_shard``, tensor parallel) are handled on
-their local shards (``to_local()``, no copy): the passes stay local, with
-no hidden collective per kernel call, and the optimizer agrees on the
-found-inf flag with one all-reduce afterwards (see ``_distributed.py``).
-:func:`scaled_norm` is the exception: a global norm needs one scalar
-all-reduce over the sharded mesh dimensions.
-
-Statistics. The core's :func:`lossscale._stats.tensor_sums` counts with comparisons;
-torch's CPU kernels for comparisons, ``sign`` and ``vector_norm(inf)`` ran
-10-100x slower than plain arithmetic on the development machine.
-Here every per-tensor sum is arithmetic: ``max |g|``, ``dot(|g|, |g|)``, the
-count of non-zeros as ``sum(ceil(min(|g|, 2**-126) * 2**126))`` and of normals as
-``sum(floor(min(|g| * 2**14, 1)))``. The result goes through the core's
-:func:`lossscale._stats.summarize`, so the definitions are the core's. No host
-sync: every value stays a tensor on the gradients' device.
-
-A sparse COO gradient (``nn.Embedding(sparse=True)``) counts as its dense
-form: it is coalesced first (duplicate indices sum, as they do when applied),
-its stored values are measured and every implicit entry counts as a zero.
+Statistics: every per-tensor sum is arithmetic (torch's CPU comparisons ran 10-100x slower): ``max |g|``,
+``dot(|g|, |g|)``, non-zeros as ``sum(ceil(min(|g|, 2**-126) * 2**126))``, normals as ``sum(floor(min(|g| *
+2**14, 1)))``, then the core's :func:`lossscale._stats.summarize`. A sparse gradient counts as its dense form.
 """
 
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -42,10 +24,10 @@ import torch
 
 from ._stats import FLOAT16_TINY, GradientStats, summarize
 from ._torch_compat import (
-    dtensor_type,
     foreach_mul,
     foreach_norm,
-    group_by_device_and_dtype,
+    group_in_python,
+    group_tensors_by_device_and_dtype,
     non_finite_check_and_unscale_,
     sparse_values,
 )
@@ -53,25 +35,35 @@ from ._torch_compat import (
 __all__ = [
     "GradGroups",
     "check_finite",
+    "check_param_grads_",
     "combine_flags",
+    "dtensor_type",
+    "gradient_stats",
     "move",
     "reciprocal",
     "scaled_norm",
+    "tensor_sums",
     "unscale_and_check_",
     "unscaled_copies",
-    "gradient_stats",
-    "tensor_sums",
 ]
 
 
-class GradGroups:
-    """One step's gradients, grouped once by (device, dtype); sparse ones apart.
+def dtensor_type() -> type | None:
+    """``torch.distributed.tensor.DTensor`` if torch has imported it, else None (then none can exist): a process
+    that never built a DTensor pays nothing for the check."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return getattr(module, "DTensor", None) if module is not None else None
 
-    Grouping uses torch's C++ helper; the Python cost is one loop over the
-    gradients to set sparse ones aside. DTensor gradients are replaced by
-    their local shards (views, so in-place passes reach the DTensor);
-    ``sharded`` then keeps the original list for :func:`scaled_norm`.
-    """
+
+def _grouped(tensorlists: list[list[Any]], with_indices: bool = False) -> dict:
+    if torch.compiler.is_compiling():
+        return group_in_python(tensorlists, with_indices)
+    return group_tensors_by_device_and_dtype(tensorlists, with_indices=with_indices)
+
+
+class GradGroups:
+    """One step's gradients, grouped once by (device, dtype), sparse ones apart; DTensors as their local shards
+    (``sharded`` keeps the originals for :func:`scaled_norm`). Python cost: one loop over the gradients."""
 
     __slots__ = ("dense", "device", "has_float16", "sharded", "sparse", "tensors")
 
@@ -90,9 +82,8 @@ class GradGroups:
                     grad = grad.to_local()
             self.tensors.append(grad)
             (dense if grad.layout == strided else self.sparse).append(grad)
-        groups = group_by_device_and_dtype([dense]) if dense else {}
+        groups = _grouped([dense]) if dense else {}
         self.dense = {key: tensors for key, ([tensors], _) in groups.items()}
-        #: whether any gradient is float16; the device of the first gradient (None without any)
         self.has_float16 = any(dtype == torch.float16 for _, dtype in self.dense) or any(
             g.dtype == torch.float16 for g in self.sparse
         )
@@ -115,11 +106,7 @@ def local_shards(grads: Sequence[torch.Tensor]) -> list[torch.Tensor]:
 
 
 def move(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """``tensor`` on ``device``, without blocking unless the copy lands on the host.
-
-    A non-blocking copy into CPU memory may still be in flight when the
-    host reads it, so copies to the CPU block (they are 0-d flags: cheap).
-    """
+    """``tensor`` on ``device``; non-blocking unless the copy lands on the host, which may read it at once."""
     if tensor.device == device:
         return tensor
     return tensor.to(device, non_blocking=device.type != "cpu")
@@ -131,11 +118,8 @@ def reciprocal(scale: torch.Tensor) -> torch.Tensor:
 
 
 def combine_flags(flags: list[torch.Tensor], device: torch.device) -> torch.Tensor:
-    """The per-group found-inf flags as one flag on ``device``: exactly 0.0 or 1.0.
-
-    Exactly 1.0 matters: torch's fused kernels skip only when the flag equals
-    1.0, and subtract it from their step counters.
-    """
+    """The per-group found-inf flags as one on ``device``, exactly 0.0 or 1.0 (a fused kernel skips only on
+    1.0, and subtracts it from its step counters)."""
     if not flags:
         return torch.zeros((), dtype=torch.float32, device=device)
     total = move(flags[0], device)
@@ -144,12 +128,13 @@ def combine_flags(flags: list[torch.Tensor], device: torch.device) -> torch.Tens
     return total
 
 
-def unscale_and_check_(grads: GradGroups, inv_scale: torch.Tensor, *, out_device: torch.device) -> torch.Tensor:
-    """Multiplies every gradient in place by ``inv_scale`` and flags non-finite values.
+def unscale_and_check_(grads: GradGroups, inv_scale: torch.Tensor, *, out_device: torch.device,
+                       recheck: bool = False) -> torch.Tensor:
+    """``g *= inv_scale`` in place for every gradient; the found-inf flag on ``out_device``.
 
-    Cost: one R+W pass (a single multi-tensor kernel per (device, dtype)); no
-    host sync. Half-precision values are multiplied in float32 and rounded
-    once. Returns the found-inf flag on ``out_device``.
+    One R+W pass (one kernel per group; half types multiplied in float32 and rounded once), which checks the
+    values before the product. ``recheck`` (the scale may be below 1, so ``g / S`` can overflow a finite ``g``):
+    a second R+W pass checks the results.
     """
     flags: list[torch.Tensor] = []
     for (device, _dtype), tensors in grads.dense.items():
@@ -160,19 +145,32 @@ def unscale_and_check_(grads: GradGroups, inv_scale: torch.Tensor, *, out_device
         found = torch.zeros((), dtype=torch.float32, device=grad.device)
         non_finite_check_and_unscale_([_sparse_values(grad)], found, move(inv_scale, grad.device))
         flags.append(found)
-    return combine_flags(flags, out_device)
+    found_inf = combine_flags(flags, out_device)
+    if recheck:
+        found_inf = torch.maximum(found_inf, check_finite(grads, out_device=out_device))
+    return found_inf
+
+
+def check_param_grads_(param_groups: Iterable[dict], inv_scale: torch.Tensor, *, fused: bool,
+                       recheck: bool) -> tuple[GradGroups, torch.Tensor | None]:
+    """The ``.grad`` of ``param_groups``, grouped, unscaled and checked (:func:`unscale_and_check_`), and their
+    flag on the first gradient's device. float16 gradients are not unscaled: with ``fused`` they are only checked
+    (R+W, values unchanged: the kernel unscales in float32), otherwise the flag is None (for the caller to
+    refuse). No gradient: flag None. ``g / S`` overflows float32 only for ``S`` below about 2**-112: a fused
+    float16 check is not repeated.
+    """
+    grads = GradGroups.of(param_groups)
+    device = grads.device
+    if device is None:
+        return grads, None
+    if grads.has_float16:
+        return grads, check_finite(grads, out_device=device) if fused else None
+    return grads, unscale_and_check_(grads, inv_scale, out_device=device, recheck=recheck)
 
 
 def check_finite(grads: GradGroups, *, out_device: torch.device) -> torch.Tensor:
-    """Flags non-finite values and leaves every gradient's value as it was.
-
-    This is :func:`unscale_and_check_` with a scale of exactly 1: the kernel
-    writes each value back unchanged. Measured on CPU (see
-    ``benchmarks/bench_torch.py``), this R+W kernel is as fast as any
-    read-only multi-tensor reduction torch offers (``_foreach_max``,
-    ``_foreach_norm``, per-tensor ``dot``/``sum``).
-    Cost: one R+W pass; no host sync.
-    """
+    """The found-inf flag, values unchanged: :func:`unscale_and_check_` by exactly 1 (R+W; on CPU as fast as any
+    read-only multi-tensor reduction torch offers, ``benchmarks/bench_torch.py``)."""
     one = torch.ones((), dtype=torch.float32, device=out_device)
     with torch.no_grad():
         return unscale_and_check_(grads, one, out_device=out_device)
@@ -181,29 +179,20 @@ def check_finite(grads: GradGroups, *, out_device: torch.device) -> torch.Tensor
 def unscaled_copies(
     grads: Sequence[torch.Tensor | None], inv_scale: torch.Tensor, found_inf: list[torch.Tensor] | None = None
 ) -> list[torch.Tensor | None]:
-    """New tensors ``g * inv_scale``, each of its gradient's dtype; ``None`` stays ``None``.
-
-    The product is formed in float32 for float16/bfloat16 gradients and
-    rounded once, so a value that ``1/S`` brings into float16's subnormal
-    range survives (``4 * 2**-26 = 2**-24``; in float16 ``2**-26`` itself is
-    0). Cost: float32/float64 gradients, one R pass and one W pass into new
-    memory; half types, one more R+W (a copy, then the unscale kernel on
-    it). No sync.
-
-    With ``found_inf`` (a list), the copies are also checked and one found-inf
-    flag per (device, dtype) group is appended (see :func:`unscale_and_check_`):
-    half types get it from their unscale kernel, the others from one more
-    R+W check pass over their copies.
+    """New tensors ``g * inv_scale`` in their gradient's dtype (None stays None); half types in float32,
+    rounded once, so a value ``1/S`` brings into float16's subnormal range survives. Cost: one R and one W pass
+    into new memory (+R+W for half types); no sync. With ``found_inf`` (a list), one flag per (device, dtype)
+    group is appended: half types' from their unscale kernel, the others' from one more R+W check.
     """
     out: list[torch.Tensor | None] = list(grads)
     present = [i for i, g in enumerate(grads) if g is not None]
     dense = [i for i in present if grads[i].layout == torch.strided]  # type: ignore[union-attr]
-    groups = group_by_device_and_dtype([[grads[i] for i in dense]], with_indices=True) if dense else {}
+    groups = _grouped([[grads[i] for i in dense]], with_indices=True) if dense else {}
     for (device, dtype), ([tensors], indices) in groups.items():
         inv = move(inv_scale, device)
         found = torch.zeros((), dtype=torch.float32, device=device)
         if dtype in (torch.float16, torch.bfloat16):
-            results = foreach_mul(tensors, 1.0)  # copies, in their dtype
+            results = list(foreach_mul(tensors, 1.0))  # copies, in their dtype
             non_finite_check_and_unscale_(results, found, inv)
         else:
             results = [r if r.dtype == dtype else r.to(dtype) for r in foreach_mul(tensors, inv)]
@@ -226,16 +215,9 @@ def unscaled_copies(
 
 
 def scaled_norm(grads: GradGroups, norm_type: float, *, out_device: torch.device) -> torch.Tensor:
-    """The ``norm_type``-norm of all gradients together, accumulated in float32.
-
-    Cost: one R pass; no host sync. Per-tensor norms of half-precision
-    gradients are accumulated and returned in float32, so they cannot
-    overflow at float16's 65504.
-
-    DTensor gradients: the norm of the whole (unsharded) gradients, from the
-    local shards plus one scalar all-reduce per (mesh, sharded dimensions)
-    combination (one under FSDP2); plain gradients count as local.
-    """
+    """The ``norm_type``-norm of all gradients together, in float32 (no float16 overflow): one R pass, no sync.
+    DTensor gradients: the unsharded norm, from the local shards and one scalar all-reduce per (mesh, sharded
+    dimensions) combination."""
     if grads.sharded is not None:
         return _sharded_norm(grads.sharded, norm_type, out_device)
     norms: list[torch.Tensor] = []
@@ -284,18 +266,14 @@ def _sharded_norm(grads: Sequence[torch.Tensor], norm_type: float, out_device: t
 
 
 def _sparse_values(grad: torch.Tensor) -> torch.Tensor:
-    """The stored values of a sparse COO gradient, coalesced first for float16.
-
-    Uncoalesced float16 duplicates could overflow only when summed; coalescing
-    makes the check see what the optimizer will see (as GradScaler does).
-    """
+    """The stored values of a sparse COO gradient; float16 ones coalesced first (duplicates could overflow only
+    when summed: the check sees what the optimizer will, as GradScaler's)."""
     if grad.layout != torch.sparse_coo:
         raise TypeError(
             f"lossscale supports dense (strided) and sparse COO gradients, got layout {grad.layout}. "
             "Convert the gradient with .to_dense() or .to_sparse() before step()."
         )
     if grad.dtype == torch.float16 and not grad.is_coalesced():
-        # coalesce() returns a new tensor; move its storage into the gradient.
         grad.data = grad.coalesce()
     return sparse_values(grad)
 
@@ -332,13 +310,9 @@ Sums = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 
 
 def tensor_sums(g: torch.Tensor, factor: torch.Tensor | None = None) -> Sums:
-    """``(max|g|, #zeros, #subnormals, sum g**2)`` of one gradient (dense or sparse), 0-d float32 tensors.
-
-    ``factor``: a 0-d tensor the values are multiplied by first (the scale, for
-    gradients given already unscaled). Cost: one float32 copy of ``|g|`` (a
-    read and a write) and four reads, about 8 kernel launches; a sparse
-    gradient adds a coalesce (on CUDA that sizes its output: one host sync).
-    """
+    """``(max|g|, #zeros, #subnormals, sum g**2)`` of one gradient, 0-d float32 tensors (``factor``: multiplies
+    the values first). Cost: one float32 copy of ``|g|`` and four reads, about 8 kernels; a sparse gradient's
+    coalesce is one sync on CUDA."""
     n = g.numel()
     g = g.detach()
     if g.layout == torch.sparse_coo:
@@ -356,11 +330,8 @@ def tensor_sums(g: torch.Tensor, factor: torch.Tensor | None = None) -> Sums:
 
 
 def gradient_stats(grads: Sequence[torch.Tensor], step: Any = 0) -> GradientStats:
-    """:func:`lossscale._stats.gradient_stats` of the (scaled) ``grads``, in arithmetic kernels.
-
-    Cost: :func:`tensor_sums` per tensor, then about 30 kernels on ``(T,)``
-    tensors; the sizes are copied from the host (the optimizers keep them on
-    the device instead). No host sync. The whole step's cost: ``benchmarks/bench_stats.py``.
+    """:func:`lossscale._stats.gradient_stats` of the (scaled) ``grads`` in arithmetic kernels: :func:`tensor_sums`
+    per tensor, then about 30 kernels on ``(T,)`` tensors. No host sync.
 
     >>> s = gradient_stats([torch.tensor([0.0, 1.0, -4.0]), torch.zeros(2)])
     >>> float(s.amax), round(float(s.zero_fraction), 6)

@@ -93,7 +93,7 @@ def assert_same_weights(a: torch.nn.Module, b: torch.nn.Module, exact: bool) -> 
 @pytest.mark.parametrize("kind, check", KIND_CHECKS)
 def test_finite_steps_give_the_unscaled_runs_bits(make_model, kind, check):
     data = batches(12)
-    model, opt = run_scaled(make_model, kind, data, initial_scale=2.0**12, dynamic_growth_steps=5, check=check)
+    model, opt = run_scaled(make_model, kind, data, initial_scale=2.0**12, dynamic_growth_steps=5)
     assert_same_weights(model, run_plain(make_model, kind, data), exact=True)
     assert float(opt.loss_scale) == 2.0**14  # grew twice in 12 finite steps
     assert int(opt.skipped_steps) == 0
@@ -105,7 +105,7 @@ def test_overflow_step_is_skipped_on_every_path(make_model, kind, check, inject_
     data = batches(8)
     model, opt = run_scaled(
         make_model, kind, data, inject={0, 3}, inject_via=inject_via, initial_scale=2.0**12,
-        dynamic_growth_steps=100, check=check,
+        dynamic_growth_steps=100,
     )
     reference = run_plain(make_model, kind, [d for i, d in enumerate(data) if i not in (0, 3)])
     assert_same_weights(model, reference, exact=True)
@@ -125,7 +125,7 @@ def test_fused_sgd_skipped_first_step_leaves_no_garbage_momentum(make_model, che
     # would leave garbage. lossscale decides that one step on the host.
     data = batches(5)
     model, _opt = run_scaled(
-        make_model, "sgd-momentum-fused", data, inject={0}, inject_via=inject_via, initial_scale=2.0**8, check=check
+        make_model, "sgd-momentum-fused", data, inject={0}, inject_via=inject_via, initial_scale=2.0**8
     )
     assert_same_weights(model, run_plain(make_model, "sgd-momentum-fused", data[1:]), exact=True)
 
@@ -140,7 +140,7 @@ def test_fused_sgd_skipped_first_step_leaves_no_garbage_momentum(make_model, che
 def test_host_syncs_per_step(make_model, kind, check, expected):
     model = make_model(SIZES)
     inner = OPTIMIZERS[kind](model.parameters())
-    opt = LossScaleOptimizer(inner, initial_scale=2.0**8, check=check)
+    opt = LossScaleOptimizer(inner, initial_scale=2.0**8)
     (x, y), = batches(1)
 
     def one_step(scaled: bool) -> int:
@@ -167,7 +167,7 @@ def test_host_syncs_per_step(make_model, kind, check, expected):
 )
 def test_clip_grad_norm_matches_torch_clip_of_unscaled_grads(make_model, kind, check):
     data = batches(10)
-    model, opt = run_scaled(make_model, kind, data, clip=0.05, initial_scale=2.0**10, check=check)
+    model, opt = run_scaled(make_model, kind, data, clip=0.05, initial_scale=2.0**10)
     reference = run_plain(make_model, kind, data, clip=0.05)
     assert_same_weights(model, reference, exact=False)
     assert int(opt.skipped_steps) == 0
@@ -176,7 +176,7 @@ def test_clip_grad_norm_matches_torch_clip_of_unscaled_grads(make_model, kind, c
 @pytest.mark.parametrize("check", ["step"])
 def test_clip_grad_norm_returns_the_unscaled_norm_and_costs_no_sync_when_fused(make_model, check):
     model = make_model(SIZES)
-    opt = LossScaleOptimizer(torch.optim.AdamW(model.parameters(), fused=True), initial_scale=2.0**10, check=check)
+    opt = LossScaleOptimizer(torch.optim.AdamW(model.parameters(), fused=True), initial_scale=2.0**10)
     (x, y), = batches(1)
     opt.get_scaled_loss(loss_of(model, x, y)).backward()
     opt.step()  # the first step creates the inner state, and is decided on the host
@@ -317,20 +317,20 @@ def test_grouping_used_under_torch_compile_equals_torchs():
     # grouping): the same groups, in each the same tensors in the same order, and the same indices.
     from torch.utils._foreach_utils import _group_tensors_by_device_and_dtype
 
-    from lossscale._torch_compat import _group_in_python
+    from lossscale._torch_compat import group_in_python
 
     grads = [torch.ones(2), torch.ones(3, dtype=torch.float16), torch.zeros(4), torch.ones(1, dtype=torch.bfloat16),
              torch.full((5,), 3.0, dtype=torch.float16)]
     states = [g * 2 for g in grads]
     for with_indices in (False, True):
-        ours = _group_in_python([grads, states], with_indices)
+        ours = group_in_python([grads, states], with_indices)
         torchs = _group_tensors_by_device_and_dtype([grads, states], with_indices=with_indices)
         assert set(ours) == set(torchs) == {(torch.device("cpu"), d) for d in (torch.float32, torch.float16,
                                                                                  torch.bfloat16)}
         for key, (lists, indices) in torchs.items():
             assert [[t.data_ptr() for t in ts] for ts in ours[key][0]] == [[t.data_ptr() for t in ts] for ts in lists]
             assert list(ours[key][1]) == list(indices)
-    assert _group_in_python([grads, states], True)[(torch.device("cpu"), torch.float16)][1] == [1, 4]
+    assert group_in_python([grads, states], True)[(torch.device("cpu"), torch.float16)][1] == [1, 4]
 
 
 @_REASONS_OF_TORCH_2_13
@@ -345,11 +345,11 @@ def test_compiled_fused_step_follows_the_eager_trajectory(make_model, check, inj
     data = batches(6)
     eager_model, eager_opt = run_scaled(
         make_model, "adamw-fused", data, inject={2}, inject_via=inject_via, initial_scale=2.0**8,
-        dynamic_growth_steps=2, check=check,
+        dynamic_growth_steps=2,
     )
     model = make_model(SIZES)
     opt = LossScaleOptimizer(
-        OPTIMIZERS["adamw-fused"](model.parameters()), initial_scale=2.0**8, dynamic_growth_steps=2, check=check
+        OPTIMIZERS["adamw-fused"](model.parameters()), initial_scale=2.0**8, dynamic_growth_steps=2
     )
     dynamo.reset()
     compiled_step = torch.compile(opt.step, backend="eager")

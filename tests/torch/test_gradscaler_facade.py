@@ -178,10 +178,10 @@ def test_per_optimizer_state_does_not_keep_optimizers_alive():
     scaler = GradScaler("cpu", init_scale=8.0)
     param, optimizer = _param_and()
     _iteration(scaler, param, optimizer)
-    assert len(scaler._iteration) == 1
+    assert len(scaler._steps) == 1
     del optimizer
     gc.collect()
-    assert len(scaler._iteration) == 0
+    assert len(scaler._steps) == 0
 
 
 def test_update_new_scale_counts_the_skip_and_keeps_the_growth_counter():

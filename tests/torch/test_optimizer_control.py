@@ -59,7 +59,7 @@ def test_scaled_model_matches_control(make_model, name, check, via, bad_step, va
     control, scaled = make_model((6, 16, 3), torch.nn.ReLU), make_model((6, 16, 3), torch.nn.ReLU)
     ref = make_opt(control.parameters())
     opt = LossScaleOptimizer(
-        make_opt(scaled.parameters()), initial_scale=INITIAL, dynamic_growth_steps=PERIOD, check=check
+        make_opt(scaled.parameters()), initial_scale=INITIAL, dynamic_growth_steps=PERIOD
     )
     history = []
     for i in range(STEPS):
@@ -102,7 +102,7 @@ def test_fused_skip_with_two_dtype_groups_one_overflowing(name, other_dtype, che
     """Only one (device, dtype) group overflows: the step is skipped."""
     a = torch.nn.Parameter(torch.ones(3))
     b = torch.nn.Parameter(torch.ones(3, dtype=other_dtype))
-    opt = LossScaleOptimizer(OPTIMIZERS[name]([a, b]), initial_scale=4.0, check=check)
+    opt = LossScaleOptimizer(OPTIMIZERS[name]([a, b]), initial_scale=4.0)
     a.grad, b.grad = torch.ones(3), torch.ones(3, dtype=other_dtype)
     opt.step()  # one good step first (creates fused SGD's momentum buffers)
     before = [a.detach().clone(), b.detach().clone()]
@@ -120,7 +120,7 @@ def test_fused_skip_with_two_dtype_groups_both_overflowing(name, other_dtype, ch
     """A float32 and a float64/bfloat16 parameter both overflow: no update at all, step counts untouched."""
     a = torch.nn.Parameter(torch.ones(3))
     b = torch.nn.Parameter(torch.ones(3, dtype=other_dtype))
-    opt = LossScaleOptimizer(OPTIMIZERS[name]([a, b]), initial_scale=4.0, check=check)
+    opt = LossScaleOptimizer(OPTIMIZERS[name]([a, b]), initial_scale=4.0)
     a.grad, b.grad = torch.ones(3), torch.ones(3, dtype=other_dtype)
     opt.step()
     before = [a.detach().clone(), b.detach().clone()]

@@ -11,8 +11,8 @@ import torch
 import lossscale
 from lossscale._auto import initial_auto_state, next_auto_state
 from lossscale._stats import gradient_stats as numpy_stats
-from lossscale.torch._stats import StatsSampler, check_stats_every
 from lossscale._torch_kernels import gradient_stats
+from lossscale.torch._stats import StatsSampler, check_stats_every
 
 
 def tensors():

@@ -13,9 +13,16 @@ import torch
 
 from lossscale import DynamicLossScale
 from lossscale.torch import SharedLossScale
-from lossscale.torch._fused import FusedStateTracker, check_fused_kernels, fused_sgd_skips_half_on_cpu
 from lossscale.torch._scale import PrivateLossScale
-from lossscale.torch._step import ANY_BEFORE_STEP, OptimizerStep, Stage, StepRecord
+from lossscale.torch._step import (
+    FusedStateTracker,
+    OptimizerStep,
+    Stage,
+    StepRecord,
+    check_fused_kernels,
+    fused_sgd_skips_half_on_cpu,
+    misuse,
+)
 
 # ------------------------------------------------------------ FusedStateTracker
 
@@ -79,18 +86,20 @@ def test_check_fused_kernels_refuses_only_the_broken_case(dtype):
 
 def test_stage_record_messages_name_what_was_called_and_the_fix():
     record = StepRecord()
-    record.require("clip_grad_norm_", frozenset({Stage.READY}))
-    record.checked(Stage.UNSCALED, torch.zeros(()))
+    record.require("clip_grad_norm_")
+    record.checked(torch.zeros(()), clipped=True)
+    with pytest.raises(RuntimeError, match=r"clip_grad_norm_\(\) was called twice.*Clip once per iteration"):
+        record.require("clip_grad_norm_")
     with pytest.raises(RuntimeError, match=r"clip_grad_norm_\(\) was called after unscale_\(\).*last step\(\)"):
-        record.require("clip_grad_norm_", frozenset({Stage.READY}))
+        raise misuse("clip_grad_norm_", "unscale_")
     record.forget_check()
     assert record.stage is Stage.READY and record.found_inf is None
     record.stepped()
     record.forget_check()  # zero_grad() does not forget a step
     with pytest.raises(RuntimeError, match=r"step\(\) was called twice.*update\(\).*scaler\.update\(\)"):
-        record.require("step", ANY_BEFORE_STEP)
+        record.require("step")
     record.reset()
-    record.require("step", ANY_BEFORE_STEP)
+    record.require("step")
 
 
 # ------------------------------------------------------------ the step functions over plain optimizers

@@ -19,8 +19,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..torch import LossScaleOptimizer
 from .._torch_kernels import gradient_stats
+from ..torch import LossScaleOptimizer
 from ._config import AUTO_MODE, DemoConfig
 from ._data import DemoData, batch_order, measured_steps, psnr_db
 from ._results import RunResult, check_modes

@@ -1,24 +1,5 @@
-"""Opt-in diagnostics for ``LossScaleOptimizer``: stall guard, overflow report, history.
-
-Each one costs nothing when it is off. When it is on:
-
-* :class:`SkipGuard` reads the consecutive-skip counter. On CPU the read is
-  free; on a CUDA device it copies the counter into pinned host memory
-  without blocking and reads the *previous* step's copy, so it adds no sync
-  and raises one step late; on other accelerators it reads the counter at
-  once (one sync per step).
-* :class:`OverflowReporter` looks at individual gradients only on a skipped
-  step: one R pass over them, and their NaN/Inf flags and the scale stacked
-  into one tensor and read in one host sync (not two per gradient).
-  Knowing that the step was skipped needs the found-inf flag on the host:
-  free on the unfused path, which reads it anyway, and one host sync per
-  step on the fused path. So a skipped step costs 1 extra sync unfused, 2
-  fused; a finite step 0 unfused, 1 fused.
-* :class:`StepRecorder` keeps each step's scale, skip flag and loss on the
-  device and moves them to a :class:`lossscale.History` in one transfer
-  every ``flush_every`` steps (one sync per flush, none per step).
-
-:class:`HostSyncCounter` counts host syncs, to check that a loop is sync-free.
+"""Opt-in diagnostics of a step, each free when off: the stall guard (:class:`SkipGuard`), the overflow report
+(:class:`OverflowReporter`), the history (:class:`StepRecorder`); and :class:`HostSyncCounter`.
 """
 
 from __future__ import annotations
@@ -48,7 +29,11 @@ def _host_int(t: torch.Tensor) -> int:
 
 
 class SkipGuard:
-    """Raises :class:`lossscale.LossScaleError` after too many skipped steps in a row."""
+    """Raises :class:`lossscale.LossScaleError` after too many skipped steps in a row.
+
+    Reads the skip streak: on CPU free; on CUDA a non-blocking copy into pinned memory, read a step later (no
+    sync, so it raises one step late); on other accelerators at once (one sync).
+    """
 
     def __init__(self, max_consecutive_skips: int) -> None:
         if isinstance(max_consecutive_skips, bool) or not isinstance(max_consecutive_skips, int):
@@ -129,7 +114,8 @@ class OverflowReport:
 
 
 class OverflowReporter:
-    """Builds an :class:`OverflowReport` on skipped steps; logs it to the ``lossscale`` logger."""
+    """Builds an :class:`OverflowReport` on a skipped step and logs it (logger ``lossscale``): one R pass over the
+    gradients and one sync for all their flags. Knowing the skip costs one sync per step on the fused path."""
 
     def __init__(self, named_parameters: Iterable[tuple[str, torch.Tensor]] | None) -> None:
         self._names: dict[int, str] = {}
@@ -150,7 +136,6 @@ class OverflowReporter:
     def observe(
         self, skipped: bool, named_grads: Iterable[tuple[str, torch.Tensor]], loss_scale: torch.Tensor, step: int
     ) -> None:
-        """On a skipped step, one R pass over the gradients and one host sync; nothing otherwise."""
         if not skipped:
             return
         named = list(named_grads)
@@ -172,7 +157,8 @@ class OverflowReporter:
 
 
 class StepRecorder:
-    """Per-step scale, skip flag and loss, batched from the device into a :class:`lossscale.History`."""
+    """Per-step scale, skip flag and loss, kept on the device and moved to a :class:`lossscale.History` every
+    ``flush_every`` rows (one sync per flush)."""
 
     def __init__(self, history: Any = None, flush_every: int = 100) -> None:
         from .._history import History  # framework-free; lazy only to keep this module light
@@ -191,15 +177,13 @@ class StepRecorder:
         self._has_stats = False
 
     def note_loss(self, loss: torch.Tensor) -> None:
-        """Remembers the (unscaled) loss of this iteration; no sync."""
         self._loss = loss.detach()
 
     def note_stats(self, stats: torch.Tensor) -> None:
-        """Remembers this iteration's gradient statistics (a 3-vector, see ``_history.STATS_COLUMNS``); no sync."""
+        """This iteration's statistics (a 3-vector, ``_history.STATS_COLUMNS``)."""
         self._stats = stats.detach()
 
     def record(self, step: int, loss_scale: torch.Tensor, skipped: torch.Tensor) -> None:
-        """Queues one row on the device; moves the queue to the host every ``flush_every`` rows."""
         loss, stats = self._loss, self._stats
         self._loss = self._stats = None
         if stats is not None:
@@ -218,7 +202,6 @@ class StepRecorder:
             self.flush()
 
     def flush(self) -> None:
-        """Moves the queued rows to the history: one device-to-host transfer."""
         if not self._rows:
             return
         rows = torch.stack(self._rows).cpu().numpy()
@@ -233,14 +216,7 @@ class StepRecorder:
 
 
 class Diagnostics:
-    """The opt-in diagnostics of one optimizer, run when its step finishes; each costs nothing when off.
-
-    Args:
-        max_consecutive_skips: see :class:`SkipGuard` (None: off).
-        overflow_report: whether to build :class:`OverflowReport` s.
-        named_parameters: names for the report.
-        history: True or a :class:`lossscale.History` (None/False: off).
-    """
+    """One optimizer's guard, reporter and recorder (None: off), run when its step finishes."""
 
     def __init__(self, max_consecutive_skips: int | None, overflow_report: bool, named_parameters: Any, history: Any):
         if not isinstance(overflow_report, bool):
@@ -252,16 +228,10 @@ class Diagnostics:
         self.guard = None if max_consecutive_skips is None else SkipGuard(max_consecutive_skips)
         self.reporter = OverflowReporter(named_parameters) if overflow_report else None
         self.recorder = None if history is None or history is False else StepRecorder(history)
-        #: whether the scale a step used must be kept (a 0-d copy) before the scale advances
         self.wants_scale = self.reporter is not None or self.recorder is not None
 
     def settings(self) -> dict[str, Any]:
-        """The constructor's settings (the history flushed first): what pickling keeps.
-
-        Live objects (the guard's in-flight CUDA copy and event, parameter
-        names keyed by tensor identity, queued device rows) are left out by
-        construction.
-        """
+        """The constructor's settings (the history flushed first): what pickling keeps, no live object."""
         recorder = self.recorder
         if recorder is not None:
             recorder.flush()
@@ -282,7 +252,7 @@ class Diagnostics:
         self.__init__(state["max_consecutive_skips"], bool(state["overflow_report"]), None, state["history"])  # type: ignore[misc]
 
     def named_grads(self, param_groups: Any) -> list[tuple[str, torch.Tensor]]:
-        """``(name, grad)`` of every parameter with a gradient, for the report (empty when it is off)."""
+        """``(name, grad)`` of every parameter with a gradient, for the report (empty when off)."""
         reporter = self.reporter
         if reporter is None:
             return []
@@ -302,15 +272,6 @@ class Diagnostics:
         if callable(named_grads):  # named (a walk over the parameters) on a skipped step only
             named_grads = named_grads() if skipped else ()
         self.reporter.observe(skipped, named_grads, scale_used, step)
-
-    def record(self, step: int, scale_used: Any, found_inf: torch.Tensor) -> None:
-        if self.recorder is not None:
-            self.recorder.record(step, scale_used, found_inf > 0)
-
-    def check_stall(self, consecutive_skips: torch.Tensor, loss_scale: torch.Tensor) -> None:
-        """The stall guard, on this optimizer's own skip streak (already counting this step)."""
-        if self.guard is not None:
-            self.guard.check(consecutive_skips, loss_scale)
 
 
 class HostSyncCounter(TorchDispatchMode):

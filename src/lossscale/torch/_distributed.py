@@ -1,31 +1,17 @@
-"""lossscale under ``torch.distributed``: one skip decision for every rank.
+"""One skip decision for every rank: the found-inf flag MAX-all-reduced before the decision, and a debug check
+that the replicated scale state agrees.
 
-Loss scaling has one hard rule across ranks: either every rank skips the
-step or none does, and the scale and its counters stay identical
-everywhere. Plain DDP gets this for free (its gradients are all-reduced
-before ``step()``). Sharded setups do not: under FSDP2 (``fully_shard``),
-ZeRO-style sharded optimizers and tensor/pipeline parallelism each rank
-checks different gradients, so its found-inf flag must be combined with
-the others' before the decision. This module does that with one scalar
-all-reduce (MAX) per step, and offers a debug check that the replicated
-loss-scale state really agrees.
-
-Which group the flag is reduced over:
-
-* the ``process_group`` given to :class:`~lossscale.torch.LossScaleOptimizer`
-  (a ``ProcessGroup``, or a ``DeviceMesh``, meaning all of its ranks);
-* otherwise, when parameters are DTensors (FSDP2, tensor parallel with
-  DTensor), their device meshes: the default (world) group when a mesh spans
-  every rank, else one group per mesh dimension;
-* otherwise none: the flag stays local (single process, DDP).
-
-Nothing here imports ``torch.distributed.tensor`` unless torch itself has:
-a process that never built a DTensor pays nothing for the check.
+Plain DDP needs nothing (its gradients are all-reduced before ``step()``). Sharded setups (FSDP2, ZeRO-style
+optimizers, tensor/pipeline parallelism) check different gradients per rank. The group: the given
+``process_group`` (a ``DeviceMesh``: all of its ranks); else the parameters' DTensor meshes (the world group
+when a mesh spans every rank, else one group per mesh dimension); else none. ``torch.distributed.tensor`` is
+never imported here: a process without DTensors pays nothing.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 import weakref
 import zlib
 from collections.abc import Iterable, Sequence
@@ -37,7 +23,7 @@ from .._errors import LossScaleError
 from .._policy import LossScale
 from .._resolve import serialize
 from .._rule import LossScaleState
-from .._torch_compat import device_mesh_type, dtensor_type
+from .._torch_kernels import dtensor_type
 
 __all__ = [
     "FlagAgreement",
@@ -46,6 +32,12 @@ __all__ = [
     "check_replicas_agree",
     "validate_process_group",
 ]
+
+
+def device_mesh_type() -> type | None:
+    """``torch.distributed.device_mesh.DeviceMesh`` if torch has imported it, else None."""
+    module = sys.modules.get("torch.distributed.device_mesh")
+    return getattr(module, "DeviceMesh", None) if module is not None else None
 
 
 def validate_process_group(process_group: Any) -> Any:
@@ -81,12 +73,8 @@ _MESH_GROUPS: weakref.WeakKeyDictionary[Any, list[Any]] = weakref.WeakKeyDiction
 
 
 def _mesh_groups(mesh: Any) -> list[Any]:
-    """Groups whose successive MAX all-reduces cover every rank of ``mesh``.
-
-    One group (the default one) when the mesh spans the whole world, else one
-    per mesh dimension (``ndim`` scalar reductions; each rank's line along
-    every dimension, which together cover the mesh).
-    """
+    """Groups whose successive MAX all-reduces cover ``mesh``: the world's when it spans every rank, else one
+    per mesh dimension (each rank's line along every dimension)."""
     cached = _MESH_GROUPS.get(mesh)
     if cached is not None:
         return cached
@@ -101,11 +89,8 @@ def _mesh_groups(mesh: Any) -> list[Any]:
 
 
 def agreement_groups(process_group: Any, params: Iterable[torch.Tensor]) -> list[Any]:
-    """The process groups the found-inf flag is MAX-reduced over, in order; empty when none is needed.
-
-    Cost: one Python pass over ``params`` (an ``isinstance`` each) when no
-    group was given; no collective, no sync.
-    """
+    """The groups the found-inf flag is MAX-reduced over, in order; empty when none is needed. Cost: an
+    ``isinstance`` per parameter when no group was given."""
     if process_group is not None:
         mesh_type = device_mesh_type()
         if mesh_type is not None and isinstance(process_group, mesh_type):
@@ -132,15 +117,8 @@ def agreement_groups(process_group: Any, params: Iterable[torch.Tensor]) -> list
 
 
 def all_reduce_max(flag: torch.Tensor, groups: Sequence[Any]) -> torch.Tensor:
-    """A copy of ``flag`` MAX-all-reduced over each of ``groups`` in turn; ``flag`` itself is left alone.
-
-    Cost: one scalar all-reduce per group (one in every common setup). Each
-    is issued with ``async_op=True`` and waited on at once: on NCCL the wait
-    only makes the current CUDA stream wait for the communication stream,
-    so there is no host sync and the fused optimizer's kernel is the first
-    thing to consume the result. On gloo (CPU tensors) the wait blocks the
-    host until the reduction is done (microseconds on one host).
-    """
+    """A copy of ``flag`` MAX-all-reduced over each of ``groups`` in turn: one scalar all-reduce per group
+    (``async_op`` and waited on at once: on NCCL a stream wait, no host sync; on gloo the host blocks)."""
     if not groups:
         return flag
     _require_initialized()
@@ -152,27 +130,20 @@ def all_reduce_max(flag: torch.Tensor, groups: Sequence[Any]) -> torch.Tensor:
 
 
 class FlagAgreement:
-    """The found-inf flag every rank agrees on, for one optimizer: a callable ``agree(found_inf) -> flag``.
-
-    The groups are worked out once from ``process_group`` (or the
-    parameters' DTensor meshes, see :func:`agreement_groups`) and again
-    after :meth:`reset` (call it when parameters are added). Cost: one
-    scalar all-reduce per call (none without a group or DTensors); no host
-    sync on NCCL (stream-ordered), a blocking wait on gloo.
-    """
+    """The groups one optimizer's found-inf flag is reduced over (:func:`agreement_groups`): ``groups`` is None
+    until :meth:`resolve` works them out, again after :meth:`reset` (parameters added)."""
 
     def __init__(self, process_group: Any, params: Any) -> None:
         self.process_group = validate_process_group(process_group)
         self._params = params  # a zero-argument callable returning the parameters
-        self._groups: list[Any] | None = None
+        self.groups: list[Any] | None = None
 
-    def __call__(self, found_inf: torch.Tensor) -> torch.Tensor:
-        if self._groups is None:
-            self._groups = agreement_groups(self.process_group, self._params())
-        return all_reduce_max(found_inf, self._groups) if self._groups else found_inf
+    def resolve(self) -> list[Any]:
+        self.groups = agreement_groups(self.process_group, self._params())
+        return self.groups
 
     def reset(self) -> None:
-        self._groups = None
+        self.groups = None
 
 
 _FIELDS = LossScaleState._fields
@@ -184,13 +155,8 @@ def _policy_fingerprint(policy: LossScale) -> float:
 
 
 def check_replicas_agree(state: LossScaleState, policy: LossScale, groups: Sequence[Any]) -> None:
-    """Raises :class:`~lossscale.LossScaleError` unless every rank holds the same loss-scale state.
-
-    Compares the scale, the four counters and the policy (a checksum of its
-    config). ``groups`` empty means the default (world) group. Cost: one
-    all-gather of 6 float64 numbers per group and one host sync; meant for
-    debugging, not for every step.
-    """
+    """Raises :class:`~lossscale.LossScaleError` unless every rank of ``groups`` (empty: the world) holds the same
+    scale, counters and policy (a checksum of its config). Cost: an all-gather of 6 float64 per group, one sync."""
     if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
         raise RuntimeError(
             "check_replicas_agree() compares ranks, but torch.distributed is not initialized. "

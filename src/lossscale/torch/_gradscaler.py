@@ -1,59 +1,24 @@
-"""``lossscale.torch.GradScaler``: a drop-in for ``torch.amp.GradScaler`` on lossscale's state and rule.
-
-It composes the pieces ``LossScaleOptimizer`` is made of: one
-:class:`~lossscale.torch._scale.IterationScale` (a ``SharedLossScale``
-advanced once per ``update()``), and an :class:`~lossscale.torch._iteration.Iteration`
-holding per optimizer (keyed weakly, as torch's ``per_optimizer_states``)
-one :class:`~lossscale.torch._step.OptimizerStep`.
-Its checkpoint format is in ``_checkpoint.py``; pickling and ``deepcopy``
-go through the same record.
-
-Cost per ``step(optimizer)`` (G: the bytes of its gradients), as
-``LossScaleOptimizer.step()``:
-
-=============================== ===================== ==========================
-optimizer                       passes over gradients host syncs
-=============================== ===================== ==========================
-fused (``_step_supports_amp_    1 unscale+check (R+W; 0: the kernel skips [*]
-scaling``), ``sync_skips=False`` a check only for fp16)
-fused, ``sync_skips=True``      as above              1: a skip is decided on the
-                                                      host, ``optimizer.step`` not
-                                                      called
-anything else                   1 unscale+check (R+W) 1 (``found_inf``)
-=============================== ===================== ==========================
-
-[*] 1 on a step in which a parameter gets its first gradient (its
-optimizer state is created then; see ``_fused.py``). ``scale()`` and
-``update()`` add no sync; ``get_scale()`` and ``state_dict()`` are one each.
-
-Drop it in where ``torch.amp.GradScaler`` was (the idiom, Lightning,
-Fabric, accelerate via :func:`lossscale.torch.integrations.accelerate.attach`,
-timm's ``NativeScaler``). Two deliberate differences from torch, both on
-by default: TF's floor (the scale never backs off below
-``min_loss_scale=1``; torch's can reach 0, pytorch #101569) and growth
-only while ``S * growth_factor`` stays finite (and under
-``max_loss_scale``). A ``step()`` that finds no gradient at all is a
-no-op (torch asserts), and ``update()`` with no step leaves the scale
-alone (torch asserts).
-"""
+"""``lossscale.torch.GradScaler``: a drop-in for ``torch.amp.GradScaler`` on lossscale's state and rule: one
+:class:`~lossscale.torch._scale.IterationScale` and, keyed weakly by optimizer (torch's
+``per_optimizer_states``), one :class:`~lossscale.torch._step.OptimizerStep` each."""
 
 from __future__ import annotations
 
 import warnings
+import weakref
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
 
 from .._policy import DynamicLossScale
-from ._checkpoint import gradscaler_record, gradscaler_state_dict, growth_interval, with_torch_names
+from ._checkpoint import gradscaler_record, gradscaler_state_dict, growth_interval, replace_policy, with_torch_names
 from ._diagnostics import Diagnostics, OverflowReport, StepRecorder
-from ._iteration import UNSCALED, Iteration
+from ._distributed import FlagAgreement
 from ._legacy_pickles import gradscaler_from_0_1, is_gradscaler_0_1
-from ._stats import StatsSampler, check_stats_every
 from ._scale import IterationScale
-from ._step import Stage
-from ._torch_accessors import TorchScalerAccessors
+from ._stats import StatsSampler, check_stats_every
+from ._step import OptimizerStep, Stage
 
 __all__ = ["GradScaler", "torch_policy"]
 
@@ -68,11 +33,9 @@ def torch_policy(
     max_loss_scale: Any = None,
     hysteresis: Any = 1,
 ) -> DynamicLossScale:
-    """The :class:`~lossscale.DynamicLossScale` of torch GradScaler's arguments (validated; errors in torch's names).
-
-    torch's names map onto the policy's: ``init_scale -> initial_loss_scale``,
-    ``growth_interval -> increment_period`` (any int >= 1, saturated at
-    2**31 - 1), ``growth_factor -> multiplier``, ``backoff_factor``.
+    """The :class:`~lossscale.DynamicLossScale` of torch GradScaler's arguments (validated; errors in torch's names):
+    ``init_scale -> initial_loss_scale``, ``growth_interval -> increment_period`` (saturated at 2**31 - 1),
+    ``growth_factor -> multiplier``, ``backoff_factor``.
 
     >>> torch_policy(2.0**16, 2.0, 0.5, 2000).get_config()
     {'initial_loss_scale': 65536.0, 'increment_period': 2000, 'multiplier': 2.0, 'backoff_factor': 0.5}
@@ -89,32 +52,32 @@ def torch_policy(
     )
 
 
-class GradScaler(TorchScalerAccessors):
+class GradScaler:
     """``torch.amp.GradScaler``'s interface over lossscale's dynamic loss scale.
+
+    Cost per ``step(optimizer)``, as ``LossScaleOptimizer.step()``: one unscale+check pass (R+W; fused float16:
+    a check only); host syncs: unfused 1, fused 0 (the kernel skips; 1 when a parameter gets its state, or
+    with ``sync_skips=True``). ``scale()`` and ``update()`` add none; ``get_scale()`` and ``state_dict()`` one.
+
+    Two deliberate differences from torch: TF's floor (the scale never backs off below ``min_loss_scale=1``;
+    torch's can reach 0, pytorch #101569) and growth only while ``S * growth_factor`` stays finite (and under
+    ``max_loss_scale``). A ``step()`` that finds no gradient, or an ``update()`` with no step, is a no-op
+    (torch asserts).
 
     Args:
         device, init_scale, growth_factor, backoff_factor, growth_interval, enabled: as
             ``torch.amp.GradScaler`` (``device="cuda"`` without CUDA warns and disables, as torch does); a
             ``growth_interval`` above 2**31 - 1 saturates there (the growth counter is int32).
-        min_loss_scale, max_loss_scale, hysteresis: the rest of the policy
-            (see :class:`lossscale.DynamicLossScale`).
-        max_consecutive_skips, overflow_report, named_parameters: as
-            :class:`LossScaleOptimizer` (per optimizer).
-        history: True or a :class:`lossscale.History`: one row per
-            ``update()`` (scale used, skipped, the loss given to ``scale()``).
-        sync_skips: decide a fused optimizer's skip on the host, so that a
-            skipped step does not call ``optimizer.step`` at all (one host
-            sync per step). Integrations that learn of a skip by whether
-            ``optimizer.step`` ran (accelerate, the transformers Trainer:
-            their LR scheduler holds only then) need it;
-            ``integrations.accelerate.attach`` sets it. Default False: the
-            fused kernel skips on the device, 0 syncs, as torch's.
-        stats_every: measure the scaled gradients every ``N``-th iteration
-            (default None: never); the latest sample is
-            :attr:`gradient_stats`, one per iteration over every optimizer
-            stepped; with ``history``, its statistics columns. Cost as in
-            :class:`LossScaleOptimizer`; no host sync. ``scale()`` calls
-            since the last ``update()`` count the micro-batches.
+        min_loss_scale, max_loss_scale, hysteresis: the rest of the policy (see :class:`lossscale.DynamicLossScale`).
+        max_consecutive_skips, overflow_report, named_parameters: as :class:`LossScaleOptimizer` (per optimizer).
+        history: True or a :class:`lossscale.History`: one row per ``update()`` (scale used, skipped, the loss
+            given to ``scale()``).
+        sync_skips: decide a fused optimizer's skip on the host (one sync per step), so that a skipped step does
+            not call ``optimizer.step`` at all: integrations that learn of a skip that way (accelerate, the
+            transformers Trainer) need it; ``integrations.accelerate.attach`` sets it. Default False, as torch.
+        stats_every: measure the scaled gradients every ``N``-th iteration (default None); the latest sample,
+            over every optimizer stepped, is :attr:`gradient_stats` (and history columns). Cost as in
+            :class:`LossScaleOptimizer`. ``scale()`` calls since the last ``update()`` count the micro-batches.
             (``AutoLossScale`` needs ``LossScaleOptimizer``.)
 
     >>> import torch
@@ -157,12 +120,10 @@ class GradScaler(TorchScalerAccessors):
         self._placed = False
         self._diagnostics = Diagnostics(max_consecutive_skips, overflow_report, named_parameters, None)
         self._sampler = None if every is None else StatsSampler(every, policy)
-        self._iteration = Iteration(self._owner, self._diagnostics, self._sampler)
+        self._steps: weakref.WeakKeyDictionary[torch.optim.Optimizer, OptimizerStep] = weakref.WeakKeyDictionary()
         self._recorder = None if history is None or history is False else StepRecorder(history)
         self.sync_skips = bool(sync_skips)
-        self._updates = 0
-
-    # ------------------------------------------------------------ scaling
+        self._updates = self._slots = 0
 
     def scale(self, outputs: Any) -> Any:
         """``outputs * S``: a tensor, or nested lists/tuples (other iterables: a lazy ``map``) of them. No sync."""
@@ -195,21 +156,17 @@ class GradScaler(TorchScalerAccessors):
         raise ValueError(f"outputs must be a Tensor or an iterable of Tensors, got a {type(value).__name__}.")
 
     def _lazy_init_scale_growth_tracker(self, device: Any) -> None:
-        """Puts the scale on ``device`` (torch's name: accelerate calls it after loading under FSDP2)."""
+        """Puts the scale on ``device`` (torch's name; accelerate calls it after loading under FSDP2)."""
         self._owner.to_(torch.device(device))
         self._placed = True
 
-    # ------------------------------------------------------------ per optimizer
-
     def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
-        """Divides ``optimizer``'s gradients by ``S`` in place (e.g. to clip them); once per iteration.
-
-        Cost: one R+W pass that also checks for NaN/Inf; no sync.
-        """
+        """Divides ``optimizer``'s gradients by ``S`` in place (to clip them), once per iteration: one R+W pass
+        that also checks for NaN/Inf; no sync."""
         if not self._enabled:
             return
-        slot = self._iteration.of(optimizer)
-        if slot.record.stage in UNSCALED:
+        slot = self._step_of(optimizer)
+        if slot.record.stage is Stage.UNSCALED:
             raise RuntimeError(
                 "unscale_() has already been called on this optimizer since the last update(). "
                 "Unscale once per iteration, between backward() and step()."
@@ -221,10 +178,8 @@ class GradScaler(TorchScalerAccessors):
     def step(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
         """Unscales and checks ``optimizer``'s gradients (unless ``unscale_`` did), then steps or skips.
 
-        ``optimizer.step(*args, **kwargs)`` is called through the attribute of
-        the object passed in (so a patched ``step`` runs), and its result is
-        returned; a skip decided on the host does not call it and returns
-        None. See the module docstring for the syncs.
+        Returns ``optimizer.step(*args, **kwargs)``'s result (the attribute of the object passed in: a patched
+        ``step`` runs); a skip decided on the host does not call it and returns None.
         """
         if not self._enabled:
             return optimizer.step(*args, **kwargs)
@@ -233,33 +188,42 @@ class GradScaler(TorchScalerAccessors):
                 "Closure use is not currently supported if GradScaler is enabled. For closure-based optimizers "
                 "(LBFGS) wrap them in lossscale.torch.LossScaleOptimizer, whose step(closure) checks every evaluation."
             )
-        slot = self._iteration.of(optimizer)
+        slot = self._step_of(optimizer)
         if slot.record.stage is Stage.STEPPED:
             raise RuntimeError(
                 "step() has already been called since the last update(). Call update() once per iteration, "
                 "after every optimizer's step()."
             )
-        result: list[Any] = [None]
+        named = (lambda: self._diagnostics.named_grads(optimizer.param_groups)) if self._diagnostics.reporter else ()
+        done = slot.step(optimizer, args, kwargs, on_host=self.sync_skips, named_grads=named)
+        return None if done is None else done[2]
 
-        def call() -> None:
-            result[0] = optimizer.step(*args, **kwargs)
-
-        named = lambda: self._diagnostics.named_grads(optimizer.param_groups)
-        slot.step(optimizer, on_host=self.sync_skips, call=call, named_grads=named)
-        return result[0]
+    def _step_of(self, optimizer: torch.optim.Optimizer) -> OptimizerStep:
+        """``optimizer``'s step object, made on first use (its agreement reads the live param groups)."""
+        step = self._steps.get(optimizer)
+        if step is None:
+            ref = weakref.ref(optimizer)  # the value must not keep its weak key alive
+            params = lambda: [p for g in ref().param_groups for p in g["params"]]  # type: ignore[union-attr]
+            step = OptimizerStep(self._owner, FlagAgreement(None, params), self._diagnostics, self._sampler,
+                                 self._slots)
+            self._slots += 1
+            self._steps[optimizer] = step
+        return step
 
     def update(self, new_scale: float | torch.Tensor | None = None) -> None:
-        """Advances the scale once for this iteration: backs off if any optimizer overflowed, else maybe grows.
-
-        An optimizer that was unscaled but not stepped counts too (as in
-        torch). ``new_scale`` (a float or a 1-element tensor) sets the scale
+        """Advances the scale once for this iteration: backs off if any optimizer overflowed (one unscaled but not
+        stepped too, as in torch), else maybe grows. ``new_scale`` (a float or a 1-element tensor) sets the scale
         instead and keeps the growth counter. No sync.
         """
         if not self._enabled:
             return
-        recorder = self._recorder
-        scale_used = self._owner.loss_scale if recorder is not None else None
-        pending = self._iteration.close(new_scale)
+        recorder, owner = self._recorder, self._owner
+        scale_used = owner.loss_scale if recorder is not None else None
+        for step in self._steps.values():  # unscaled but not stepped: counts too
+            if step.record.stage is Stage.UNSCALED:
+                owner.add_step(step.record.found_inf, step.record)  # type: ignore[arg-type]
+        pending = owner.pending
+        owner.update(new_scale)
         if self._sampler is not None and pending is not None:  # one sample of every optimizer measured
             self._sampler.advance(None, None, recorder)
         if recorder is not None and pending is not None:
@@ -270,14 +234,13 @@ class GradScaler(TorchScalerAccessors):
     def gradient_stats(self) -> dict[str, Any] | None:
         """The latest ``stats_every`` sample (tensors; ``docs/gradient_stats.md``), None when off or before one.
 
-        A sample covers every optimizer stepped (or unscaled) in its iteration, on their scaled gradients:
-        per-tensor names start with ``opt{k}.``, ``k`` counting the optimizers in the order this scaler first
-        saw them; the overall values do not depend on the order of the ``step`` calls.
+        It covers every optimizer stepped (or unscaled) in its iteration: per-tensor names start with
+        ``opt{k}.``, ``k`` counting the optimizers in the order this scaler first saw them.
         """
         return None if self._sampler is None else self._sampler.gradient_stats
 
     def _stats_progress(self) -> tuple[int, int] | None:
-        """``(stats_every, steps so far)`` for ``lossscale.underflow_report``'s errors; None when off."""
+        """``(stats_every, steps so far)`` for ``lossscale.underflow_report``; None when off."""
         return None if self._sampler is None else (self._sampler.every, self._sampler.state.count)
 
     def state_dict(self) -> dict[str, Any]:
@@ -293,9 +256,54 @@ class GradScaler(TorchScalerAccessors):
         if not self._enabled:
             return
         self._owner.load_record(gradscaler_record(state_dict, self._owner.policy, self._owner.state, custom_objects))
-        self._iteration.reset()
+        for step in self._steps.values():
+            step.reset()
         if self._sampler is not None:  # the iteration's measurements go with it
             self._sampler.forget()
+
+    # ------------------------------------------------------------ torch's accessors (a Python number: one sync)
+
+    def get_scale(self) -> float:
+        """The current scale as a Python float (1.0 when disabled). One host sync."""
+        return float(self._owner.state.loss_scale) if self._enabled else 1.0
+
+    @property
+    def _scale(self) -> torch.Tensor | None:
+        """torch's attribute: the live 0-d float32 scale tensor (None when disabled); torch's own tests read it."""
+        return self._owner.state.loss_scale if self._enabled else None
+
+    # torch's lazy-init attributes, which its tests set and read around load_state_dict(): views of the live state.
+    _init_scale = property(lambda self: self.get_scale(), lambda self, v: self._owner.overwrite(scale=v))
+    _init_growth_tracker = property(
+        lambda self: self._get_growth_tracker(), lambda self, v: self._owner.overwrite(growth_tracker=v)
+    )
+
+    def _get_growth_tracker(self) -> int:
+        """Finite steps since the scale last changed, a Python int (0 when disabled). One host sync."""
+        return int(self._owner.state.good_steps) if self._enabled else 0
+
+    def get_growth_factor(self) -> float:
+        return self._owner.policy.multiplier
+
+    def set_growth_factor(self, new_factor: float) -> None:
+        self._owner.set_policy(replace_policy(self._owner.policy, growth_factor=new_factor))
+
+    def get_backoff_factor(self) -> float:
+        """The factor a skip multiplies the scale by (``1 / growth_factor`` where the policy leaves it unset)."""
+        policy = self._owner.policy
+        return 1.0 / policy.multiplier if policy.backoff_factor is None else policy.backoff_factor
+
+    def set_backoff_factor(self, new_factor: float) -> None:
+        self._owner.set_policy(replace_policy(self._owner.policy, backoff_factor=new_factor))
+
+    def get_growth_interval(self) -> int:
+        return self._owner.policy.increment_period
+
+    def set_growth_interval(self, new_interval: int) -> None:
+        self._owner.set_policy(replace_policy(self._owner.policy, growth_interval=new_interval))
+
+    def is_enabled(self) -> bool:
+        return self._enabled
 
     # ------------------------------------------------------------ lossscale's attributes (no sync)
 
@@ -306,7 +314,7 @@ class GradScaler(TorchScalerAccessors):
 
     @property
     def skipped_steps(self) -> torch.Tensor:
-        """0-d int32 tensor: iterations (``update()`` calls) in which a step was skipped; in ``state_dict``."""
+        """0-d int32 tensor: iterations (``update()`` calls) in which a step was skipped."""
         return self._owner.state.skipped_steps.clone()
 
     @property
@@ -346,7 +354,7 @@ class GradScaler(TorchScalerAccessors):
         Built field by field, so live objects (the stall guard's CUDA event,
         per-optimizer records, parameter names) are never pickled.
         """
-        if not self._iteration.between_iterations():
+        if any(step.record.stage is not Stage.READY for step in self._steps.values()):
             raise RuntimeError(
                 "A GradScaler may be pickled only between iterations (before scale() or after update())."
             )
@@ -365,7 +373,7 @@ class GradScaler(TorchScalerAccessors):
         self._device, self._enabled, self._placed = state["device"], bool(state["enabled"]), bool(state["placed"])
         self._owner, self._diagnostics = state["scale"], state["diagnostics"]
         self._sampler = state.get("sampler")
-        self._iteration = Iteration(self._owner, self._diagnostics, self._sampler)
+        self._steps, self._slots = weakref.WeakKeyDictionary(), 0
         self._recorder = None if state["history"] is None else StepRecorder(state["history"])
         self.sync_skips, self._updates = bool(state["sync_skips"]), int(state["updates"])
 

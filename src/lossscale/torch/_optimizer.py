@@ -1,77 +1,5 @@
-"""``LossScaleOptimizer`` for ``torch.optim``: TF's API over any torch optimizer.
-
-It wraps the user's optimizer *instance* and is itself a
-``torch.optim.Optimizer`` whose ``param_groups``, ``state`` and ``defaults``
-are the inner optimizer's, so LR schedulers, ``add_param_group`` and
-checkpoints reach it. It holds one scale owner (``_scale.py``) and one
-:class:`~lossscale.torch._step.OptimizerStep` (stage, fused-state tracker,
-counters, flag agreement, diagnostics), which a ``step()`` runs top to
-bottom; checkpoints and pickling go through the records of
-``_checkpoint.py``; the TF v1 methods and the policy's attributes are
-mixins (``_tf_methods.py``, ``_policy_attributes.py``).
-
-Cost per ``step()``, with G the bytes of all gradients:
-
-========================== ======================== ====================
-inner optimizer            passes over gradients    host syncs
-========================== ======================== ====================
-fused (``fused=True``)     1 unscale+check (R+W)    0: it skips itself [*]
-fused, float16 gradients   1 check (R+W, values     0 [*]
-                           unchanged); the kernel
-                           unscales in float32
-anything else              1 unscale+check (R+W)    1 (``found_inf``)
-with ``clip_grad_norm_``   1 norm (R) [+1 R+W if    as above
-                           not fused]
-no gradient at all         none                     0: a no-op
-========================== ======================== ====================
-
-[*] 1 on a step in which a parameter gets its first gradient: the inner
-optimizer creates its state for that parameter then (SGD's momentum buffer
-is uninitialised memory until its first real step), so that step is
-decided on the host. In a usual run this is the first step only. Fused SGD
-on CPU is refused for float16/bfloat16 parameters where torch's kernel
-leaves them unchanged (torch 2.13; see ``_fused.py``): use fused AdamW.
-
-A policy whose scale may fall below 1 (``min_loss_scale < 1``) adds one
-check pass (R+W) after the unscale: multiplying by ``1/S > 1`` can overflow
-a finite gradient.
-
-The scale update adds no host sync. Where it runs depends on where the
-scale lives: for state on an accelerator it is about 20 scalar torch ops
-on the device (and under ``torch.compile`` always torch ops); for CPU state
-it runs on the host, on numpy views of the same memory (the same rule on
-float32/int32 scalars), which involves no sync since CPU tensors have no
-queue (see ``_state.py``).
-
-A ``step()`` that finds no gradient at all (a frozen model, a forgotten
-backward) is a no-op: the inner optimizer is not stepped, and the scale,
-its counters, this optimizer's counters and the history stay as they
-were (GradScaler raises here instead; TF's ``apply_gradients`` raises, as
-this ``apply_gradients`` does).
-
-The torch idiom::
-
-    opt = LossScaleOptimizer(torch.optim.AdamW(model.parameters(), fused=True))
-    for x, y in data:
-        opt.zero_grad()
-        with torch.autocast("cuda", dtype=torch.float16):
-            loss = loss_fn(model(x), y)
-        opt.get_scaled_loss(loss).backward()
-        opt.step()          # unscale, check, step or skip, update the scale
-
-Closure-based optimizers (LBFGS): the closure scales its own loss and
-returns the unscaled one::
-
-    def closure():
-        opt.zero_grad()
-        loss = loss_fn(model(x), y)
-        opt.get_scaled_loss(loss).backward()
-        return loss
-    opt.step(closure)
-
-Every evaluation's gradients are unscaled and checked; if any overflowed,
-weights and inner state are restored from a copy taken before the step.
-"""
+"""``LossScaleOptimizer``: TF's API over any ``torch.optim`` optimizer instance; it holds one scale owner
+(``_scale.py``) and one :class:`~lossscale.torch._step.OptimizerStep`, which ``step()`` runs."""
 
 from __future__ import annotations
 
@@ -82,16 +10,16 @@ from typing import Any
 import torch
 
 from .._policy import LossScale
-from ._checkpoint import Checkpoint
+from .._resolve import stable_form
 from .._torch_compat import init_step_hooks
+from ._checkpoint import Checkpoint
 from ._diagnostics import Diagnostics, OverflowReport
 from ._distributed import FlagAgreement, agreement_groups, validate_process_group
 from ._distributed import check_replicas_agree as _check_replicas_agree
 from ._inner_load import load_inner
 from ._legacy_pickles import is_optimizer_0_1, optimizer_from_0_1
-from ._policy_attributes import PolicyAttributes
-from ._stats import StatsSampler, check_stats_every
 from ._scale import ScaleOwner, require_own_scale, scale_owner_for
+from ._stats import StatsSampler, check_stats_every
 from ._step import OptimizerStep
 from ._tf_methods import TFv1Methods
 
@@ -125,87 +53,70 @@ def _check_wrappable(optimizer: Any) -> None:
         )
 
 
-def _check_mode(check: Any) -> None:
-    """``check="step"`` is the one check mode; ``"backward"`` was removed (it measured slower everywhere)."""
-    if isinstance(check, str) and check == "step":
-        return
-    if isinstance(check, str) and check == "backward":
-        raise ValueError(
-            "check='backward' was removed: it measured slower than the step-time check on CPU and on an H100, "
-            "with the same weights and skips. Drop the check argument (the gradients are checked in step())."
-        )
-    raise ValueError(f"check must be 'step' (the only mode), got {check!r}. Drop the check argument.")
-
-
-class LossScaleOptimizer(TFv1Methods, PolicyAttributes, torch.optim.Optimizer):
+class LossScaleOptimizer(TFv1Methods, torch.optim.Optimizer):
     """An optimizer that applies loss scaling; TF's ``LossScaleOptimizer`` for torch.
 
-    Loss scaling multiplies the loss by ``S`` before backprop and the
-    gradients by ``1/S`` before the update, so that float16 gradients below
-    about 6e-8 do not flush to zero (Micikevicius et al., 2018, "Mixed
-    Precision Training"). A step whose gradients hold a NaN or an Inf is
-    skipped (no change to weights, inner state or step counts) in every mode,
-    fixed included, and the scale is updated either way.
+    Loss scaling multiplies the loss by ``S`` before backprop and the gradients by ``1/S`` before the update,
+    so that float16 gradients below about 6e-8 do not flush to zero (Micikevicius et al., 2018). A step whose
+    gradients hold a NaN or an Inf is skipped (weights, inner state and step counts unchanged) in every mode,
+    fixed included, and the scale is updated either way. The wrapper is itself a ``torch.optim.Optimizer``
+    whose ``param_groups``, ``state`` and ``defaults`` are the inner one's (LR schedulers reach it)::
+
+        opt = LossScaleOptimizer(torch.optim.AdamW(model.parameters(), fused=True))
+        opt.zero_grad()
+        with torch.autocast("cuda", dtype=torch.float16):
+            loss = loss_fn(model(x), y)
+        opt.get_scaled_loss(loss).backward()
+        opt.step()          # unscale, check, step or skip, update the scale
+
+    Cost per ``step()`` (R/W: a read/write pass over the gradients):
+
+    ========================== ========================================== ==========================
+    inner optimizer            passes over gradients                      host syncs
+    ========================== ========================================== ==========================
+    fused (``fused=True``)     1 unscale+check (R+W; float16 gradients: a 0: the kernel skips [*]
+                               check only, the kernel unscales in float32)
+    anything else              1 unscale+check (R+W)                      1 (``found_inf``)
+    with ``clip_grad_norm_``   +1 norm (R), +1 R+W unless fused           as above
+    ``min_loss_scale < 1``     +1 check (R+W): ``g / S`` can overflow     as above
+    no gradient at all         none: a no-op (scale, counters unchanged)  0
+    ========================== ========================================== ==========================
+
+    [*] 1 on a step in which a parameter gets its first gradient (its inner state is created then, which a
+    device-side skip would leave behind). The scale update adds no sync (about 20 scalar ops; for CPU state
+    on the host). Closure optimizers (LBFGS): the closure calls ``opt.get_scaled_loss(loss).backward()`` and
+    returns ``loss``; every evaluation is checked.
 
     Args:
         optimizer: the ``torch.optim.Optimizer`` instance to wrap.
-        loss_scale: the experimental form: a number (fixed scale),
-            ``"dynamic"``, any :class:`lossscale.LossScale` (managers included),
-            or a :class:`SharedLossScale` to share with other optimizers.
+        loss_scale: the experimental form: a number (fixed), ``"dynamic"``, any :class:`lossscale.LossScale`
+            (managers included), or a :class:`SharedLossScale` to share with other optimizers.
         dynamic: the stable form (default True).
-        initial_scale: the initial (or, when ``dynamic=False``, fixed) scale;
-            default 2**15.
+        initial_scale: the initial (or, when ``dynamic=False``, fixed) scale; default 2**15.
         dynamic_growth_steps: finite steps before the scale doubles; default 2000.
-        min_loss_scale, max_loss_scale, hysteresis: refine the dynamic scale
-            (defaults 1, none, 1; see :class:`lossscale.DynamicLossScale`).
-        process_group: a ``torch.distributed`` group over which the found-inf
-            flag is all-reduced (MAX) before the decision, so that every rank
-            skips or steps together when ranks hold different gradients
-            (sharded optimizers, model parallelism). One scalar all-reduce per
-            step. Not needed with plain DDP, whose gradients already agree.
-            A ``DeviceMesh`` means all of its ranks. When it is None and the
-            parameters are DTensors (FSDP2 ``fully_shard``), the flag is
-            reduced over their device mesh automatically. Give a group that
-            spans every rank that must agree (e.g. all pipeline stages).
-            See ``docs/distributed.md``.
-        max_consecutive_skips: raise :class:`lossscale.LossScaleError`, with
-            likely causes and fixes, once this many of *this optimizer's*
-            steps in a row were skipped (default None: never): it raises in
-            the n-th skipped ``step()``, and with a shared scale other
-            optimizers' overflows do not count. No sync (on CUDA the read is
-            deferred, so it raises one step late).
-        overflow_report: on a skipped step, log (logger ``"lossscale"``) and
-            keep in :attr:`last_overflow_report` which gradients held NaN or
-            Inf. Free on finite steps of the unfused path; one host sync per
-            step on the fused path; one more on a skipped step (the flags
-            of all gradients are stacked and read at once).
+        min_loss_scale, max_loss_scale, hysteresis: refine the dynamic scale (defaults 1, none, 1; see
+            :class:`lossscale.DynamicLossScale`).
+        process_group: a ``torch.distributed`` group (a ``DeviceMesh``: all its ranks) over which the found-inf
+            flag is MAX-all-reduced before the decision, so that ranks holding different gradients (sharded
+            optimizers, model parallelism) skip together: one scalar all-reduce per step. Not needed with plain
+            DDP. None with DTensor parameters (FSDP2): their mesh. See ``docs/distributed.md``.
+        max_consecutive_skips: raise :class:`lossscale.LossScaleError`, with likely causes and fixes, at the n-th
+            skipped ``step()`` in a row of *this* optimizer (default None: never). No sync (on CUDA the read is
+            deferred: it raises one step late).
+        overflow_report: on a skipped step, log (logger ``"lossscale"``) and keep in
+            :attr:`last_overflow_report` which gradients held NaN or Inf. Cost: one sync per step on the fused
+            path, one more on a skipped step.
         named_parameters: names for that report, e.g. ``model.named_parameters()``.
-        history: True or a :class:`lossscale.History` to record each step's
-            scale, skip flag and loss (the one given to
-            :meth:`get_scaled_loss`); transferred in batches, no per-step sync.
-            Read it with :attr:`history`.
-        check: ``"step"``, the only mode (gradients are checked in
-            ``step()``); any other value raises ``ValueError``.
-        stats_every: measure the *scaled* gradients every ``N``-th step
-            (default None: never; 16 with ``loss_scale="auto"``) before
-            anything unscales them: ``step()`` (a closure's first
-            evaluation), ``unscale_()``, ``clip_grad_norm_()``, or
-            ``apply_gradients``/``minimize`` (the given gradients times the
-            scale); the latest sample is :attr:`gradient_stats`
-            (``docs/gradient_stats.md``). ``lossscale.AutoLossScale`` sets
-            the scale from it, reading the calls of :meth:`get_scaled_loss`
-            since the last step or ``zero_grad()`` as the micro-batches
-            summed into the gradients (gradient accumulation). Cost:
-            nothing on an unsampled step (a Python counter: no walk over
-            the parameters, no device work; the auto rule's scalar ops
-            only); on a sampled one one pass of about 8 arithmetic kernels
-            per gradient, no host sync and no copy from the host (a sparse
-            gradient's coalesce is one sync on CUDA). Measured
-            (``benchmarks/bench_stats.py``, 2-core CPU, 1M-parameter MLP,
-            fused AdamW, autocast): the whole step 1.04-1.06x at ``N=1``,
-            1.003-1.008x at ``N=16``.
-
-    See the module docstring for the torch idiom and closures (LBFGS).
+        history: True or a :class:`lossscale.History`: each step's scale, skip flag and loss (the one given to
+            :meth:`get_scaled_loss`), moved in batches, no per-step sync.
+        stats_every: measure the *scaled* gradients every ``N``-th step (default None; 16 with
+            ``loss_scale="auto"``) before anything unscales them (``step()``, ``unscale_()``,
+            ``clip_grad_norm_()``, ``apply_gradients``); the latest sample is :attr:`gradient_stats`
+            (``docs/gradient_stats.md``). ``lossscale.AutoLossScale`` sets the scale from it, reading the
+            :meth:`get_scaled_loss` calls since the last step as micro-batches. Cost: an unsampled step, a
+            Python counter; a sampled one, one pass of about 8 kernels per gradient, no sync. Measured
+            (``benchmarks/bench_stats.py``, 2-core CPU, 1M-parameter MLP, fused AdamW): the step 1.04-1.06x at
+            ``N=1``, 1.003-1.008x at ``N=16``.
 
     >>> import torch
     >>> w = torch.nn.Parameter(torch.tensor([1.0]))
@@ -232,11 +143,15 @@ class LossScaleOptimizer(TFv1Methods, PolicyAttributes, torch.optim.Optimizer):
         process_group: Any = None,
         overflow_report: bool = False,
         named_parameters: Iterable[tuple[str, torch.Tensor]] | None = None,
-        check: str = "step",
         stats_every: int | None = None,
+        **removed: Any,
     ) -> None:
+        if "check" in removed:
+            raise TypeError("LossScaleOptimizer's check argument was removed: step() always unscales and checks "
+                            "the gradients. Drop the check argument.")
+        if removed:
+            raise TypeError(f"LossScaleOptimizer() got an unexpected keyword argument {next(iter(removed))!r}")
         _check_wrappable(optimizer)
-        _check_mode(check)
         owner = scale_owner_for(
             optimizer, loss_scale, dynamic=dynamic, initial_scale=initial_scale,
             dynamic_growth_steps=dynamic_growth_steps, min_loss_scale=min_loss_scale,
@@ -251,8 +166,6 @@ class LossScaleOptimizer(TFv1Methods, PolicyAttributes, torch.optim.Optimizer):
         init_step_hooks(self)
         _WRAPPED[optimizer] = weakref.ref(self)
 
-    # ------------------------------------------------------------ the inner optimizer's surface
-
     @property
     def inner_optimizer(self) -> torch.optim.Optimizer:
         """The optimizer this LossScaleOptimizer wraps."""
@@ -264,45 +177,35 @@ class LossScaleOptimizer(TFv1Methods, PolicyAttributes, torch.optim.Optimizer):
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         self._inner.add_param_group(param_group)
-        self._steps.agree.reset()  # type: ignore[attr-defined]  # the new parameters may be DTensors on another mesh
+        self._steps.agree.reset()  # type: ignore[union-attr]  # the new parameters may be DTensors on another mesh
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """The inner optimizer's ``zero_grad``; also forgets an ``unscale_()`` or clip not yet stepped."""
         self._inner.zero_grad(set_to_none=set_to_none)
         self._steps.forget()
 
-    # ------------------------------------------------------------ scaling and stepping
-
     def unscale_(self) -> None:
-        """Unscales the gradients in place now, e.g. to clip or inspect them before ``step()``.
+        """Unscales the gradients in place now (to clip or inspect them); again before ``step()``, nothing.
 
-        Calling it again before ``step()`` does nothing: the gradients are
-        unscaled once. After :meth:`clip_grad_norm_` with a fused inner
-        optimizer (which leaves them scaled for its kernel) it applies that
-        clip's ``coef / S``. Cost: one R+W pass; no sync.
+        After a fused :meth:`clip_grad_norm_` (gradients left scaled) it applies that clip's ``coef / S``.
+        Cost: one R+W pass; no sync.
         """
         self._steps.unscale_(self._inner)
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
         """Clips the gradients' global norm to ``max_norm``, folding in the unscale; once per iteration.
 
-        Returns the norm of the *unscaled* gradients (0-d, no sync), like
-        ``torch.nn.utils.clip_grad_norm_``; a non-finite one skips the step.
-        Fused inner optimizer: the norm is the only pass (R), ``p.grad``
-        stays scaled and ``S/coef`` travels into its kernel; otherwise one
-        more R+W pass applies ``coef/S``. ``norm_type``: any p > 0 or
-        ``inf``. A second call before ``step()`` raises, fused or not.
+        Returns the *unscaled* gradients' norm (0-d, no sync), as ``torch.nn.utils.clip_grad_norm_``; a
+        non-finite one skips the step. Fused: the norm is the only pass (R) and ``S/coef`` goes into the
+        kernel; otherwise one more R+W applies ``coef/S``. ``norm_type``: any p > 0 or ``inf``.
         """
         return self._steps.clip_grad_norm_(self._inner, max_norm, norm_type)
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
-        """Unscales and checks the gradients, steps or skips, and updates the scale.
+        """Unscales and checks the gradients, steps or skips, and updates the scale (costs: the class docstring).
 
-        Returns the closure's loss, if a closure was given. See the module
-        docstring for the passes and host syncs of each case; with no
-        gradient at all it is a no-op. Closures: every evaluation's
-        gradients are unscaled and checked; on an overflow, weights and
-        inner state are restored from copies taken before the step.
+        With a closure, every evaluation's gradients are checked; on an overflow, weights and inner state are
+        restored from copies taken before. Returns the closure's loss.
         """
         if closure is not None:
             return self._steps.step_with_closure(self._inner, closure, self._named_grads)
@@ -313,19 +216,49 @@ class LossScaleOptimizer(TFv1Methods, PolicyAttributes, torch.optim.Optimizer):
         return self._steps.diagnostics.named_grads(self._inner.param_groups)
 
     def check_replicas_agree(self, process_group: Any = None) -> None:
-        """Debug check: raises :class:`lossscale.LossScaleError` unless all ranks hold the same scale state.
-
-        Compares scale, counters and policy over ``process_group`` (default:
-        the group the found-inf flag is reduced over, else the world); call
-        it on every rank of it. Cost: one all-gather of 6 numbers, one sync.
-        """
+        """Debug check: raises :class:`lossscale.LossScaleError` unless every rank of ``process_group`` (default:
+        the flag's group, else the world) holds the same scale, counters and policy. One all-gather, one sync."""
         agree = self._steps.agree
-        group = agree.process_group if process_group is None else validate_process_group(process_group)  # type: ignore[attr-defined]
+        group = agree.process_group if process_group is None else validate_process_group(process_group)  # type: ignore[union-attr]
         owner = self._steps.owner
         _check_replicas_agree(owner.state, owner.policy, agreement_groups(group, self._params()))
 
-    # ------------------------------------------------------------ attributes (the vocabulary's; the policy's are
-    # in PolicyAttributes; no sync)
+    # ------------------------------------------------------------ attributes (TF's and Keras's names; no sync)
+
+    @property
+    def dynamic(self) -> bool:
+        """Whether the loss scale is dynamic."""
+        return self.loss_scale_policy.dynamic
+
+    @property
+    def dynamic_counter(self) -> torch.Tensor | None:
+        """Finite steps since the scale last changed (0-d int32 tensor), or None if fixed."""
+        return self._steps.owner.state.good_steps.clone() if self.dynamic else None
+
+    @property
+    def dynamic_growth_steps(self) -> int | None:
+        """Finite steps it takes to grow the scale, or None if fixed."""
+        return stable_form(self.loss_scale_policy)["dynamic_growth_steps"]
+
+    @property
+    def initial_scale(self) -> float:
+        """The initial loss scale (the only one, when fixed)."""
+        return self.loss_scale_policy.initial_scale
+
+    @property
+    def min_loss_scale(self) -> float | None:
+        """The floor of a dynamic scale (None if fixed)."""
+        return getattr(self.loss_scale_policy, "min_loss_scale", None) if self.dynamic else None
+
+    @property
+    def max_loss_scale(self) -> float | None:
+        """The ceiling of a dynamic scale (None: none, or fixed)."""
+        return getattr(self.loss_scale_policy, "max_loss_scale", None) if self.dynamic else None
+
+    @property
+    def hysteresis(self) -> int | None:
+        """Non-finite steps a dynamic scale tolerates before backing off (None if fixed)."""
+        return getattr(self.loss_scale_policy, "hysteresis", None) if self.dynamic else None
 
     @property
     def max_consecutive_skips(self) -> int | None:
@@ -351,7 +284,7 @@ class LossScaleOptimizer(TFv1Methods, PolicyAttributes, torch.optim.Optimizer):
     @property
     def last_step_skipped(self) -> torch.Tensor:
         """0-d bool tensor: was this optimizer's last step skipped? (its own, even with a shared scale; no sync)."""
-        return self._steps.counters.last_step_skipped(self._steps.owner.device)
+        return self._steps.counters.consecutive_skips(self._steps.owner.device) > 0
 
     @property
     def skipped_steps(self) -> torch.Tensor:
@@ -378,7 +311,7 @@ class LossScaleOptimizer(TFv1Methods, PolicyAttributes, torch.optim.Optimizer):
         return None if self._sampler is None else self._sampler.gradient_stats
 
     def _stats_progress(self) -> tuple[int, int] | None:
-        """``(stats_every, steps so far)`` for ``lossscale.underflow_report``'s errors; None when off."""
+        """``(stats_every, steps so far)`` for ``lossscale.underflow_report``; None when off."""
         return None if self._sampler is None else (self._sampler.every, self._sampler.state.count)
 
     @property
@@ -386,8 +319,6 @@ class LossScaleOptimizer(TFv1Methods, PolicyAttributes, torch.optim.Optimizer):
         """The report of the last skipped step (needs ``overflow_report=True``), or None."""
         reporter = self._steps.diagnostics.reporter
         return None if reporter is None else reporter.last
-
-    # ------------------------------------------------------------ checkpoints and pickling: one record
 
     def state_dict(self) -> dict[str, Any]:
         """The inner optimizer's state dict plus a ``"lossscale"`` entry (see ``_checkpoint.py``).

@@ -1,30 +1,8 @@
-"""The loss scale's state as torch tensors, and who advances it: :class:`ScaleState` and the scale owners.
+"""The loss scale's state as torch tensors (:class:`ScaleState`), and who advances it: the scale owners.
 
-:class:`ScaleState` holds the policy and a :class:`~lossscale.LossScaleState`
-of five 0-d tensors (float32 scale, four int32 counters) on one device, and
-is the only code that changes them:
-
-* :meth:`ScaleState.advance` ``(found_inf)``: the core rule
-  ``state <- next_state(policy, state, found_inf == 0)``, in place (the
-  tensors keep their addresses: friendly to CUDA graphs). On an
-  accelerator, and under ``torch.compile``, about 20 scalar torch ops on
-  the device: no host sync. For CPU state it runs on the host
-  (:func:`lossscale._rule.advance_in_place`) on numpy views sharing the
-  tensors' memory: about 10 microseconds instead of 30, and no sync, since
-  a CPU tensor has no queue to wait for.
-* :meth:`ScaleState.inv_scale`: ``1/S`` in float32, computed in float64.
-* :meth:`ScaleState.record` / :meth:`ScaleState.load`: the checkpoint record
-  (:class:`~lossscale.torch._checkpoint.ScaleRecord`), also what pickling uses.
-
-The owners keep one :class:`ScaleState` and share one reading surface
-(:class:`ScaleOwner`); they differ in :meth:`ScaleOwner.add_step`, which a
-step (``_step.py``) calls with its found-inf flag and its stage record:
-
-* :class:`PrivateLossScale` (one ``LossScaleOptimizer``'s): advances at once.
-* :class:`SharedLossScale`: keeps the flag (MAX over the members), marks the
-  record ``STEPPED``, and advances once in :meth:`SharedLossScale.update`.
-* :class:`IterationScale`: GradScaler's, a shared scale that also takes
-  torch's ``update(new_scale)`` and policy changes.
+A step (``_step.py``) ends with ``owner.add_step(found_inf, record)``: :class:`PrivateLossScale` (one
+``LossScaleOptimizer``'s) advances at once; :class:`SharedLossScale` keeps the MAX of its members' flags and
+advances once in ``update()``; :class:`IterationScale` is GradScaler's, which also takes a new scale or policy.
 """
 
 from __future__ import annotations
@@ -33,7 +11,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import replace
 from numbers import Real
-from typing import TYPE_CHECKING, Any, NamedTuple, cast
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 import torch
@@ -42,12 +20,9 @@ from .._auto import AutoLossScale
 from .._policy import DynamicLossScale, LossScale
 from .._resolve import resolve_loss_scale
 from .._rule import LossScaleState, advance_in_place, initial_state, next_state
-from ._checkpoint import ScaleRecord
 from .._torch_compat import foreach_copy_
 from .._torch_kernels import move, reciprocal
-
-if TYPE_CHECKING:
-    from ._step import StepRecord
+from ._checkpoint import ScaleRecord
 
 __all__ = [
     "IterationScale", "PrivateLossScale", "ScaleOwner", "ScaleState", "SharedLossScale", "StepScale",
@@ -56,7 +31,12 @@ __all__ = [
 
 
 class ScaleState:
-    """A policy and its live state tensors; the only code that changes them.
+    """A policy and its five live 0-d tensors (float32 scale, four int32 counters); the only code that changes them.
+
+    :meth:`advance` is the core rule ``state <- next_state(policy, state, found_inf == 0)`` in place (the
+    tensors keep their addresses): about 20 scalar ops on an accelerator or under ``torch.compile``; for CPU
+    state the same rule on the host, on numpy views of the tensors' memory (10 microseconds instead of 30).
+    No host sync either way: a CPU tensor has no queue to wait for.
 
     >>> import torch, lossscale
     >>> s = ScaleState(lossscale.DynamicLossScale(8.0, 2))
@@ -75,7 +55,6 @@ class ScaleState:
 
     @property
     def tensors(self) -> LossScaleState:
-        """The live state tensors (read them; only :meth:`advance` and :meth:`load` write them)."""
         return self._tensors
 
     @property
@@ -84,18 +63,10 @@ class ScaleState:
 
     @property
     def can_go_below_one(self) -> bool:
-        """Whether the policy lets the scale fall below 1 (``min_loss_scale < 1``)."""
         return self._params.min_scale < 1
 
-    def scaled(self, loss: torch.Tensor) -> torch.Tensor:
-        """``loss * S``, formed in at least float32 and rounded once to ``loss``'s dtype. No sync."""
-        scale = self._tensors.loss_scale
-        if scale.device != loss.device:
-            scale = move(scale, loss.device)
-        return torch.mul(loss, scale).to(loss.dtype)
-
     def inv_scale(self) -> torch.Tensor:
-        """``1 / S`` as float32, computed in float64 (on the host for CPU state: one op instead of three)."""
+        """``1 / S`` in float32, computed in float64 (for CPU state on the host: one op instead of three)."""
         views = self._host_views_now()
         if views is not None:
             with np.errstate(over="ignore"):  # 1/S beyond float32 is inf, as on the device
@@ -103,12 +74,10 @@ class ScaleState:
         return reciprocal(self._tensors.loss_scale)
 
     def to_(self, device: torch.device) -> None:
-        """Moves the state to ``device`` (one small copy per tensor; nothing when already there)."""
         if self.device != device:
             self._set_tensors(LossScaleState(*(t.to(device) for t in self._tensors)))
 
     def advance(self, found_inf: torch.Tensor) -> None:
-        """``state <- next_state(policy, state, found_inf == 0)`` in place; see the module docstring for the cost."""
         if found_inf.device != self._tensors.loss_scale.device:
             found_inf = move(found_inf, self.device)
         views = self._host_views_now()
@@ -119,22 +88,13 @@ class ScaleState:
         with torch.no_grad():
             foreach_copy_(list(self._tensors), new)
 
-    def set_policy(self, policy: LossScale) -> None:
-        """Follows ``policy`` from now on; the state tensors stay as they are (GradScaler's ``set_growth_factor`` & co)."""
-        self._set_policy(policy)
-
     def assign(self, new: LossScaleState) -> None:
-        """Writes ``new`` (a rule's result, on this state's device) into the tensors in place. No sync."""
         with torch.no_grad():
             foreach_copy_(list(self._tensors), list(new))
 
     def set_scale(self, value: torch.Tensor, found_inf: torch.Tensor | None = None) -> None:
-        """``S <- value`` in place (GradScaler's ``update(new_scale)``); the growth counters stay as they are.
-
-        A ``found_inf`` flag is counted in the skip counters (as the core rule
-        counts it for a fixed scale). Cost: about 5 scalar ops and one copy
-        per tensor; no host sync.
-        """
+        """``S <- value`` in place, the growth counters kept; ``found_inf`` is counted in the skip counters as the
+        core rule counts it for a fixed scale. About 5 scalar ops, no sync."""
         tensors = list(self._tensors)
         if found_inf is not None:
             finite = move(found_inf, self.device) == 0
@@ -142,14 +102,10 @@ class ScaleState:
         with torch.no_grad():
             foreach_copy_(list(self._tensors), [move(value, self.device).reshape(()).float(), *tensors[1:]])
 
-    # ------------------------------------------------------------ checkpoints
-
     def record(self) -> ScaleRecord:
-        """The policy and copies of the tensors."""
         return ScaleRecord(self._policy, LossScaleState(*(t.detach().clone() for t in self._tensors)))
 
     def load(self, record: ScaleRecord) -> None:
-        """Takes over a validated record's policy and values (copied to this state's device)."""
         self._set_policy(record.policy)
         self._set_tensors(LossScaleState(*(t.to(self.device, copy=True) for t in record.state)))
 
@@ -162,8 +118,6 @@ class ScaleState:
         self._set_policy(record.policy)
         self._set_tensors(LossScaleState(*(t.to(state["device"]) for t in record.state)))
 
-    # ------------------------------------------------------------ internals
-
     def _set_policy(self, policy: LossScale) -> None:
         self._policy = policy
         self._params = policy.rule_params()
@@ -174,11 +128,8 @@ class ScaleState:
         self._host_pointers: tuple[int, ...] = ()
 
     def _host_views_now(self) -> LossScaleState | None:
-        """Numpy views sharing the CPU tensors' memory, or None off the CPU and under ``torch.compile``.
-
-        Made once and remade if a tensor's storage was swapped (``.data =``);
-        checking costs five pointer reads.
-        """
+        """Numpy views of the CPU tensors' memory (remade if a storage was swapped), or None off the CPU and under
+        ``torch.compile``."""
         if self._tensors.loss_scale.device.type != "cpu" or torch.compiler.is_compiling():
             return None
         pointers = tuple(t.data_ptr() for t in self._tensors)
@@ -191,18 +142,14 @@ class ScaleState:
 class StepScale(NamedTuple):
     """What a step's check needs of the scale, read in one call (:meth:`ScaleOwner.for_step`)."""
 
-    loss_scale: torch.Tensor  # the live 0-d float32 scale
-    inv_scale: torch.Tensor  # 1/S, float32
+    loss_scale: torch.Tensor  # the live one
+    inv_scale: torch.Tensor
     device: torch.device
     can_go_below_one: bool
 
 
 class ScaleOwner:
-    """The reading surface both owners share; subclasses define :meth:`add_step` and :meth:`update`.
-
-    ``advances_each_step``: whether :meth:`add_step` advances the scale at
-    once (a private scale) or keeps the flag for ``update()`` (shared).
-    """
+    """What both owners share; ``advances_each_step``: whether :meth:`add_step` advances the scale at once."""
 
     advances_each_step = False
 
@@ -234,11 +181,8 @@ class ScaleOwner:
         return self._scale.tensors.loss_scale.clone()
 
     def get_scaled_loss(self, loss: Any) -> Any:
-        """``loss * S`` in ``loss``'s dtype; a callable becomes a callable.
-
-        The product is formed in at least float32 and rounded once to
-        ``loss``'s dtype. Cost: one element-wise op; no host sync.
-        """
+        """``loss * S``, formed in at least float32 and rounded once to ``loss``'s dtype; a callable gives a
+        callable. One element-wise op, no sync."""
         if callable(loss) and not isinstance(loss, torch.Tensor):
             return lambda: self.get_scaled_loss(loss())
         if not isinstance(loss, torch.Tensor):
@@ -248,10 +192,13 @@ class ScaleOwner:
             )
         if not loss.is_floating_point():
             raise TypeError(f"get_scaled_loss() needs a floating-point loss, got dtype {loss.dtype}.")
-        return self._scale.scaled(loss)
+        scale = self._scale.tensors.loss_scale
+        if scale.device != loss.device:
+            scale = move(scale, loss.device)
+        return torch.mul(loss, scale).to(loss.dtype)
 
     def inv_scale(self) -> torch.Tensor:
-        """``1 / S`` as float32, computed in float64; no host sync."""
+        """``1 / S`` in float32, computed in float64; no sync."""
         return self._scale.inv_scale()
 
     def to_(self, device: torch.device) -> None:
@@ -259,25 +206,24 @@ class ScaleOwner:
         self._scale.to_(device)
 
     def for_step(self, device: torch.device | None) -> StepScale:
-        """Moves the state to ``device`` (the gradients'), then what a step's check needs of it. No sync."""
+        """Moves the state to ``device`` (None: stays), then what a step's check needs of it."""
         if device is not None:
             self.to_(device)
         scale = self._scale
         return StepScale(scale.tensors.loss_scale, scale.inv_scale(), scale.device, scale.can_go_below_one)
 
     def advance(self, found_inf: torch.Tensor) -> None:
-        """Applies the core rule once, in place (see :meth:`ScaleState.advance`); no host sync."""
+        """The core rule once, in place (see :class:`ScaleState`); no sync."""
         self._scale.advance(found_inf)
 
-    def add_step(self, found_inf: torch.Tensor, member: StepRecord) -> None:
+    def add_step(self, found_inf: torch.Tensor, member: Any) -> None:
         raise NotImplementedError
 
     def assign(self, new: LossScaleState) -> None:
-        """Writes a rule's new state in place (``AutoLossScale``'s, in place of :meth:`add_step`). No sync."""
+        """Writes a rule's new state in place (``AutoLossScale``'s, instead of :meth:`add_step`)."""
         self._scale.assign(new)
 
     def record(self) -> ScaleRecord:
-        """The checkpoint record: the policy and copies of the state tensors."""
         return self._scale.record()
 
     def state_dict(self) -> dict[str, Any]:
@@ -294,7 +240,6 @@ class ScaleOwner:
         self.load_record(ScaleRecord.from_dict(state_dict, custom_objects, current=self.policy))
 
     def load_record(self, record: ScaleRecord) -> None:
-        """Takes over a validated :class:`~lossscale.torch._checkpoint.ScaleRecord`."""
         self._scale.load(record)
 
     def __repr__(self) -> str:
@@ -302,11 +247,11 @@ class ScaleOwner:
 
 
 class PrivateLossScale(ScaleOwner):
-    """The scale of one ``LossScaleOptimizer``: each step advances it at once (the step resets its record)."""
+    """The scale of one ``LossScaleOptimizer``: each step advances it at once."""
 
     advances_each_step = True
 
-    def add_step(self, found_inf: torch.Tensor, member: StepRecord) -> None:
+    def add_step(self, found_inf: torch.Tensor, member: Any) -> None:
         self._scale.advance(found_inf)
 
     def update(self) -> None:
@@ -322,8 +267,7 @@ class SharedLossScale(ScaleOwner):
     Args:
         loss_scale, dynamic, initial_scale, dynamic_growth_steps, min_loss_scale, max_loss_scale, hysteresis: the
             policy, in either of TF's forms (see :class:`LossScaleOptimizer` and :func:`lossscale.resolve_loss_scale`).
-        device: where the state lives; by default the device of the first
-            gradient it sees.
+        device: where the state lives; by default the first gradient's device.
 
     Several optimizers driven by one loss::
 
@@ -335,10 +279,8 @@ class SharedLossScale(ScaleOwner):
         opt_b.step()   # checks b's gradients, skips b if they overflowed
         scale.update() # once per iteration: backs off if either overflowed
 
-    An optimizer whose ``step()`` found no gradient at all takes no part in
-    the iteration; an iteration in which no optimizer stepped leaves the
-    scale alone. Cost of :meth:`update`: about 20 scalar ops on 0-d tensors
-    (on the host for CPU state), no host sync.
+    An optimizer whose ``step()`` found no gradient takes no part in the iteration; an iteration in which none
+    stepped leaves the scale alone. :meth:`update`: about 20 scalar ops (on the host for CPU state), no sync.
     """
 
     def __init__(
@@ -359,29 +301,29 @@ class SharedLossScale(ScaleOwner):
         )
         super().__init__(policy, device)
         self._pending: torch.Tensor | None = None
-        self._members: list[StepRecord] = []
+        self._members: list[Any] = []
 
-    def add_step(self, found_inf: torch.Tensor, member: StepRecord) -> None:
-        """Keeps one optimizer's flag for :meth:`update`, which makes its record (``STEPPED``) ready again. No sync."""
+    def add_step(self, found_inf: torch.Tensor, member: Any) -> None:
+        """Keeps one optimizer's flag for :meth:`update`, which readies its ``member`` record again. No sync."""
         self._members.append(member)
         if found_inf.device != self.device:
             found_inf = move(found_inf, self.device)
         self._pending = found_inf if self._pending is None else torch.maximum(self._pending, found_inf)
 
     def update(self) -> None:
-        """Advances the scale once for this iteration, from every optimizer's flag.
+        """Advances the scale once for this iteration, from every optimizer's flag (any non-finite: one
+        non-finite step); with no step since the last update, nothing. No host sync."""
+        pending = self._close()
+        if pending is not None:
+            self._scale.advance(pending)
 
-        An iteration in which any optimizer saw a non-finite gradient counts
-        as one non-finite step. Calling it with no step since the last update
-        does nothing. No host sync.
-        """
+    def _close(self) -> torch.Tensor | None:
+        """Readies every member for the next iteration; this iteration's flag (None: no step)."""
         members, self._members = self._members, []
         for member in members:
             member.reset()
-        if self._pending is None:
-            return
         pending, self._pending = self._pending, None
-        self._scale.advance(pending)
+        return pending
 
     def to_(self, device: torch.device) -> None:
         super().to_(device)
@@ -390,10 +332,7 @@ class SharedLossScale(ScaleOwner):
 
     def load_record(self, record: ScaleRecord) -> None:
         super().load_record(record)
-        self._pending = None
-        for member in self._members:
-            member.reset()
-        self._members = []
+        self._close()
 
     def __getstate__(self) -> dict[str, Any]:
         """The scale's record (see :meth:`ScaleState.__getstate__`); pending flags and members are not kept."""
@@ -418,10 +357,8 @@ _SCALE_KEYWORDS = ("dynamic", "initial_scale", "dynamic_growth_steps", "min_loss
 
 
 def scale_owner_for(optimizer: torch.optim.Optimizer, loss_scale: Any, **stable: Any) -> ScaleOwner:
-    """The given :class:`SharedLossScale`, or a new private scale on the device of ``optimizer``'s parameters.
-
-    ``stable``: the stable form's keywords (see :func:`lossscale.resolve_loss_scale`).
-    """
+    """The given :class:`SharedLossScale`, or a private scale (``stable``: the stable form's keywords) on the
+    device of ``optimizer``'s parameters."""
     if isinstance(loss_scale, SharedLossScale):
         given = [k for k in _SCALE_KEYWORDS if stable.get(k) is not None]
         if given:
@@ -435,15 +372,9 @@ def scale_owner_for(optimizer: torch.optim.Optimizer, loss_scale: Any, **stable:
     return PrivateLossScale(policy, device)
 
 
-# ------------------------------------------------------------ GradScaler's scale
-
-
 def new_scale_tensor(new_scale: Any) -> torch.Tensor:
-    """``update(new_scale=...)``'s value as a 0-d float32 tensor (a copy); ValueError naming the fix otherwise.
-
-    A Python number must be positive and finite (read on the host); a tensor
-    must hold one element and not require grad (not read: no sync).
-    """
+    """``update(new_scale=...)``'s value as a 0-d float32 copy: a positive finite number, or a 1-element tensor
+    that does not require grad (not read: no sync)."""
     fix = "new_scale should be a float or a 1-element tensor with requires_grad=False"
     if isinstance(new_scale, torch.Tensor):
         if new_scale.numel() != 1 or new_scale.requires_grad:
@@ -463,30 +394,22 @@ class IterationScale(SharedLossScale):
 
     @property
     def policy(self) -> DynamicLossScale:
-        """The :class:`~lossscale.DynamicLossScale` followed: GradScaler's policy is always one (checked on load)."""
+        """GradScaler's policy is always a :class:`~lossscale.DynamicLossScale` (checked on load)."""
         return cast(DynamicLossScale, self._scale.policy)
 
     @property
     def pending(self) -> torch.Tensor | None:
-        """The MAX of this iteration's found-inf flags so far (None before the first step); no sync."""
+        """The MAX of this iteration's found-inf flags so far (None before the first step)."""
         return self._pending
 
     def update(self, new_scale: Any = None) -> None:  # type: ignore[override]
-        """Advances the scale once from this iteration's flags; or, given ``new_scale``, sets it.
-
-        With ``new_scale`` (as torch's ``update(new_scale)``): the scale takes
-        that value and the growth counter stays; the iteration's skip is still
-        counted in ``skipped_steps``. No host sync.
-        """
+        """Advances the scale once from this iteration's flags, or sets ``new_scale`` (the growth counter stays;
+        the iteration's skip is still counted). No sync."""
         if new_scale is None:
             super().update()
             return
         value = new_scale_tensor(new_scale)
-        members, self._members = self._members, []
-        for member in members:
-            member.reset()
-        pending, self._pending = self._pending, None
-        self._scale.set_scale(value, pending)
+        self._scale.set_scale(value, self._close())
 
     def overwrite(self, *, scale: float | None = None, growth_tracker: int | None = None) -> None:
         """Sets the scale and/or the growth counter in place (torch's ``_init_scale``/``_init_growth_tracker``)."""
@@ -498,4 +421,4 @@ class IterationScale(SharedLossScale):
 
     def set_policy(self, policy: DynamicLossScale) -> None:
         """Follows ``policy`` from the next update on; the scale and its counters stay."""
-        self._scale.set_policy(policy)
+        self._scale._set_policy(policy)

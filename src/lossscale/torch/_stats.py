@@ -1,12 +1,8 @@
 """``stats_every`` for torch: measuring and keeping samples; the decisions are the core's :mod:`lossscale._sampler`.
 
-Each entry point calls :meth:`StatsSampler.measure` before it unscales, on a due step only (a Python count):
-per-tensor sums of one optimizer's scaled gradients. :meth:`StatsSampler.advance` ends the step (a GradScaler's
-iteration): the sums of every optimizer measured become one sample, and :func:`~lossscale._sampler.next_sampler_state`
-keeps it, counts the step and, for ``AutoLossScale``, gives the scale. Cost: an unsampled step does no device work
-and no walk over the parameters; a sampled one about 8 kernels per gradient (one pass) and 30 on ``(T,)`` tensors,
-no host sync, and no copy from the host (names and sizes are kept per parameter set). A sparse gradient's
-coalesce is one sync on CUDA.
+A due step (a Python count) measures per-tensor sums of each optimizer's scaled gradients (about 8 kernels per
+gradient); :meth:`StatsSampler.advance` makes them one sample (about 30 kernels on ``(T,)`` tensors) and, for
+``AutoLossScale``, the scale. No host sync; names and sizes are kept per parameter set.
 """
 
 from __future__ import annotations

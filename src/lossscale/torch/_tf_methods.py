@@ -1,17 +1,8 @@
-"""TF v1's optimizer methods for ``LossScaleOptimizer``: gradients as values, slots, variables, config.
+"""TF v1's optimizer methods for ``LossScaleOptimizer`` (gradients as values, slots, variables, config), as a
+mixin over its public surface and its ``_steps`` (:class:`~lossscale.torch._step.OptimizerStep`).
 
-``get_scaled_loss``, ``get_unscaled_gradients``, ``compute_gradients``,
-``apply_gradients``, ``minimize``, ``get_slot``,
-``get_slot_names``, ``variables``, ``get_config`` and ``from_config``, as a
-mixin. It relies on the wrapper's public surface (``param_groups``,
-``state``, ``inner_optimizer``, ``shared_loss_scale``) and on one declared
-attribute, ``_steps``: the wrapper's :class:`~lossscale.torch._step.OptimizerStep`,
-used through its public methods (``apply`` decides, applies or skips and
-finishes a step) and attributes (``diagnostics``).
-
-``from_config`` builds ``torch.optim`` classes only, and imports no module a
-config names: a config read from an untrusted checkpoint must not run
-arbitrary imports. Any other class comes through ``custom_objects``.
+``from_config`` builds ``torch.optim`` classes only and imports no module a config names (a config from an
+untrusted checkpoint must not run imports); any other class comes through ``custom_objects``.
 """
 
 from __future__ import annotations
@@ -23,8 +14,8 @@ from typing import Any
 import torch
 
 from .._resolve import serialize, stable_form
-from ._checkpoint import read_policy
 from .._torch_kernels import GradGroups, check_finite, unscaled_copies
+from ._checkpoint import read_policy
 from ._step import OptimizerStep
 
 __all__ = ["TFv1Methods", "optimizer_class"]
@@ -41,12 +32,8 @@ class TFv1Methods:
         return [p for g in self.param_groups for p in g["params"]]
 
     def get_scaled_loss(self, loss: Any) -> Any:
-        """``loss * loss_scale``, keeping ``loss``'s dtype; a callable gives a callable.
-
-        With ``stats_every``, each call (one backward pass) since the last step or ``zero_grad()`` counts as a
-        micro-batch summed into the gradients (gradient accumulation), which ``AutoLossScale`` reads; a Python
-        counter, no sync.
-        """
+        """``loss * loss_scale``, keeping ``loss``'s dtype; a callable gives a callable. With ``stats_every``, each
+        call since the last step or ``zero_grad()`` counts as a micro-batch (``AutoLossScale`` reads them)."""
         steps = self._steps
         if isinstance(loss, torch.Tensor):
             if steps.diagnostics.recorder is not None:
@@ -59,23 +46,15 @@ class TFv1Methods:
         return scaled
 
     def get_unscaled_gradients(self, grads: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:
-        """A new list: each gradient times ``1/loss_scale`` in its own dtype; None stays None.
-
-        Half-precision gradients are unscaled in float32 and rounded once.
-        Cost: one R pass and one W pass into new tensors (one more R+W for
-        float16/bfloat16); no sync.
-        """
+        """A new list: each gradient times ``1/loss_scale`` in its own dtype (half types in float32, rounded
+        once); None stays None. One R and one W pass into new tensors (+R+W for half types); no sync."""
         return unscaled_copies(list(grads), self._steps.owner.inv_scale())
 
     def compute_gradients(
         self, loss: Any, var_list: Iterable[torch.Tensor] | None = None, grad_loss: torch.Tensor | None = None
     ) -> list[tuple[torch.Tensor | None, torch.Tensor]]:
-        """Unscaled ``(gradient, variable)`` pairs of ``loss`` (a tensor or a zero-argument callable).
-
-        ``var_list`` defaults to every parameter of the inner optimizer that
-        requires grad. Gradients are not accumulated into ``.grad``. Cost:
-        one backward pass, one R and one W pass to unscale; no sync.
-        """
+        """Unscaled ``(gradient, variable)`` pairs of ``loss`` (a tensor or a zero-argument callable), not
+        accumulated into ``.grad``; ``var_list`` defaults to the parameters that require grad. No sync."""
         if callable(loss) and not isinstance(loss, torch.Tensor):
             loss = loss()
         if var_list is None:
@@ -98,13 +77,9 @@ class TFv1Methods:
     ) -> torch.Tensor:
         """Applies *unscaled* gradients if all are finite; updates the scale either way.
 
-        A non-finite gradient means no update at all: weights, inner state and
-        step counts stay, and ``global_step`` (a tensor, incremented in place)
-        is not incremented. The parameters' own ``.grad`` are left as they
-        were. Returns a 0-d bool tensor, True if applied (no sync).
-        Cost: one R+W check pass (values unchanged); host syncs as ``step()``.
-        With ``stats_every`` a sampled step also measures the gradients times the scale (the scaled
-        values: one R pass) and ``AutoLossScale`` sets the scale, as in ``step()``.
+        A non-finite gradient means no update at all (``global_step``, a tensor incremented in place, included);
+        the parameters' ``.grad`` stay as they were. Returns a 0-d bool tensor, True if applied. Cost: one R+W
+        check (values unchanged), syncs as ``step()``; a sampled step measures the gradients times ``S`` (R).
         """
         pairs = list(grads_and_vars)
         if global_step is not None and not isinstance(global_step, torch.Tensor):
@@ -142,7 +117,7 @@ class TFv1Methods:
             for grad, var in pairs:
                 if grad is not None:
                     var.grad = grad
-            found_inf, _ = self._steps.apply(self.inner_optimizer, found_inf, None, named_grads=named)  # type: ignore[attr-defined]
+            found_inf = self._steps.apply(self.inner_optimizer, found_inf, None, named_grads=named)[0]  # type: ignore[attr-defined]
         finally:
             for p, grad in zip(params, saved):
                 p.grad = grad
@@ -191,13 +166,8 @@ class TFv1Methods:
         params: Iterable[Any],
         custom_objects: Mapping[str, type] | None = None,
     ) -> Any:
-        """Rebuilds from :meth:`get_config`; torch optimizers need their ``params`` at construction.
-
-        The inner class is looked up in ``custom_objects``, then among
-        ``torch.optim``'s optimizers; a policy class of your own likewise
-        comes from ``custom_objects``. No module named by the config is
-        imported.
-        """
+        """Rebuilds from :meth:`get_config` (torch optimizers need their ``params``); the inner class and a policy
+        class of your own come from ``custom_objects``, else ``torch.optim``. No module is imported by name."""
         spec = config["inner_optimizer"]
         opt_cls = optimizer_class(spec, custom_objects)
         inner = opt_cls(params, **_constructor_kwargs(opt_cls, spec["config"]))
@@ -212,7 +182,7 @@ class TFv1Methods:
 
 
 def optimizer_class(spec: Mapping[str, Any], custom_objects: Mapping[str, type] | None = None) -> type:
-    """The optimizer class a config names: from ``custom_objects``, else a ``torch.optim`` optimizer; never an import."""
+    """The class a config names: from ``custom_objects``, else a ``torch.optim`` optimizer; never an import."""
     name = spec.get("class_name")
     if custom_objects and name in custom_objects:
         return custom_objects[name]  # type: ignore[index]
@@ -229,11 +199,8 @@ def optimizer_class(spec: Mapping[str, Any], custom_objects: Mapping[str, type] 
 
 
 def _constructor_kwargs(opt_cls: type, defaults: Mapping[str, Any]) -> dict[str, Any]:
-    """The entries of an optimizer's ``defaults`` that its constructor takes.
-
-    ``defaults`` may hold derived entries the constructor rejects (AdamW's
-    ``decoupled_weight_decay``); a constructor with ``**kwargs`` takes all.
-    """
+    """The entries of ``defaults`` the constructor takes (not derived ones such as AdamW's
+    ``decoupled_weight_decay``); a constructor with ``**kwargs`` takes all."""
     parameters = inspect.signature(opt_cls).parameters
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
         return dict(defaults)
