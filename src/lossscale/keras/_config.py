@@ -15,17 +15,30 @@ from typing import Any
 import keras
 from keras import ops
 
-from .. import LossScale, get
-from ._args import policy_config
+from .. import DynamicLossScale, FixedLossScale, LossScale, get, serialize
+from .._resolve import stable_form
 from ._tf_keras import inner_from_config, translate_config
 
 __all__ = ["policy_from_config", "read_config", "restore", "values_record", "write_config"]
 
 
+_EXTRAS = ("min_loss_scale", "max_loss_scale", "hysteresis")
+
+
+def _stable(policy: LossScale) -> dict[str, Any] | None:
+    """The stable form's keys (and the three extensions) that rebuild ``policy``, or None if they cannot."""
+    if type(policy) is FixedLossScale:
+        return stable_form(policy)
+    if type(policy) is DynamicLossScale and policy.multiplier == 2.0 and policy.backoff_factor is None:
+        default = DynamicLossScale()
+        return {**stable_form(policy), **{k: getattr(policy, k) for k in _EXTRAS if getattr(policy, k) != getattr(default, k)}}
+    return None
+
+
 def write_config(name: str, inner: Any, policy: LossScale, max_consecutive_skips: int | None) -> dict[str, Any]:
-    """tf-keras's keys (``inner_optimizer``, ``dynamic``, ``initial_scale``, ``dynamic_growth_steps``) and ours."""
+    """tf-keras's keys (``inner_optimizer``, and the stable form's when they say it all) and ours (``loss_scale``)."""
     config = {"name": name, "inner_optimizer": keras.saving.serialize_keras_object(inner)}
-    config.update(policy_config(policy))
+    config.update(_stable(policy) or {"loss_scale": serialize(policy)})
     if max_consecutive_skips is not None:
         config["max_consecutive_skips"] = max_consecutive_skips
     return config
@@ -67,11 +80,7 @@ def values_record(variables: list[Any]) -> dict[str, Any]:
 
 
 def restore(cls: Any, config: dict[str, Any], custom: dict[str, Any], values: Any, history: Any) -> Any:
-    """The optimizer of a pickled record: ``from_config``, then ``values`` loaded when it is built.
-
-    The optimizer cannot build before it is given the model's variables; the
-    values wait for :meth:`build` (through ``load_own_variables``).
-    """
+    """The optimizer of a pickled record: ``from_config``; ``values`` wait for :meth:`build` (the model's variables)."""
     opt = cls.from_config(dict(config), custom_objects=custom)
     opt.restore_on_build(values, history)
     return opt
