@@ -5,10 +5,7 @@ are not counted) of ``lossscale.keras.LossScaleOptimizer.apply`` with
 ``sys.settrace``, on a backend where Python runs each step (torch, or JAX's
 eager ``apply``), and prints per module of ``lossscale`` (the core included):
 
-* ``entries``: calls into the module from another module;
-* ``re-entries``: ``entries - 1``;
-* ``back-calls``: entries made while a frame of that module is still on the
-  stack below a frame of another module (``A -> B -> A``).
+entries, re-entries and back-calls as ``benchmarks/step_walk.py`` counts them.
 
 Run::
 
@@ -20,7 +17,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections import Counter
 
 os.environ.setdefault("KERAS_BACKEND", "torch")
 
@@ -30,52 +26,11 @@ import numpy as np
 import lossscale
 import lossscale.keras as lsk
 
-ROOT = os.path.dirname(lossscale.__file__)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import step_walk
 
-
-def _module(frame) -> str | None:
-    path = frame.f_code.co_filename
-    return os.path.relpath(path, ROOT) if path.startswith(ROOT) else None
-
-
-def walk(fn) -> tuple[list[str], Counter]:
-    """The modules entered (cross-module calls, in order) while ``fn()`` runs, and the back-calls per module."""
-    entries: list[str] = []
-    back: Counter = Counter()
-
-    def tracer(frame, event, arg):
-        if event != "call":
-            return
-        name = _module(frame)
-        if name is None:
-            return
-        caller = frame.f_back
-        if caller is not None and _module(caller) == name:
-            return  # a call within one module
-        entries.append(name)
-        below = caller
-        while below is not None:
-            if _module(below) == name:
-                back[name] += 1
-                break
-            below = below.f_back
-
-    sys.settrace(tracer)
-    try:
-        fn()
-    finally:
-        sys.settrace(None)
-    return entries, back
-
-
-def report(title: str, entries: list[str], back: Counter) -> None:
-    order = list(dict.fromkeys(entries))
-    counts = Counter(entries)
-    print(f"{title}: {len(order)} modules, {sum(counts[f] - 1 for f in order)} re-entries, "
-          f"{sum(back.values())} back-calls, max re-entries {max((counts[f] - 1 for f in order), default=0)}")
-    print("  walk: " + " -> ".join(entries))
-    for name in order:
-        print(f"  {name:28s} entries {counts[name]:2d}  re-entered {counts[name] - 1:2d}  back-calls {back[name]}")
+# benchmarks/step_walk.py's tracer, over every module of lossscale (the core included) instead of lossscale.torch's.
+step_walk.ROOT = os.path.dirname(lossscale.__file__)
 
 
 def main() -> None:
@@ -93,8 +48,8 @@ def main() -> None:
         opt.apply(grads, model.trainable_variables)
 
     step()
-    report(f"LossScaleOptimizer.apply() on {keras.backend.backend()}" + (" (stats_every=1)" if stats else ""),
-           *walk(step))
+    title = f"LossScaleOptimizer.apply() on {keras.backend.backend()}" + (" (stats_every=1)" if stats else "")
+    step_walk.report(title, *step_walk.walk(step))
 
 
 if __name__ == "__main__":
