@@ -443,10 +443,8 @@ class LossScaleOptimizer(TFMethods, keras.optimizers.LossScaleOptimizer):
             )
         grads = list(grads)
         already = self._stage.take(grads)
-        own, trainable, values = self._variables, self._trainable_variables, optimizer_variables
-        return stateless_step(
-            self._scale, self.inner_optimizer, own, trainable, values, grads, trainable_variables, already
-        )
+        own = self._variables
+        return stateless_step(self._scale, self.inner_optimizer, own, trainable, values, grads, trainable_variables, already)
 
     def apply_gradients(
         self, grads_and_vars: Any, name: str | None = None, experimental_aggregate_gradients: bool = True

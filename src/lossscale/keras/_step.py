@@ -23,7 +23,9 @@ from .._rule import LossScaleState, advance_in_place, initial_state, next_state
 from ._diagnostics import StepObserver
 from ._grads import all_finite, unscale
 
-__all__ = ["STATE_NAMES", "XP", "ScaleState", "apply_step", "jax_apply", "stateless_step", "torch_apply"]
+__all__ = [
+    "STATE_NAMES", "XP", "ScaleState", "apply_step", "jax_apply", "read", "stateless_step", "torch_apply"
+]
 
 STATE_NAMES = ("dynamic_scale", "step_counter", "bad_steps", "skipped_steps", "consecutive_skips")
 
@@ -66,6 +68,18 @@ def no_grad() -> Any:
     return contextlib.nullcontext()
 
 
+def read(variable: Any, copy: bool = True) -> Any:
+    """A variable's value now: on TensorFlow one ``ReadVariableOp`` (a snapshot ordered before this step's assigns);
+    on torch a copy (its variables are updated in place) unless ``copy`` is False; on JAX the value itself."""
+    backend = keras.backend.backend()
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        return tf.convert_to_tensor(variable.value)
+    value = ops.convert_to_tensor(variable)
+    return ops.copy(value) if copy and backend == "torch" else value
+
+
 class ScaleState:
     """The five state variables of one optimizer, the rule's parameters, and the per-step observer."""
 
@@ -102,46 +116,29 @@ class ScaleState:
         return None if self.stats is None else self.stats.measure(grads, variables, scale, already)
 
     def read(self, copy: bool = True) -> LossScaleState:
-        """The state now: on TensorFlow one ``ReadVariableOp`` each (a snapshot ordered before this step's
-        assigns); on torch copies (its variables are updated in place) unless ``copy`` is False; JAX's as they are.
-        """
-        backend = keras.backend.backend()
-        if backend == "tensorflow":
-            import tensorflow as tf
+        return LossScaleState(*(read(v, copy) for v in self.variables))
 
-            return LossScaleState(*(tf.convert_to_tensor(v.value) for v in self.variables))
-        values = (ops.convert_to_tensor(v) for v in self.variables)
-        return LossScaleState(*(ops.copy(v) if copy and backend == "torch" else v for v in values))
+    def advance(self, state: LossScaleState, finite: Any, measured: Any = None) -> tuple[LossScaleState, tuple[Any, ...]]:
+        """The rule: the new state, and the sample's columns for the history (none unless ``measured``).
 
-    def advance(self, state: LossScaleState, finite: Any, measured: Any = None) -> LossScaleState:
-        """The rule: ``next_state`` over :data:`XP`, or with ``measured`` (:meth:`measure`'s ``(sample, sampled)``)
-        the core's sampler (``lossscale._sampler.next_sampler_state``), which also assigns the sampler's variables.
-
-        ``finite`` is a 0-d bool tensor, or a Python bool (a branch's constant). Cost: about 20 scalar ops
-        (fused under ``tf.function``/``jit``); no host sync.
+        ``next_state`` over :data:`XP`; with ``measured`` (:meth:`measure`'s ``(sample, sampled)``) the core's
+        sampler (``lossscale._sampler.next_sampler_state``), which also assigns the sampler's variables.
+        ``finite``: a 0-d bool tensor, or a Python bool (a branch's constant). Cost: about 20 scalar ops (fused
+        under ``tf.function``/``jit``); no host sync.
         """
         if measured is None:
-            return next_state(self.params, state, finite, XP)
-        return self.stats.advance(state, finite, measured)[0]
-
-    def assign(self, values: LossScaleState) -> None:
-        """Writes a new state into the variables that move."""
-        for variable, value, moving in zip(self.variables, values, self._moving):
-            if moving:
-                variable.assign(value)
+            return next_state(self.params, state, finite, XP), ()
+        new, kept = self.stats.advance(state, finite, measured)
+        return new, (measured[1], kept.headroom_bits, kept.zero_fraction, kept.subnormal_fraction)
 
     def finish(self, state: LossScaleState, finite: Any, measured: Any = None) -> None:
-        """Advances ``state`` by :meth:`advance`, assigns the variables and tells the observer (when on)."""
-        stats: tuple[Any, ...] = ()
-        if measured is None:
-            new = next_state(self.params, state, finite, XP)
-        else:
-            new, kept = self.stats.advance(state, finite, measured)
-            stats = (measured[1], kept.headroom_bits, kept.zero_fraction, kept.subnormal_fraction)
-        self.assign(new)
+        """:meth:`advance`, then assigns the variables that move and tells the observer (when on)."""
+        new, stats = self.advance(state, finite, measured)
+        for variable, value, moving in zip(self.variables, new, self._moving):
+            if moving:
+                variable.assign(value)
         if self.observer.active:
             self.observer.observe(state.loss_scale, finite, new.consecutive_skips, new.loss_scale, stats)
-
 
     def finish_in_place(self, finite: bool) -> bool:
         """:meth:`finish` for torch state in CPU float32/int32 memory, on the host; False (nothing done) elsewhere.
@@ -264,7 +261,7 @@ def stateless_step(
     def own_after(flag: bool) -> list[Any]:
         values = list(new_own)
         if branched:
-            for position, value in zip(positions, state.advance(current, flag)):
+            for position, value in zip(positions, state.advance(current, flag)[0]):
                 values[position] = value
         return values
 
