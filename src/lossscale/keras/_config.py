@@ -19,7 +19,7 @@ from .. import DynamicLossScale, FixedLossScale, LossScale, get, serialize
 from .._resolve import stable_form
 from ._tf_keras import inner_from_config, translate_config
 
-__all__ = ["policy_from_config", "read_config", "restore", "values_record", "write_config"]
+__all__ = ["read_config", "restore", "values_record", "write_config"]
 
 
 _EXTRAS = ("min_loss_scale", "max_loss_scale", "hysteresis")
@@ -44,25 +44,16 @@ def write_config(name: str, inner: Any, policy: LossScale, max_consecutive_skips
     return config
 
 
-def policy_from_config(value: Any, custom_objects: Mapping[str, Any] | None = None) -> LossScale:
-    """A ``loss_scale`` config entry (ours, or TF's ``{"class_name", "config"}`` with Keras' extra keys).
-
-    A class of the user's own is looked up in ``custom_objects`` only.
-    """
-    if isinstance(value, Mapping):
-        value = {k: v for k, v in value.items() if k in ("class_name", "config")}
-    policy = get(value, custom_objects=custom_objects)
-    if policy is None:
-        raise ValueError("loss_scale=None in a config: drop the key for the default dynamic scale.")
-    return policy
-
-
 def read_config(config: Mapping[str, Any], custom_objects: Any = None) -> tuple[Any, dict[str, Any]]:
     """The inner optimizer and the constructor's keywords of a config (any tf-keras shape, Keras 3's, ours)."""
     config = translate_config(config)
     inner = inner_from_config(config.pop("inner_optimizer"), custom_objects)
-    if isinstance(config.get("loss_scale"), Mapping):
-        config["loss_scale"] = policy_from_config(config["loss_scale"], _merged(custom_objects))
+    value = config.get("loss_scale")
+    if isinstance(value, Mapping):  # ours, or TF's {"class_name", "config"} with Keras' extra keys
+        value = {k: v for k, v in value.items() if k in ("class_name", "config")}
+        config["loss_scale"] = get(value, custom_objects=_merged(custom_objects))  # a class of one's own: found only there
+        if config["loss_scale"] is None:
+            raise ValueError("loss_scale=None in a config: drop the key for the default dynamic scale.")
     return inner, config
 
 
