@@ -165,9 +165,9 @@ class LossScaleOptimizer(TFMethods, keras.optimizers.LossScaleOptimizer):
     fixed mode applies it). ``iterations`` does not advance on a skipped step
     (Keras 3's convention; tf-keras advanced it).
 
-    A subclass of ``keras.optimizers.LossScaleOptimizer``, so that under the
-    ``mixed_float16`` policy ``model.compile`` keeps it as it is. The state is
-    five Keras variables; ``.keras`` files save them.
+    A subclass of ``keras.optimizers.LossScaleOptimizer`` (``model.compile``
+    under ``mixed_float16`` keeps it as it is); the state is five Keras
+    variables, which ``.keras`` files save.
 
     Args:
         inner_optimizer: the ``keras.optimizers.Optimizer`` instance to wrap.
@@ -453,12 +453,9 @@ class LossScaleOptimizer(TFMethods, keras.optimizers.LossScaleOptimizer):
 
         TF's signature. Under a ``tf.distribute`` strategy,
         ``experimental_aggregate_gradients=True`` sums the gradients over the
-        replicas before the check (so that a NaN or Inf on one replica skips
-        the step on all); with False the caller has summed them (e.g.
-        ``tf.distribute.get_replica_context().all_reduce("sum", grads)``) and
-        they are applied as given. Without a strategy both are the same.
-        ``name`` is accepted for TF's signature and unused (Keras 3
-        names its ops after the optimizer).
+        replicas before the check (a NaN or Inf on one replica skips the step
+        on all); with False the caller has summed them and they are applied as
+        given. ``name`` is unused (Keras 3 names its ops after the optimizer).
         """
         pairs = list(grads_and_vars)
         if not pairs:

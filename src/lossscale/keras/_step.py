@@ -234,14 +234,12 @@ def stateless_step(
     state: ScaleState, inner: Any, own_variables: Sequence[Any], trainable_variables: Sequence[Any],
     optimizer_values: Sequence[Any], grads: list[Any], trainable_values: Sequence[Any], already: bool,
 ) -> tuple[list[Any], list[Any]]:
-    """New weights and optimizer values for one step, without touching a variable.
+    """New weights and optimizer values for one step (``own_variables``' values first), touching no variable.
 
-    ``own_variables`` (the wrapper's iteration counter and scale state) come
-    before the inner optimizer's in ``optimizer_values``. The inner
-    ``stateless_apply`` runs in the taken branch of ``ops.cond`` (``lax.cond``
-    on JAX); the rule runs inside each branch with its flag a constant, so XLA
-    folds it to the few ops that branch needs. With ``stats_every`` or an
-    observer on it runs once before the branch, inside a ``keras.StatelessScope``.
+    The inner ``stateless_apply`` runs in the taken branch of ``ops.cond``;
+    the rule runs in each branch with its flag a constant (XLA folds it to the
+    few ops that branch needs), or, with ``stats_every`` or an observer, once
+    before the branch inside a ``keras.StatelessScope``.
     """
     own = len(own_variables)
     mapping = list(zip(list(own_variables) + list(inner.variables), optimizer_values))
