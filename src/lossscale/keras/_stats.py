@@ -28,9 +28,16 @@ from .._policy import LossScale
 from .._rule import LossScaleState
 from .._sampler import SamplerState, is_due, next_sampler_state
 from .._stats import GradientStats, as_mapping, empty_stats, summarize, tensor_sums
-from ._step import XP, read
+from ._step import XP
 
 __all__ = ["StatsVariables"]
+
+
+def _read(variable: Any) -> Any:
+    """A variable's value now: a copy except on JAX (torch updates in place; TF may hand over the variable).
+    Not ``_step.read``: the step calls this module, which would then call back into the step."""
+    value = ops.convert_to_tensor(variable)
+    return value if keras.backend.backend() == "jax" else ops.copy(value)
 
 
 class StatsVariables:
@@ -64,11 +71,11 @@ class StatsVariables:
 
     def due(self) -> tuple[Any, Any]:
         """``(count, sampled)``: a copy of the count (the sample's step) and whether this apply is sampled."""
-        count = read(self.count)
+        count = _read(self.count)
         return count, is_due(self.every, count)
 
     def stored(self) -> tuple[Any, ...]:
-        return tuple(read(v) for v in self.sample)
+        return tuple(_read(v) for v in self.sample)
 
     def slots(self, grads: Sequence[Any], variables: Sequence[Any]) -> tuple[list[Any], list[int]]:
         """The gradients in build order and their sizes (a variable not given, or a None gradient: None, size 0)."""
@@ -114,12 +121,12 @@ class StatsVariables:
     def advance(self, state: LossScaleState, finite: Any, measured: Any) -> tuple[LossScaleState, GradientStats]:
         """The new scale state and kept sample by :func:`~lossscale._sampler.next_sampler_state`; assigns the sampler."""
         sample, sampled = measured
-        auto = AutoState(*(read(v) for v in self.auto)) if self.auto else None
+        auto = AutoState(*(_read(v) for v in self.auto)) if self.auto else None
         given = None if sample is None else GradientStats(*sample)
         # measure() chose this step's sample already (its cond kept the stored one when not sampled): it is the kept
         # sample, so the sampler selects nothing again (no second read of the 11 variables, no where per field).
         kept_in = given if given is not None else GradientStats(*self.stored())
-        sampler = SamplerState(read(self.count), kept_in, auto)
+        sampler = SamplerState(_read(self.count), kept_in, auto)
         new, after = next_sampler_state(self.policy, state, sampler, finite, given, sampled, XP)
         kept = after.sample
         written = list(zip(self.sample, kept)) if sample is not None else []

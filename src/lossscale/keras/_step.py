@@ -23,9 +23,7 @@ from .._rule import LossScaleState, advance_in_place, initial_state, next_state
 from ._diagnostics import StepObserver
 from ._grads import all_finite, unscale
 
-__all__ = [
-    "STATE_NAMES", "XP", "ScaleState", "apply_step", "jax_apply", "read", "stateless_step", "torch_apply"
-]
+__all__ = ["STATE_NAMES", "XP", "ScaleState", "apply_step", "jax_apply", "stateless_step", "torch_apply"]
 
 STATE_NAMES = ("dynamic_scale", "step_counter", "bad_steps", "skipped_steps", "consecutive_skips")
 
@@ -68,18 +66,6 @@ def no_grad() -> Any:
     return contextlib.nullcontext()
 
 
-def read(variable: Any, copy: bool = True) -> Any:
-    """A variable's value now: on TensorFlow one ``ReadVariableOp`` (a snapshot ordered before this step's assigns);
-    on torch a copy (its variables are updated in place) unless ``copy`` is False; on JAX the value itself."""
-    backend = keras.backend.backend()
-    if backend == "tensorflow":
-        import tensorflow as tf
-
-        return tf.convert_to_tensor(variable.value)
-    value = ops.convert_to_tensor(variable)
-    return ops.copy(value) if copy and backend == "torch" else value
-
-
 class ScaleState:
     """The five state variables of one optimizer, the rule's parameters, and the per-step observer."""
 
@@ -116,7 +102,15 @@ class ScaleState:
         return None if self.stats is None else self.stats.measure(grads, variables, scale, already)
 
     def read(self, copy: bool = True) -> LossScaleState:
-        return LossScaleState(*(read(v, copy) for v in self.variables))
+        """The state now: on TensorFlow one ``ReadVariableOp`` each (a snapshot ordered before this step's assigns);
+        on torch copies (its variables are updated in place) unless ``copy`` is False; on JAX the values."""
+        backend = keras.backend.backend()
+        if backend == "tensorflow":
+            import tensorflow as tf
+
+            return LossScaleState(*(tf.convert_to_tensor(v.value) for v in self.variables))
+        values = (ops.convert_to_tensor(v) for v in self.variables)
+        return LossScaleState(*(ops.copy(v) if copy and backend == "torch" else v for v in values))
 
     def advance(self, state: LossScaleState, finite: Any, measured: Any = None) -> tuple[LossScaleState, tuple[Any, ...]]:
         """The rule: the new state, and the sample's columns for the history (none unless ``measured``).
