@@ -34,10 +34,8 @@ def is_symbolic(x: Any) -> bool:
 def on_host(fn: Callable[..., None], *args: Any, every_device: bool = False) -> None:
     """Calls ``fn`` with ``args`` as numpy values: now when they are concrete, else from the compiled step.
 
-    Inside ``tf.function`` it is a ``tf.py_function`` op; under ``jax.jit`` an
-    ordered ``jax.debug.callback``. Either way one device-to-host transfer
-    per call, after the step's values are known. With ``every_device`` on
-    several JAX devices, ``fn`` runs once per device.
+    Inside ``tf.function`` a ``tf.py_function`` op, under ``jax.jit`` an ordered ``jax.debug.callback``: one
+    device-to-host transfer per call. With ``every_device`` on several JAX devices, once per device.
     """
     if not any(is_symbolic(a) for a in args):
         fn(*(ops.convert_to_numpy(a) for a in args))
@@ -64,11 +62,8 @@ def on_host(fn: Callable[..., None], *args: Any, every_device: bool = False) -> 
 class StepObserver:
     """Records each step in a :class:`lossscale.History` and/or raises after too many skips in a row.
 
-    Off (no cost) unless ``history`` or ``max_consecutive_skips`` is set. On,
-    each step passes three scalars to the host: directly in eager code (one
-    sync), through ``tf.py_function``/``jax.debug.callback`` in compiled
-    steps. Losses are recorded when :meth:`note_loss` got a concrete one
-    (eager code); compiled steps record NaN.
+    Off (no cost) unless ``history`` or ``max_consecutive_skips`` is set; on, each step passes three scalars to
+    the host (:func:`on_host`). Losses are recorded in eager code (:meth:`note_loss`); compiled steps record NaN.
     """
 
     def __init__(self, history: Any = None, max_consecutive_skips: int | None = None) -> None:

@@ -113,13 +113,9 @@ class ScaleState:
         return LossScaleState(*(ops.copy(v) if copy and backend == "torch" else v for v in values))
 
     def advance(self, state: LossScaleState, finite: Any, measured: Any = None) -> tuple[LossScaleState, tuple[Any, ...]]:
-        """The rule: the new state, and the sample's columns for the history (none unless ``measured``).
-
-        ``next_state`` over :data:`XP`; with ``measured`` (:meth:`measure`'s ``(sample, sampled)``) the core's
-        sampler (``lossscale._sampler.next_sampler_state``), which also assigns the sampler's variables.
-        ``finite``: a 0-d bool tensor, or a Python bool (a branch's constant). Cost: about 20 scalar ops (fused
-        under ``tf.function``/``jit``); no host sync.
-        """
+        """The rule (``next_state`` over :data:`XP`, or with ``measured`` the core's sampler, which also assigns
+        the sampler's variables): the new state, and the sample's columns for the history. ``finite``: a 0-d bool
+        tensor, or a branch's constant Python bool. Cost: about 20 scalar ops; no host sync."""
         if measured is None:
             return next_state(self.params, state, finite, XP), ()
         new, kept = self.stats.advance(state, finite, measured)
@@ -135,13 +131,9 @@ class ScaleState:
             self.observer.observe(state.loss_scale, finite, new.consecutive_skips, new.loss_scale, stats)
 
     def finish_in_place(self, finite: bool) -> bool:
-        """:meth:`finish` for torch state in CPU float32/int32 memory, on the host; False (nothing done) elsewhere.
-
-        The rule is ``lossscale._rule.advance_in_place``: the same arithmetic on
-        numpy scalars, written through numpy views of the variables' memory.
-        About 30 us instead of about 170 us for 20 small torch ops (2-core CPU):
-        5-6% of a small model's ``fit`` step.
-        """
+        """:meth:`finish` on the host for torch state in CPU memory (``lossscale._rule.advance_in_place``: the same
+        arithmetic on numpy scalars, through views of the variables); False (nothing done) elsewhere. About 30 us
+        against 170 us for 20 small torch ops: 5-6% of a small model's ``fit`` step on a 2-core CPU."""
         value = self.variables[0].value
         if value.device.type != "cpu" or str(value.dtype) != "torch.float32":
             return False
@@ -162,9 +154,8 @@ def unscale_and_check(
 ) -> tuple[list[Any], Any]:
     """The gradients times ``1/scale`` (unless ``already`` unscaled) and whether all are finite (0-d bool).
 
-    With ``scale_at_least_one`` the check reads the scaled gradients: with
-    ``0 < 1/S <= 1`` in float32, ``g * (1/S)`` is finite exactly when ``g``
-    is, and the check no longer waits for the multiply.
+    With ``scale_at_least_one`` (``0 < 1/S <= 1``: ``g * (1/S)`` is finite iff ``g`` is) the check reads the
+    scaled gradients and need not wait for the multiply.
     """
     unscaled = grads if already else unscale(grads, scale, _keep(variables))
     return unscaled, all_finite(grads if scale_at_least_one else unscaled)
@@ -274,12 +265,8 @@ def jax_apply(
     state: ScaleState, inner: Any, own_variables: Sequence[Any], trainable_variables: Sequence[Any],
     cache: dict[bool, Any], grads: list[Any], variables: list[Any], already: bool,
 ) -> None:
-    """``apply`` on JAX: :func:`stateless_step` compiled once per contract (``cache``), then assigned.
-
-    Keras' own class calls the stateful inner ``apply`` inside ``lax.cond``,
-    which leaks tracers into the variables in an eager JAX loop. Host syncs:
-    none in the step; the stall guard raises after it, from the host.
-    """
+    """``apply`` on JAX: :func:`stateless_step` compiled once per contract (``cache``), then assigned (Keras'
+    own stateful ``apply`` inside ``lax.cond`` leaks tracers in an eager loop). Host syncs: none in the step."""
     import jax
 
     known = {id(v) for v in trainable_variables}
