@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 
 from . import _numbers as _n
 from ._policy import LossScale, RuleParams, _set
-from ._rule import COUNTER_MAX, LossScaleState, _finite_flag, next_skip_counters
+from ._rule import LossScaleState, _finite_flag, count_up, next_skip_counters
 from ._stats import LOG2_FLOAT16_MAX, GradientStats
 
 __all__ = ["AutoLossScale", "AutoState", "check_stats_every", "initial_auto_state", "next_auto_state"]
@@ -336,7 +336,7 @@ def next_auto_state(
     return (
         LossScaleState(
             loss_scale=new_scale,
-            good_steps=xp.where(finite & (new_scale == scale), good + (good < COUNTER_MAX), 0),
+            good_steps=xp.where(finite & (new_scale == scale), count_up(good, xp), 0),
             bad_steps=bad,
             skipped_steps=skipped,
             consecutive_skips=streak,

@@ -2,8 +2,9 @@
 
 ``next_state(params, state, finite, xp)`` runs unchanged with ``xp`` = numpy
 (the reference every binding is tested against), ``torch`` and
-``jax.numpy``. It uses arithmetic with Python scalars, comparisons and
-``xp.where`` only: no Python ``if`` on an array, so it needs no host sync,
+``jax.numpy``, and over ``keras.ops`` on TensorFlow's tensors. It uses arithmetic with Python scalars, comparisons and
+``xp.where`` only (no bool added to an int: TensorFlow's tensors run it as
+they are): no Python ``if`` on an array, so it needs no host sync,
 stays on the device and traces under ``jax.jit`` and ``torch.compile``.
 Branches on :class:`~lossscale._policy.RuleParams` are on static Python
 numbers and are resolved when the function is traced.
@@ -24,7 +25,9 @@ import numpy as np
 
 from ._policy import LossScale, RuleParams
 
-__all__ = ["COUNTER_MAX", "LossScaleState", "advance_in_place", "initial_state", "next_skip_counters", "next_state"]
+__all__ = [
+    "COUNTER_MAX", "LossScaleState", "advance_in_place", "count_up", "initial_state", "next_skip_counters", "next_state"
+]
 
 #: Counters are int32 (JAX's default integer) and saturate here instead of wrapping.
 COUNTER_MAX = 2**31 - 1
@@ -76,7 +79,8 @@ def next_state(policy: LossScale | RuleParams, state: LossScaleState, finite: An
             or a Python or numpy bool; False if any gradient held NaN or
             +-Inf. Anything else (an int, a float or int array, an array with
             dimensions) raises ``TypeError``: ``~1`` is ``-2``, not False.
-        xp: the array namespace of ``state`` (numpy, torch or jax.numpy).
+        xp: the array namespace of ``state`` (numpy, torch, jax.numpy, or
+            one of ``keras.ops`` over TensorFlow tensors).
 
     Cost: about 20 scalar element-wise ops on 0-d arrays; no host sync (the
     check of ``finite`` reads its dtype and shape only).
@@ -139,9 +143,16 @@ def next_skip_counters(skipped: Any, streak: Any, finite: Any, xp: Any) -> tuple
     ``xp`` as in :func:`next_state`, or :class:`_HostScalars` for numpy scalars.
     Cost: about 6 scalar ops; no host sync.
     """
-    skipped = skipped + (~finite & (skipped < COUNTER_MAX))
-    streak = xp.where(finite, 0, streak + (streak < COUNTER_MAX))
-    return skipped, streak
+    return xp.where(finite, skipped, count_up(skipped, xp)), xp.where(finite, 0, count_up(streak, xp))
+
+
+def count_up(counter: Any, xp: Any) -> Any:
+    """``counter + 1``, saturating at :data:`COUNTER_MAX`: a select, no bool added to an int, no overflow computed.
+
+    So TensorFlow's tensors (which refuse ``int32 + bool``) run the rule as
+    they are, and numpy scalars never warn.
+    """
+    return xp.where(counter < COUNTER_MAX, counter, COUNTER_MAX - 1) + 1
 
 
 def _next_state(params: RuleParams, state: LossScaleState, finite: Any, xp: Any) -> LossScaleState:

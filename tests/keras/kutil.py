@@ -18,9 +18,18 @@ import lossscale.keras as lsk
 BACKEND = keras.backend.backend()
 
 
+STATE_NAMES = ("dynamic_scale", "step_counter", "bad_steps", "skipped_steps", "consecutive_skips")
+
+
+def state_variables(opt: lsk.LossScaleOptimizer) -> list[Any]:
+    """The optimizer's five scale variables (found by name among its variables), in the reference's order."""
+    by_name = {v.name: v for v in opt.variables}
+    return [by_name[name] for name in STATE_NAMES]
+
+
 def numbers(opt: lsk.LossScaleOptimizer) -> tuple[float, int, int, int, int]:
     """The five state values of ``opt`` as Python numbers (the reference harness's order)."""
-    values = [ops.convert_to_numpy(v) for v in opt._state_variables()]
+    values = [ops.convert_to_numpy(v) for v in state_variables(opt)]
     return (float(values[0]), *(int(v) for v in values[1:]))  # type: ignore[return-value]
 
 

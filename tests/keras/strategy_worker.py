@@ -76,7 +76,7 @@ def check_skipped(model, opt, before) -> None:
             assert np.array_equal(copy_b, copy_a), "a replica's weights or slots changed on a skipped step"
     for name, variable, expected in (
         ("loss scale", opt.dynamic_scale, 2.0**9),
-        ("skipped_steps", opt._state_variables()[3], 1),
+        ("skipped_steps", next(v for v in opt.variables if v.name == "skipped_steps"), 1),
         ("iterations", opt.iterations, 0),
     ):
         values = [float(v) for v in per_replica(variable)]

@@ -7,7 +7,7 @@ import keras
 import numpy as np
 import pytest
 from keras import ops
-from kutil import BACKEND, compiled_stepper, eager_stepper, grad_for, numbers
+from kutil import BACKEND, compiled_stepper, eager_stepper, grad_for, numbers, state_variables
 
 import lossscale
 import lossscale.keras as lsk
@@ -89,7 +89,7 @@ def test_counters_are_int32_variables_and_saturate_like_the_core():
     opt = lsk.LossScaleOptimizer(keras.optimizers.SGD(0.1), 4)
     w = keras.Variable(np.zeros(2, np.float32))
     opt.build([w])
-    assert [keras.backend.standardize_dtype(v.dtype) for v in opt._state_variables()] == ["float32"] + ["int32"] * 4
-    opt._state_variables()[3].assign(2**31 - 1)
+    assert [keras.backend.standardize_dtype(v.dtype) for v in state_variables(opt)] == ["float32"] + ["int32"] * 4
+    state_variables(opt)[3].assign(2**31 - 1)
     opt.apply([ops.convert_to_tensor(grad_for(False))], [w])
     assert numbers(opt)[3] == 2**31 - 1

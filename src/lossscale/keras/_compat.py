@@ -23,14 +23,8 @@ __all__ = [
 
 
 def no_automatic_dependency_tracking(method: Callable[..., Any]) -> Callable[..., Any]:
-    """Keras' ``tracking.no_automatic_dependency_tracking``, which its own ``LossScaleOptimizer.build`` uses.
-
-    It keeps TensorFlow's checkpoint tracking from recording the variables
-    twice (once as attributes, once through ``add_variable``). Public
-    replacement: none yet (``keras.src.utils.tracking`` is private); without
-    it, the decorator is the identity, which only costs duplicate checkpoint
-    names under the TensorFlow backend.
-    """
+    """Keras' private ``tracking.no_automatic_dependency_tracking`` (its own ``LossScaleOptimizer.build`` uses it):
+    TensorFlow's checkpoint records the variables once, not also as attributes. Public replacement: none."""
     try:
         from keras.src.utils import tracking
     except ImportError:  # pragma: no cover - a Keras that moved it
@@ -65,13 +59,9 @@ def before_tf_restore(variable: Any, check: Callable[[Any], None]) -> bool:
 def inner_aggregation_off(inner: Any) -> Iterator[None]:
     """Within the block, Keras' TensorFlow optimizer ``inner`` does not all-reduce the gradients it applies.
 
-    Keras 3's ``TFOptimizer._all_reduce_sum_gradients`` (private) sums the
-    gradients over the replicas inside every ``apply``; the loss-scale
-    optimizer has already summed them (``experimental_aggregate_gradients=True``)
-    or the user has (``False``), so a second sum would multiply them by the
-    number of replicas. Public replacement: none (Keras 3's ``apply`` has no
-    ``experimental_aggregate_gradients``). The instance attribute shadows the
-    method for the block only (trace time under ``tf.function``).
+    Keras 3's private ``TFOptimizer._all_reduce_sum_gradients`` sums them in
+    every ``apply``; they are summed already (by the wrapper or the user), so
+    a second sum would multiply them by the replicas. Public replacement: none.
     """
     object.__setattr__(inner, "_all_reduce_sum_gradients", list)
     try:
@@ -83,10 +73,9 @@ def inner_aggregation_off(inner: Any) -> Iterator[None]:
 def checkpoint_node() -> Any:
     """A TensorFlow ``AutoTrackable`` to hang the scale variables on for ``tf.train.Checkpoint``, else None.
 
-    Variables set on it as attributes after a restore started (restore before
-    ``build``) receive their checkpointed values then (TF's deferred
-    restoration). Public replacement: ``tf.Module`` would do, but also tracks
-    itself by name; ``tf.__internal__.tracking.AutoTrackable`` is the bare one.
+    Variables set on it after a restore started receive their values then
+    (TF's deferred restoration). Public replacement: none (``tf.Module`` also
+    tracks itself by name).
     """
     if keras.backend.backend() != "tensorflow":
         return None
@@ -99,9 +88,8 @@ def checkpoint_children(inner: Any, node: Any, save_type: str, **kwargs: Any) ->
     """The wrapper's children in a ``tf.train.Checkpoint``: the inner optimizer's own, plus ``loss_scale``.
 
     So a checkpoint of the plain inner optimizer restores into the wrapper and
-    the reverse (tf-keras's behaviour), before or after ``build``: the
-    wrapper's graph is the inner's with one extra child. TensorFlow's private
-    ``Trackable._trackable_children``; public replacement: none.
+    the reverse (as tf-keras). TensorFlow's private ``_trackable_children``;
+    public replacement: none.
     """
     children = dict(inner._trackable_children(save_type, **kwargs))
     children["loss_scale"] = node

@@ -15,41 +15,45 @@ from typing import Any
 import keras
 from keras import ops
 
-from .. import LossScale, get
-from ._args import policy_config
+from .. import DynamicLossScale, FixedLossScale, LossScale, get, serialize
+from .._resolve import stable_form
 from ._tf_keras import inner_from_config, translate_config
 
-__all__ = ["policy_from_config", "read_config", "restore", "values_record", "write_config"]
+__all__ = ["read_config", "restore", "values_record", "write_config"]
+
+
+_EXTRAS = ("min_loss_scale", "max_loss_scale", "hysteresis")
+
+
+def _stable(policy: LossScale) -> dict[str, Any] | None:
+    """The stable form's keys (and the three extensions) that rebuild ``policy``, or None if they cannot."""
+    if type(policy) is FixedLossScale:
+        return stable_form(policy)
+    if type(policy) is DynamicLossScale and policy.multiplier == 2.0 and policy.backoff_factor is None:
+        default = DynamicLossScale()
+        return {**stable_form(policy), **{k: getattr(policy, k) for k in _EXTRAS if getattr(policy, k) != getattr(default, k)}}
+    return None
 
 
 def write_config(name: str, inner: Any, policy: LossScale, max_consecutive_skips: int | None) -> dict[str, Any]:
-    """tf-keras's keys (``inner_optimizer``, ``dynamic``, ``initial_scale``, ``dynamic_growth_steps``) and ours."""
+    """tf-keras's keys (``inner_optimizer``, and the stable form's when they say it all) and ours (``loss_scale``)."""
     config = {"name": name, "inner_optimizer": keras.saving.serialize_keras_object(inner)}
-    config.update(policy_config(policy))
+    config.update(_stable(policy) or {"loss_scale": serialize(policy)})
     if max_consecutive_skips is not None:
         config["max_consecutive_skips"] = max_consecutive_skips
     return config
-
-
-def policy_from_config(value: Any, custom_objects: Mapping[str, Any] | None = None) -> LossScale:
-    """A ``loss_scale`` config entry (ours, or TF's ``{"class_name", "config"}`` with Keras' extra keys).
-
-    A class of the user's own is looked up in ``custom_objects`` only.
-    """
-    if isinstance(value, Mapping):
-        value = {k: v for k, v in value.items() if k in ("class_name", "config")}
-    policy = get(value, custom_objects=custom_objects)
-    if policy is None:
-        raise ValueError("loss_scale=None in a config: drop the key for the default dynamic scale.")
-    return policy
 
 
 def read_config(config: Mapping[str, Any], custom_objects: Any = None) -> tuple[Any, dict[str, Any]]:
     """The inner optimizer and the constructor's keywords of a config (any tf-keras shape, Keras 3's, ours)."""
     config = translate_config(config)
     inner = inner_from_config(config.pop("inner_optimizer"), custom_objects)
-    if isinstance(config.get("loss_scale"), Mapping):
-        config["loss_scale"] = policy_from_config(config["loss_scale"], _merged(custom_objects))
+    value = config.get("loss_scale")
+    if isinstance(value, Mapping):  # ours, or TF's {"class_name", "config"} with Keras' extra keys
+        value = {k: v for k, v in value.items() if k in ("class_name", "config")}
+        config["loss_scale"] = get(value, custom_objects=_merged(custom_objects))  # a class of one's own: found only there
+        if config["loss_scale"] is None:
+            raise ValueError("loss_scale=None in a config: drop the key for the default dynamic scale.")
     return inner, config
 
 
@@ -67,11 +71,7 @@ def values_record(variables: list[Any]) -> dict[str, Any]:
 
 
 def restore(cls: Any, config: dict[str, Any], custom: dict[str, Any], values: Any, history: Any) -> Any:
-    """The optimizer of a pickled record: ``from_config``, then ``values`` loaded when it is built.
-
-    The optimizer cannot build before it is given the model's variables; the
-    values wait for :meth:`build` (through ``load_own_variables``).
-    """
+    """The optimizer of a pickled record: ``from_config``; ``values`` wait for :meth:`build` (the model's variables)."""
     opt = cls.from_config(dict(config), custom_objects=custom)
     opt.restore_on_build(values, history)
     return opt

@@ -1,22 +1,14 @@
-"""Passes over the gradients (unscale, check), and which of the two gradient contracts a call follows.
-
-Keras 3 (and ``model.fit``) hands ``apply``/``apply_gradients``/``stateless_apply``
-the gradients of the *scaled* loss; TF's loop hands ``apply_gradients``
-gradients that already went through ``get_unscaled_gradients``.
-:class:`UnscaleStage` tells them apart, as torch's ``GradScaler`` remembers an
-``unscale_()`` until the next ``step()``.
-"""
+"""Passes over the gradients through ``keras.ops``: the loss's scaling, the unscale, the finiteness check."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 from typing import Any
 
 import keras
 from keras import ops
 
-__all__ = ["UnscaleStage", "all_finite", "reciprocal", "scale_loss", "unscale"]
+__all__ = ["all_finite", "reciprocal", "scale_loss", "unscale"]
 
 _NARROW = ("float16", "bfloat16")
 
@@ -27,13 +19,7 @@ def _compute_dtype(dtype: str) -> str:
 
 
 def reciprocal(scale: Any, dtype: str = "float32") -> Any:
-    """``1 / scale`` computed and rounded once in ``dtype``.
-
-    IEEE division is correctly rounded, and rounding the float64 quotient to
-    float32 gives the same number (float64 has more than 2 * 24 + 2 bits), so
-    this is bit for bit the float64-exact reciprocal; exact for powers of two.
-    TF's ``get_unscaled_gradients`` multiplies by this reciprocal too.
-    """
+    """``1 / scale``, correctly rounded once in ``dtype`` (TF's ``get_unscaled_gradients`` multiplies by it)."""
     return ops.divide(ops.ones((), dtype), ops.cast(scale, dtype))
 
 
@@ -49,10 +35,9 @@ def scale_loss(loss: Any, scale: Any) -> Any:
 def unscale(grads: Sequence[Any], scale: Any, keep: Sequence[bool] | None = None) -> list[Any]:
     """A new list: each gradient times ``1/scale`` in at least float32, rounded back to its dtype.
 
-    None stays None; where ``keep[i]`` is True (a variable that Keras
-    overwrites with its "gradient") the value is passed through as it is.
-    Cost: one element-wise multiply per element; under ``tf.function``/``jit``
-    it fuses into the finiteness check and the inner update. No host sync.
+    None stays None; where ``keep[i]`` (a variable Keras overwrites with its
+    "gradient") the value passes as it is. Cost: one multiply per element
+    (fused into the check and the update under ``tf.function``/``jit``).
     """
     inverses: dict[str, Any] = {}
     out = []
@@ -83,23 +68,17 @@ def _each_finite(grads: Sequence[Any]) -> Any:
 
 
 def all_finite(grads: Sequence[Any]) -> Any:
-    """A 0-d bool tensor: True iff no gradient holds a NaN or an Inf (NaN and +-Inf alike).
+    """A 0-d bool tensor: True iff no gradient holds a NaN or an Inf (no gradient at all is finite).
 
-    On TensorFlow and JAX, float32/float64 gradients are first checked
-    through one sum of their sums: a finite sum implies every element is finite (a NaN
-    propagates; an Inf makes the sum +-Inf, or NaN beside an opposite Inf).
-    Only when that sum is not finite (a NaN or Inf, or finite values whose
-    sum overflows) does the exact ``all(isfinite(g))`` run, in a ``cond``, so
-    the result is always the exact one. Half-precision gradients, whose sums
-    overflow at 65504, and the torch backend use the exact check directly.
-    (XLA on CPU reduces a plain float32 sum several times faster than
-    ``all(isfinite(g))``; see ``lossscale.jax.all_finite``.)
+    On TensorFlow and JAX, float32/float64 gradients are first checked by
+    one sum of their sums: a finite sum implies every element is finite; only
+    when it is not (a NaN or Inf, or an overflow of finite values) does the
+    exact ``all(isfinite(g))`` run, in a ``cond``. Half-precision gradients
+    (whose sums overflow at 65504) and torch use the exact check. XLA on CPU
+    reduces a float32 sum several times faster than ``all(isfinite(g))``.
 
-    Cost: one read pass over the gradients (a sum: no intermediate bool
-    tensor; a second pass only on a step that holds a non-finite value). No
-    host sync under ``tf.function`` and ``jit``; in
-    eager TensorFlow the ``cond`` reads the sums' flag (one sync). No
-    gradient at all is finite.
+    Cost: one read pass (a second only on a non-finite step). No host sync
+    under ``tf.function`` and ``jit``; one in eager TensorFlow (the ``cond``).
     """
     present = [g for g in grads if g is not None]
     if keras.backend.backend() not in ("tensorflow", "jax"):
@@ -115,57 +94,3 @@ def all_finite(grads: Sequence[Any]) -> Any:
     sums = _conjunction([ops.isfinite(ops.sum(ops.stack(group))) for group in by_dtype.values()])
     finite = ops.cond(sums, lambda: ops.convert_to_tensor(True), lambda: _each_finite(wide))
     return ops.logical_and(finite, _each_finite(narrow)) if narrow else finite
-
-
-class UnscaleStage:
-    """Remembers a ``get_unscaled_gradients`` call until the next apply, and what it was given.
-
-    The rule, applied by :meth:`take` to the gradients of an apply:
-
-    * no ``get_unscaled_gradients`` since the last apply: the gradients are
-      scaled (Keras 3's contract) and are unscaled;
-    * there was one, and every gradient given is one of the *scaled* tensors
-      it was given (it was called on the side, e.g. for logging): scaled;
-    * there was one, and the gradients are anything else (what it returned,
-      or tensors computed from that, e.g. clipped): already unscaled (TF's
-      contract), not unscaled again.
-
-    The one pattern it cannot tell apart: calling ``get_unscaled_gradients``
-    and then applying *new* tensors computed from the scaled gradients
-    (clipping the scaled ones, a second ``tape.gradient``); those are taken
-    as unscaled. Under ``tf.function`` and ``jit`` the decision is made when
-    the step is traced, from the same Python calls.
-
-    The record is per thread, so per replica under ``tf.distribute``'s
-    ``MirroredStrategy`` (each replica runs its step in its own thread): one
-    replica's ``get_unscaled_gradients`` does not arm another's apply.
-    """
-
-    def __init__(self) -> None:
-        self._local = threading.local()
-
-    def note(self, scaled: Sequence[Any]) -> None:
-        """Records that ``scaled`` went through ``get_unscaled_gradients`` (in this thread)."""
-        self._local.inputs = tuple(g for g in scaled if g is not None)  # held so that their ids stay valid
-
-    def forget(self) -> None:
-        self._local.inputs = None
-
-    def take(self, grads: Sequence[Any]) -> bool:
-        """Whether ``grads`` are already unscaled (see the class docstring); forgets the call either way."""
-        inputs = getattr(self._local, "inputs", None)
-        self.forget()
-        if inputs is None:
-            return False
-        ids = {id(g) for g in inputs}
-        given = [g for g in grads if g is not None]
-        side = [id(g) in ids for g in given]
-        if given and all(side):
-            return False
-        if any(side):
-            raise ValueError(
-                "These gradients mix tensors that went into get_unscaled_gradients() (still scaled) with other "
-                "tensors (taken as already unscaled). Apply either all of what get_unscaled_gradients() returned, "
-                "or all of the scaled gradients (and let apply unscale them), not a mixture."
-            )
-        return True

@@ -17,7 +17,7 @@ import numpy as np
 
 from .._validate import check_state
 from ._compat import before_tf_restore
-from ._state import STATE_NAMES
+from ._step import STATE_NAMES
 
 __all__ = ["check_store", "guard_restores"]
 

@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import copy
+import gc
+import threading
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
 import keras
+import numpy as np
+from keras import ops
 
+from .. import LossScale
 from .._auto import check_stats_every
-from .._resolve import resolve_loss_scale
-from ._attributes import ScaleAttributes
+from .._resolve import resolve_loss_scale, stable_form
 from ._compat import (
     HIDDEN_FROM_DIR,
     LegacyCheckpoint,
@@ -19,22 +24,130 @@ from ._compat import (
     no_automatic_dependency_tracking,
 )
 from ._config import read_config, restore, values_record, write_config
-from ._distribute import in_replica_of_strategy, replica_apply
-from ._grads import UnscaleStage, all_finite, scale_loss, unscale
-from ._inner import check_inner, claim, forward_inner_settings, refuse_base_arguments
+from ._diagnostics import StepObserver
+from ._distributed import in_replica_of_strategy, replica_apply
+from ._grads import all_finite, scale_loss, unscale
 from ._loaded import check_store, guard_restores
-from ._observer import StepObserver
-from ._state import ScaleState
 from ._stats import StatsVariables
-from ._step import apply_step, check_apply_args, check_stateless_args, jax_apply, stateless_step
+from ._step import ScaleState, apply_step, jax_apply, stateless_step
 from ._tf_methods import TFMethods
 
 __all__ = ["LossScaleOptimizer"]
 
+#: Base-optimizer settings that are the inner optimizer's: refused by the constructor, read and written through.
+_INNER_SETTINGS = (
+    "weight_decay", "clipnorm", "clipvalue", "global_clipnorm", "use_ema", "ema_momentum", "ema_overwrite_frequency",
+    "gradient_accumulation_steps",
+)
+
+_OWNERS: weakref.WeakKeyDictionary[Any, weakref.ref[Any]] = weakref.WeakKeyDictionary()  # inner -> its one wrapper
+
+
+def _check_arguments(inner: Any, kwargs: dict[str, Any]) -> None:
+    """Raises unless ``inner`` is a Keras 3 optimizer without a scale of its own, and ``kwargs`` is empty."""
+    settings = [k for k in kwargs if k in _INNER_SETTINGS or k in ("loss_scale_factor", "learning_rate")]
+    if settings:
+        shown = ", ".join(f"{k}={kwargs[k]!r}" for k in settings)
+        raise ValueError(
+            f"LossScaleOptimizer does not take {shown}: the update is the inner optimizer's, so set it on "
+            f"inner_optimizer, e.g. LossScaleOptimizer(keras.optimizers.Adam(1e-3, {shown}))"
+            + (" (a loss scale goes in loss_scale= here instead)." if "loss_scale_factor" in kwargs else ".")
+        )
+    if kwargs:
+        raise TypeError(f"LossScaleOptimizer() got unexpected keyword arguments: {', '.join(sorted(kwargs))}.")
+    if isinstance(inner, keras.optimizers.LossScaleOptimizer):
+        raise TypeError(
+            "inner_optimizer is already a LossScaleOptimizer; wrapping it again would scale twice. Use it as it "
+            "is, or wrap its inner_optimizer."
+        )
+    if not isinstance(inner, keras.optimizers.Optimizer):
+        raise TypeError(
+            f"inner_optimizer must be a keras.optimizers.Optimizer instance (Keras 3), got {type(inner).__name__}. "
+            "Build it first, e.g. LossScaleOptimizer(keras.optimizers.AdamW(1e-3)); for a serialized Keras 2 "
+            "optimizer use LossScaleOptimizer.from_config."
+        )
+    if inner.loss_scale_factor is not None:
+        raise ValueError(
+            f"inner_optimizer has loss_scale_factor={inner.loss_scale_factor!r}, a second, fixed loss scale. "
+            "Drop it from the inner optimizer and pass it here instead: "
+            f"LossScaleOptimizer(inner, loss_scale={inner.loss_scale_factor!r})."
+        )
+
+
+def _claim(inner: Any, wrapper: Any) -> None:
+    """Records ``wrapper`` as ``inner``'s only wrapper; raises if another live one holds it (as tf-keras):
+    two wrappers would share its slots and ``iterations`` but keep two scales."""
+    owner = _OWNERS.get(inner)
+    if owner is not None and owner() is not None:
+        gc.collect()  # a wrapper kept only by a reference cycle is gone after this
+        owner = _OWNERS.get(inner)
+    holder = owner() if owner is not None else None
+    if holder is not None and holder is not wrapper:
+        raise ValueError(
+            f"inner_optimizer {inner.name!r} is already wrapped by another LossScaleOptimizer ({holder.name!r}): "
+            "two wrappers would share its slots and iterations but keep two loss scales. Use that wrapper, or "
+            "wrap a new inner optimizer (e.g. keras.optimizers.Adam.from_config(inner.get_config()))."
+        )
+    _OWNERS[inner] = weakref.ref(wrapper)
+
+
+def _forward(name: str) -> property:
+    """A property reading and writing the inner optimizer's ``name`` (None until the inner is set)."""
+
+    def read(self: Any) -> Any:
+        inner = self.__dict__.get("inner_optimizer")
+        return getattr(inner, name) if inner is not None else None
+
+    def write(self: Any, value: Any) -> None:
+        inner = self.__dict__.get("inner_optimizer")
+        if inner is not None:  # the base class's __init__ writes its defaults before the inner is set
+            setattr(inner, name, value)
+
+    return property(read, write, doc=f"The inner optimizer's ``{name}``.")
+
+
+class UnscaleStage:
+    """Which of the two gradient contracts an apply follows: remembers ``get_unscaled_gradients`` until then.
+
+    :meth:`take` reads the gradients of an apply as scaled (Keras 3's contract:
+    they are unscaled) when no ``get_unscaled_gradients`` came since the last
+    apply, or when every gradient is one of the scaled tensors it was given (a
+    call on the side, e.g. for logging); anything else (what it returned, or
+    tensors computed from that, e.g. clipped) is already unscaled (TF's
+    contract). New tensors computed from the scaled gradients after such a
+    call are taken as unscaled: the one pattern it cannot tell apart. Under
+    ``tf.function`` and ``jit`` this is decided when the step is traced. The
+    record is per thread, so per replica under ``MirroredStrategy``.
+    """
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+
+    def note(self, scaled: Sequence[Any]) -> None:
+        self._local.inputs = tuple(g for g in scaled if g is not None)  # held so that their ids stay valid
+
+    def take(self, grads: Sequence[Any]) -> bool:
+        """Whether ``grads`` are already unscaled; forgets the call either way."""
+        inputs = getattr(self._local, "inputs", None)
+        self._local.inputs = None
+        if inputs is None:
+            return False
+        ids = {id(g) for g in inputs}
+        given = [g for g in grads if g is not None]
+        side = [id(g) in ids for g in given]
+        if given and all(side):
+            return False
+        if any(side):
+            raise ValueError(
+                "These gradients mix tensors that went into get_unscaled_gradients() (still scaled) with other "
+                "tensors (taken as already unscaled). Apply either all of what get_unscaled_gradients() returned, "
+                "or all of the scaled gradients (and let apply unscale them), not a mixture."
+            )
+        return True
+
 
 @keras.saving.register_keras_serializable(package="lossscale")
-@forward_inner_settings
-class LossScaleOptimizer(ScaleAttributes, TFMethods, keras.optimizers.LossScaleOptimizer):
+class LossScaleOptimizer(TFMethods, keras.optimizers.LossScaleOptimizer):
     """An optimizer that applies loss scaling; TF's ``tf.keras.mixed_precision.LossScaleOptimizer`` for Keras 3.
 
     The loss is multiplied by ``S`` before differentiation and the gradients by
@@ -52,9 +165,9 @@ class LossScaleOptimizer(ScaleAttributes, TFMethods, keras.optimizers.LossScaleO
     fixed mode applies it). ``iterations`` does not advance on a skipped step
     (Keras 3's convention; tf-keras advanced it).
 
-    A subclass of ``keras.optimizers.LossScaleOptimizer``, so that under the
-    ``mixed_float16`` policy ``model.compile`` keeps it as it is. The state is
-    five Keras variables (see ``_state.py``); ``.keras`` files save them.
+    A subclass of ``keras.optimizers.LossScaleOptimizer`` (``model.compile``
+    under ``mixed_float16`` keeps it as it is); the state is five Keras
+    variables, which ``.keras`` files save.
 
     Args:
         inner_optimizer: the ``keras.optimizers.Optimizer`` instance to wrap.
@@ -89,38 +202,22 @@ class LossScaleOptimizer(ScaleAttributes, TFMethods, keras.optimizers.LossScaleO
     """
 
     def __init__(
-        self,
-        inner_optimizer: Any,
-        loss_scale: Any = None,
-        *,
-        dynamic: bool | None = None,
-        initial_scale: float | None = None,
-        dynamic_growth_steps: int | None = None,
-        min_loss_scale: float | None = None,
-        max_loss_scale: float | None = None,
-        hysteresis: int | None = None,
-        max_consecutive_skips: int | None = None,
-        history: Any = None,
-        stats_every: int | None = None,
-        name: str | None = None,
-        **kwargs: Any,
+        self, inner_optimizer: Any, loss_scale: Any = None, *, dynamic: bool | None = None,
+        initial_scale: float | None = None, dynamic_growth_steps: int | None = None,
+        min_loss_scale: float | None = None, max_loss_scale: float | None = None, hysteresis: int | None = None,
+        max_consecutive_skips: int | None = None, history: Any = None, stats_every: int | None = None,
+        name: str | None = None, **kwargs: Any,
     ) -> None:
-        refuse_base_arguments(kwargs)
-        check_inner(inner_optimizer)
+        _check_arguments(inner_optimizer, kwargs)
         policy = resolve_loss_scale(
-            loss_scale,
-            dynamic=dynamic,
-            initial_scale=initial_scale,
-            dynamic_growth_steps=dynamic_growth_steps,
-            min_loss_scale=min_loss_scale,
-            max_loss_scale=max_loss_scale,
-            hysteresis=hysteresis,
+            loss_scale, dynamic=dynamic, initial_scale=initial_scale, dynamic_growth_steps=dynamic_growth_steps,
+            min_loss_scale=min_loss_scale, max_loss_scale=max_loss_scale, hysteresis=hysteresis,
         )
         observer = StepObserver(history, max_consecutive_skips)
         every = check_stats_every(stats_every, policy)
         # Keras' own __init__ rejects dynamic=False and takes no policy: initialise its base instead.
         super(keras.optimizers.LossScaleOptimizer, self).__init__(learning_rate=0.0, name=name)
-        claim(inner_optimizer, self)
+        _claim(inner_optimizer, self)
         self.inner_optimizer = inner_optimizer
         self._policy = policy
         self._scale = ScaleState(policy.rule_params(), observer)
@@ -186,9 +283,79 @@ class LossScaleOptimizer(ScaleAttributes, TFMethods, keras.optimizers.LossScaleO
     def __dir__(self) -> list[str]:
         return [name for name in super().__dir__() if name not in HIDDEN_FROM_DIR]
 
-    def _state_variables(self) -> list[Any]:
-        """The scale state's variables, in :data:`STATE_NAMES` order (empty until built)."""
-        return list(self._scale.variables)
+    # ------------------------------------------------------------ attributes
+
+    @property
+    def dynamic(self) -> bool:
+        """Whether the loss scale changes during training."""
+        return self._scale.params.dynamic
+
+    @property
+    def initial_scale(self) -> float:
+        """The initial loss scale (the only one, when fixed)."""
+        return self._scale.params.initial_scale
+
+    @property
+    def dynamic_growth_steps(self) -> int | None:
+        """Finite steps in a row before the scale grows, or None if fixed."""
+        return stable_form(self._policy)["dynamic_growth_steps"]
+
+    @property
+    def loss_scale_policy(self) -> LossScale:
+        """The :class:`lossscale.LossScale` followed."""
+        return self._policy
+
+    @property
+    def loss_scale(self) -> Any:
+        """The current loss scale, a 0-d float32 tensor (no sync until converted)."""
+        return self._scale.value(0, self._scale.params.initial_scale, "float32")
+
+    @property
+    def dynamic_counter(self) -> Any:
+        """Finite steps since the scale last changed (0-d int32), or None if fixed."""
+        return self._scale.value(1, 0) if self.dynamic else None
+
+    @property
+    def skipped_steps(self) -> Any:
+        """Steps skipped so far, a 0-d int32 tensor (saturating; saved)."""
+        return self._scale.value(3, 0)
+
+    @property
+    def consecutive_skips(self) -> Any:
+        """Steps skipped in a row up to the last one (0-d int32)."""
+        return self._scale.value(4, 0)
+
+    @property
+    def last_step_skipped(self) -> Any:
+        """Whether the last step was skipped, a 0-d bool tensor."""
+        return ops.greater(self.consecutive_skips, 0)
+
+    @property
+    def stats_every(self) -> int | None:
+        """Measure the gradients every N-th apply (None: off)."""
+        return None if self._scale.stats is None else self._scale.stats.every
+
+    @property
+    def gradient_stats(self) -> dict[str, Any] | None:
+        """The latest sample of ``stats_every`` (None when off or before build): 0-d and ``(T,)`` tensors.
+
+        Keys ``step`` (-1 before the first sample), ``amax``, ``headroom_bits``,
+        ``zero_fraction``, ``subnormal_fraction``, ``rms_min`` and ``per_tensor``
+        (``names``: the variables' paths). No copy, no host sync.
+        """
+        return None if self._scale.stats is None else self._scale.stats.mapping()
+
+    def _stats_progress(self) -> tuple[int, int] | None:
+        """``(stats_every, applies so far)`` for ``lossscale.underflow_report``'s errors; None when off (host read)."""
+        stats = self._scale.stats
+        if stats is None:
+            return None
+        return stats.every, int(np.asarray(ops.convert_to_numpy(stats.count))) if stats.built else 0
+
+    @property
+    def history(self) -> Any:
+        """The :class:`lossscale.History` being recorded, or None."""
+        return self._scale.observer.history
 
     # ------------------------------------------------------------ scaling
 
@@ -237,7 +404,14 @@ class LossScaleOptimizer(ScaleAttributes, TFMethods, keras.optimizers.LossScaleO
         if trainable_variables is not None and not self.built:
             with keras.name_scope(self.name, caller=self):
                 self.build(list(trainable_variables))
-        variables = check_apply_args(grads, trainable_variables, self.built, self._trainable_variables)
+        if trainable_variables is None and not self.built:
+            raise ValueError(
+                "apply(grads) without trainable_variables needs a built optimizer: pass the variables, "
+                "or call optimizer.build(model.trainable_variables) first."
+            )
+        variables = list(self._trainable_variables if trainable_variables is None else trainable_variables)
+        if len(grads) != len(variables):
+            raise ValueError(f"Got {len(grads)} gradients for {len(variables)} variables; pass one per variable.")
         already = self._stage.take(grads)
         backend = keras.backend.backend()
         if backend == "jax":
@@ -252,15 +426,25 @@ class LossScaleOptimizer(ScaleAttributes, TFMethods, keras.optimizers.LossScaleO
         self, optimizer_variables: Sequence[Any], grads: Sequence[Any], trainable_variables: Sequence[Any]
     ) -> tuple[list[Any], list[Any]]:
         """The pure form of :meth:`apply` (what ``fit`` on JAX calls): new weights and optimizer variables."""
-        check_stateless_args(
-            self.built, optimizer_variables, self.variables, trainable_variables, self._trainable_variables
-        )
+        if keras.backend.backend() == "tensorflow":
+            raise ValueError(
+                "stateless_apply is not supported with the TensorFlow backend (as it is incompatible with "
+                "tf.distribute): use apply() or apply_gradients()."
+            )
+        if not self.built:
+            raise ValueError(
+                "stateless_apply needs a built optimizer: call optimizer.build(model.trainable_variables) first."
+            )
+        values, own, trainable = optimizer_variables, self.variables, self._trainable_variables
+        if len(values) != len(own) or len(trainable_variables) != len(trainable):
+            raise ValueError(
+                f"stateless_apply takes one value per optimizer variable ({len(own)}, got {len(values)}) and "
+                f"per trainable variable it was built with ({len(trainable)}, got {len(trainable_variables)})."
+            )
         grads = list(grads)
         already = self._stage.take(grads)
-        own, trainable, values = self._variables, self._trainable_variables, optimizer_variables
-        return stateless_step(
-            self._scale, self.inner_optimizer, own, trainable, values, grads, trainable_variables, already
-        )
+        own = self._variables
+        return stateless_step(self._scale, self.inner_optimizer, own, trainable, values, grads, trainable_variables, already)
 
     def apply_gradients(
         self, grads_and_vars: Any, name: str | None = None, experimental_aggregate_gradients: bool = True
@@ -269,12 +453,9 @@ class LossScaleOptimizer(ScaleAttributes, TFMethods, keras.optimizers.LossScaleO
 
         TF's signature. Under a ``tf.distribute`` strategy,
         ``experimental_aggregate_gradients=True`` sums the gradients over the
-        replicas before the check (so that a NaN or Inf on one replica skips
-        the step on all); with False the caller has summed them (e.g.
-        ``tf.distribute.get_replica_context().all_reduce("sum", grads)``) and
-        they are applied as given. Without a strategy both are the same.
-        ``name`` is accepted for TF's signature and unused (Keras 3
-        names its ops after the optimizer).
+        replicas before the check (a NaN or Inf on one replica skips the step
+        on all); with False the caller has summed them and they are applied as
+        given. ``name`` is unused (Keras 3 names its ops after the optimizer).
         """
         pairs = list(grads_and_vars)
         if not pairs:
@@ -317,3 +498,7 @@ class LossScaleOptimizer(ScaleAttributes, TFMethods, keras.optimizers.LossScaleO
     def __repr__(self) -> str:
         inner = type(self.inner_optimizer).__name__
         return f"<lossscale.keras.LossScaleOptimizer {self.name!r} {self._policy!r} inner={inner}>"
+
+
+for _name in _INNER_SETTINGS:
+    setattr(LossScaleOptimizer, _name, _forward(_name))

@@ -1,23 +1,17 @@
 """``stats_every`` for Keras: the measurement of the scaled gradients, and the variables that keep the sampler.
 
-When to sample, the kept sample, the scale rule that reads it and the step
-count are the core's :func:`lossscale._sampler.next_sampler_state` over the
-backend's namespace (:mod:`._xp`). Here: the per-tensor
-:func:`lossscale._stats.tensor_sums` of the gradients as given to ``apply``
-(times ``S`` if already unscaled), and non-trainable variables from the
-optimizer's ``add_variable`` (``stats_count``, 11 ``stats_*``, with
-``AutoLossScale`` 5 ``auto_*``) that compiled steps carry and ``.keras``
-files, checkpoints and pickles save. With the inner optimizer's
-``gradient_accumulation_steps`` each apply passes one micro-batch: each
-sample is one micro-batch's float16 backward (``micro_batches`` stays 1).
-tf.distribute combines the replicas' sums (:mod:`._distribute`).
+The core's :func:`lossscale._sampler.next_sampler_state` over :data:`._step.XP`
+decides when to sample, keeps the sample, runs the rule and counts. Here:
+the per-tensor :func:`lossscale._stats.tensor_sums` of the gradients as
+given to ``apply`` (times ``S`` if already unscaled; with
+``gradient_accumulation_steps``, one micro-batch's), and the variables
+(``stats_count``, 11 ``stats_*``, with ``AutoLossScale`` 5 ``auto_*``) that
+compiled steps carry and ``.keras`` files, checkpoints and pickles save.
 
-Cost, sampled: one read pass per gradient (four reductions), ~15 ops per
-tensor, ~60 scalar ops. Unsampled: the ``cond`` (a Python ``if`` on torch:
-one host read of the flag) and ~25 small ops. No host sync otherwise.
-Measured (``benchmarks/bench_stats.py``, 2-core CPU, 1M-parameter MLP,
-``train_on_batch``): 1.18-1.35x the step at ``N=1``, 1.02-1.06x at ``N=16``;
-1.01-1.02x at ``N=16`` with 10M parameters.
+Cost, sampled: one read pass per gradient (four reductions), ~60 scalar ops.
+Unsampled: the ``cond`` (on torch a Python ``if``: one host read) and ~25
+small ops. Measured (``benchmarks/bench_stats.py``, 2-core CPU, 1M-parameter
+MLP): 1.18-1.35x the step at ``N=1``, 1.02-1.06x at ``N=16``.
 """
 
 from __future__ import annotations
@@ -34,13 +28,14 @@ from .._policy import LossScale
 from .._rule import LossScaleState
 from .._sampler import SamplerState, is_due, next_sampler_state
 from .._stats import GradientStats, as_mapping, empty_stats, summarize, tensor_sums
-from ._xp import namespace, unwrap, wrap
+from ._step import XP
 
 __all__ = ["StatsVariables"]
 
 
 def _read(variable: Any) -> Any:
-    """A variable's value; a copy except on JAX (torch updates in place; TF may hand over the variable)."""
+    """A variable's value now: a copy except on JAX (torch updates in place; TF may hand over the variable).
+    Not ``_step.read``: the step calls this module, which would then call back into the step."""
     value = ops.convert_to_tensor(variable)
     return value if keras.backend.backend() == "jax" else ops.copy(value)
 
@@ -77,7 +72,7 @@ class StatsVariables:
     def due(self) -> tuple[Any, Any]:
         """``(count, sampled)``: a copy of the count (the sample's step) and whether this apply is sampled."""
         count = _read(self.count)
-        return count, unwrap(is_due(self.every, wrap(count)))
+        return count, is_due(self.every, count)
 
     def stored(self) -> tuple[Any, ...]:
         return tuple(_read(v) for v in self.sample)
@@ -99,16 +94,15 @@ class StatsVariables:
         """The ``(4, T)`` float32 :func:`~lossscale._stats.tensor_sums` of the scaled gradients (empty ones: 0)."""
         def sums(g: Any) -> Any:
             g = ops.multiply(ops.cast(g, "float32"), ops.cast(scale, "float32")) if already else g
-            return ops.stack([unwrap(x) for x in tensor_sums(wrap(g), namespace())])
+            return ops.stack(list(tensor_sums(g, XP)))
 
         return ops.stack([sums(g) if n else ops.zeros((4,), "float32") for g, n in zip(slots, sizes)], axis=1)
 
     def summary(self, sums: Any, sizes: Sequence[int], count: Any, replicas: int = 1) -> tuple[Any, ...]:
         """The :class:`GradientStats` values of :meth:`table`'s sums (over ``replicas`` tensors of each size)."""
-        columns = [tuple(wrap(sums[k, t]) for k in range(4)) for t in range(len(sizes))]
+        columns = [tuple(sums[k, t] for k in range(4)) for t in range(len(sizes))]
         on = {"device": count.device} if keras.backend.backend() == "torch" else {}
-        sample = summarize(columns, [n * replicas for n in sizes], wrap(count), namespace(), **on)
-        return tuple(unwrap(x) for x in sample)
+        return tuple(summarize(columns, [n * replicas for n in sizes], count, XP, **on))
 
     def measure(self, grads: Sequence[Any], variables: Sequence[Any], scale: Any, already: bool) -> Any:
         """``(sample, sampled)`` of this apply; ``sample`` is None on torch when not sampled."""
@@ -127,20 +121,18 @@ class StatsVariables:
     def advance(self, state: LossScaleState, finite: Any, measured: Any) -> tuple[LossScaleState, GradientStats]:
         """The new scale state and kept sample by :func:`~lossscale._sampler.next_sampler_state`; assigns the sampler."""
         sample, sampled = measured
-        auto = AutoState(*(wrap(_read(v)) for v in self.auto)) if self.auto else None
-        given = None if sample is None else GradientStats(*map(wrap, sample))
+        auto = AutoState(*(_read(v) for v in self.auto)) if self.auto else None
+        given = None if sample is None else GradientStats(*sample)
         # measure() chose this step's sample already (its cond kept the stored one when not sampled): it is the kept
         # sample, so the sampler selects nothing again (no second read of the 11 variables, no where per field).
-        kept_in = given if given is not None else GradientStats(*map(wrap, self.stored()))
-        sampler = SamplerState(wrap(_read(self.count)), kept_in, auto)
-        new, after = next_sampler_state(
-            self.policy, LossScaleState(*map(wrap, state)), sampler, wrap(finite), given, wrap(sampled), namespace()
-        )
-        kept = GradientStats(*map(unwrap, after.sample))
+        kept_in = given if given is not None else GradientStats(*self.stored())
+        sampler = SamplerState(_read(self.count), kept_in, auto)
+        new, after = next_sampler_state(self.policy, state, sampler, finite, given, sampled, XP)
+        kept = after.sample
         written = list(zip(self.sample, kept)) if sample is not None else []
         for variable, value in [(self.count, after.count), *written, *zip(self.auto, after.auto or ())]:
-            variable.assign(unwrap(value))
-        return LossScaleState(*map(unwrap, new)), kept
+            variable.assign(value)
+        return new, kept
 
     def mapping(self) -> dict[str, Any] | None:
         """``gradient_stats``: the kept sample as :func:`lossscale._stats.as_mapping` (None until built). No sync."""

@@ -1,24 +1,12 @@
 """Configs written by tf-keras's ``LossScaleOptimizer`` (Keras 2), translated for Keras 3.
 
-Three shapes of wrapper config exist:
-
-* TF <= 2.3 (experimental class): ``{"optimizer": <inner>, "loss_scale": {"class_name":
-  "DynamicLossScale" | "FixedLossScale", "config": {...}}}``;
-* TF 2.4+ (stable class, and ``LossScaleOptimizerV3`` for the TF 2.11+ optimizers):
-  ``{"inner_optimizer": <inner>, "dynamic": bool, "initial_scale": float, "dynamic_growth_steps": int | None}``;
-* Keras 3's own: ``{"name", "inner_optimizer", "initial_scale", "dynamic_growth_steps"}``, in older
-  releases also the base optimizer's keys at their defaults.
-
-``<inner>`` is a serialized Keras 2 optimizer, ``{"class_name": "Adam", "config": {...}}``, in TF 2.11+
-with ``"module"``/``"registered_name"``. Its config may carry keys Keras 3 rejects or ignores:
-
-* ``is_legacy_optimizer``: which Keras 2 class family; no setting, dropped;
-* ``jit_compile``: Keras 3 compiles the whole train step instead (``model.compile(jit_compile=...)``,
-  "auto" by default); dropped, with a warning when it was True;
-* ``decay``: Keras 2's ``lr / (1 + decay * iterations)``; translated exactly into
-  ``keras.optimizers.schedules.InverseTimeDecay(lr, decay_steps=1, decay_rate=decay)``; dropped with a
-  warning only if the learning rate was already a schedule (Keras 2 applied both);
-* ``lr``: the old name of ``learning_rate``.
+Three wrapper shapes: TF <= 2.3's (``optimizer``, ``loss_scale``), TF 2.4+'s
+(``inner_optimizer``, ``dynamic``, ``initial_scale``, ``dynamic_growth_steps``)
+and Keras 3's own (older releases add the base optimizer's keys at their
+defaults). A Keras 2 inner optimizer's ``is_legacy_optimizer`` and
+``jit_compile`` are dropped, ``lr`` is ``learning_rate``, and ``decay`` is
+``InverseTimeDecay(lr, 1, decay)`` exactly. The table is docs/keras.md's
+"Configs from tf-keras".
 """
 
 from __future__ import annotations

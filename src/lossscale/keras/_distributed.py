@@ -1,40 +1,23 @@
 """The step under ``tf.distribute`` (``MirroredStrategy``, ``MultiWorkerMirroredStrategy``), TensorFlow backend.
 
-Per step, in each replica (the replica context ``strategy.run`` and ``fit``
-give)::
+Per step, in each replica (``strategy.run``, ``fit``)::
 
     sums = cond(sampled, this replica's tensor_sums of g, 0)   # stats_every only, before the all-reduce
-    g = all_reduce(SUM, g) if experimental_aggregate_gradients else g   # one all-reduce
+    g = all_reduce(SUM, g) if experimental_aggregate_gradients else g
     u = g if already unscaled else g * (1/S); finite = all(isfinite(u))
     merge_call:                                        # cross-replica, once per step
-        finite = finite of replica 0 (all equal: every replica holds the same sums)
-        sample = cond(sampled, summarize(gather(sums) combined), kept)   # stats_every only: one gather
+        finite = replica 0's (all equal); without aggregation: no replica's flag is False (a scalar all-reduce)
+        sample = cond(sampled, summarize(gather(sums)), kept)   # stats_every only: one gather of 4 * T floats
         if finite: each replica runs inner.apply(u)    # its own all-reduce switched off
-        S, counters = next_state(...)                  # one assign of the mirrored state (or the core's sampler)
+        S, counters = next_state(...)                  # one assign of the mirrored state
 
-With ``experimental_aggregate_gradients=False`` the replicas' gradients may
-differ (the user aggregated them, or did not), so the flags are summed over
-the replicas instead (one scalar all-reduce). Either way every replica takes
-the same branch: on a skip the weights, the inner optimizer's slots and
-``iterations`` stay as they were everywhere, and the scale backs off once.
-
-The branch is taken in the cross-replica context, as tf-keras did: a ``cond``
-whose branch reaches a ``merge_call`` (the inner optimizer's update) cannot
-run in a replica context. Host syncs: none under ``tf.function``.
-
-``stats_every``: each replica measures the scaled gradients its own float16
-backward produced (its ``(4, T)`` :func:`lossscale._stats.tensor_sums`, before
-the all-reduce), and the sample combines them as if the replicas' tensors lay
-side by side: ``amax`` the max over replicas, zeros, subnormals and sums of
-squares summed, each size times the replicas. So the fractions and RMS are
-those of one replica's backward on average, not of the summed gradient (whose
-zeros and subnormals no backward produced). With
-``experimental_aggregate_gradients=False`` the gradients given are measured
-(the same on every replica after the user's all-reduce: then the sample is
-theirs). Cost when sampled: one pass per gradient per replica and one gather
-of ``4 * T`` floats per replica (a collective under
-``MultiWorkerMirroredStrategy``), in ``cond`` branches on the step's mirrored
-count; unsampled, the two ``cond`` ops and the sampler's scalar ops.
+Every replica takes the same branch, so a skip leaves weights, slots and
+``iterations`` alike everywhere and the scale backs off once. The branch is
+taken in the cross-replica context (as tf-keras): a ``cond`` whose branch
+reaches a ``merge_call`` cannot run in a replica context. The sample treats
+the replicas' float16 backwards as lying side by side (``amax`` the max, the
+counts and sums of squares summed, sizes times the replicas). Host syncs:
+none under ``tf.function``.
 """
 
 from __future__ import annotations
@@ -44,8 +27,7 @@ from typing import Any
 from keras import ops
 
 from ._compat import inner_aggregation_off
-from ._state import ScaleState
-from ._step import unscale_and_check
+from ._step import ScaleState, unscale_and_check
 
 __all__ = ["in_replica_of_strategy", "replica_apply"]
 

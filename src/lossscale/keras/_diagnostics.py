@@ -3,39 +3,75 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from numbers import Integral
 from typing import Any
 
+import keras
 import numpy as np
 from keras import ops
-from keras.backend import backend as keras_backend
 
 from .. import History, LossScaleError
 from .._history import STATS_COLUMNS
-from ._backend import is_symbolic, on_host
 
-__all__ = ["StepObserver"]
+__all__ = ["StepObserver", "is_symbolic", "on_host"]
+
+
+def is_symbolic(x: Any) -> bool:
+    """True if ``x`` is being traced (``tf.function`` graph tensor, JAX tracer), so not readable on the host."""
+    backend = keras.backend.backend()
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        return not tf.executing_eagerly()
+    if backend == "jax":
+        import jax
+
+        return isinstance(x, jax.core.Tracer)
+    return False
+
+
+def on_host(fn: Callable[..., None], *args: Any, every_device: bool = False) -> None:
+    """Calls ``fn`` with ``args`` as numpy values: now when they are concrete, else from the compiled step.
+
+    Inside ``tf.function`` a ``tf.py_function`` op, under ``jax.jit`` an ordered ``jax.debug.callback``: one
+    device-to-host transfer per call. With ``every_device`` on several JAX devices, once per device.
+    """
+    if not any(is_symbolic(a) for a in args):
+        fn(*(ops.convert_to_numpy(a) for a in args))
+        return
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        def run(*tensors: Any) -> list[Any]:
+            fn(*(t.numpy() for t in tensors))
+            return []
+
+        tf.py_function(run, list(args), Tout=[])
+        return
+    import jax
+
+    if jax.device_count() == 1:
+        jax.debug.callback(fn, *args, ordered=True)
+    elif every_device:  # once per device (``fn`` must be stateless): a raise stops every device's program
+        jax.debug.callback(fn, *args, partitioned=True)
+    else:  # ordered effects are refused over several devices; this runs once per step
+        jax.debug.callback(fn, *args)
 
 
 class StepObserver:
     """Records each step in a :class:`lossscale.History` and/or raises after too many skips in a row.
 
-    Off (no cost) unless ``history`` or ``max_consecutive_skips`` is set. On,
-    each step passes three scalars to the host: directly in eager code (one
-    sync), through ``tf.py_function``/``jax.debug.callback`` in compiled
-    steps. Losses are recorded when :meth:`note_loss` got a concrete one
-    (eager code); compiled steps record NaN.
+    Off (no cost) unless ``history`` or ``max_consecutive_skips`` is set; on, each step passes three scalars to
+    the host (:func:`on_host`). Losses are recorded in eager code (:meth:`note_loss`); compiled steps record NaN.
     """
 
     def __init__(self, history: Any = None, max_consecutive_skips: int | None = None) -> None:
-        if history is None or history is False:
-            self.history: History | None = None
-        elif history is True:
-            self.history = History()
-        elif isinstance(history, History):
-            self.history = history
-        else:
+        if history is True:
+            history = History()
+        elif history is False:
+            history = None
+        elif history is not None and not isinstance(history, History):
             raise TypeError(f"history must be True, False/None or a lossscale.History, got {type(history).__name__}.")
         if max_consecutive_skips is not None:
             if isinstance(max_consecutive_skips, bool) or not isinstance(max_consecutive_skips, Integral):
@@ -46,32 +82,31 @@ class StepObserver:
                 )
             max_consecutive_skips = int(max_consecutive_skips)
         self.max_consecutive_skips = max_consecutive_skips
+        self.history = history
         self._step = 0
         self._loss: Any = None
         self._defer = False
         self._pending: LossScaleError | None = None
 
     @property
-    def active(self) -> bool:
-        return self.history is not None or self.max_consecutive_skips is not None
+    def history(self) -> History | None:
+        """The record (None: off); setting it also sets ``active``, a plain attribute the step reads for free."""
+        return self._history
+
+    @history.setter
+    def history(self, history: History | None) -> None:
+        self._history = history
+        self.active = history is not None or self.max_consecutive_skips is not None
 
     @contextlib.contextmanager
     def deferred(self) -> Iterator[None]:
-        """Within the block the stall guard's error is held, and raised on leaving it, after the step's callbacks.
-
-        For an eager call that runs a compiled step (JAX ``apply``): raised from
-        a host callback inside the step, :class:`lossscale.LossScaleError`
-        would reach the caller wrapped in the framework's runtime error; held
-        and raised here, it reaches the caller as itself. Cost when on: waits
-        for the step's callbacks (one sync).
-        """
-        if not self.active:
-            yield
-            return
+        """Within the block (an eager call of a compiled JAX step, observer on) the stall guard's error is held and
+        raised on leaving it, after the step's callbacks, as itself rather than wrapped in JAX's runtime error.
+        Cost: waits for the step's callbacks (one sync)."""
         self._defer = True
         try:
             yield
-            if keras_backend() == "jax":
+            if keras.backend.backend() == "jax":
                 import jax
 
                 jax.effects_barrier()
@@ -89,11 +124,10 @@ class StepObserver:
     def observe(
         self, scale_used: Any, finite: Any, consecutive_skips: Any, new_scale: Any, stats: tuple[Any, ...] = ()
     ) -> None:
-        """Called once per step with the scale the step used, its finite flag and the new state.
+        """Called once per step (when :attr:`active`) with the scale the step used, its flag and the new state.
 
         Two host calls: the record (never raises) and the guard (stateless, so
-        that on several JAX devices each device's copy can run it and raise
-        together instead of leaving the others waiting in a collective).
+        that each JAX device's copy raises together, none left waiting in a collective).
         """
         if self.history is not None:  # ``stats``: (sampled, headroom_bits, zero_fraction, subnormal_fraction)
             on_host(self._record, scale_used, finite, *stats)
