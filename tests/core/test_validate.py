@@ -1,4 +1,4 @@
-"""The one validation rule for loaded state (lossscale._validate) and the float32-inert factors (issue 22)."""
+"""The one validation rule for loaded state (lossscale._checkpoint) and the float32-inert factors (issue 22)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import lossscale as ls
-from lossscale._validate import check_counter, check_policy, check_scale, check_state
+from lossscale._checkpoint import check_counter, check_policy, check_scale, check_state
 
 POLICY = ls.DynamicLossScale(2.0**10, 5, min_loss_scale=0.5, max_loss_scale=2.0**20)
 GOOD = {"loss_scale": 1024.0, "good_steps": 1, "bad_steps": 0, "skipped_steps": 3, "consecutive_skips": 0}

@@ -31,7 +31,7 @@ from .._policy import (
 )
 from .._rule import LossScaleState
 from ._apply import apply_gradients
-from ._check import check_state
+from ._checkpoint import check_state
 from ._grads import all_finite
 from ._optimizer import loss_scale_optimizer
 from ._scaling import get_scaled_loss, get_unscaled_gradients

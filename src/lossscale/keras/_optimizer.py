@@ -11,6 +11,7 @@ import keras
 from .._auto import check_stats_every
 from .._resolve import resolve_loss_scale
 from ._attributes import ScaleAttributes
+from ._checkpoint import check_store, guard_restores
 from ._compat import (
     HIDDEN_FROM_DIR,
     LegacyCheckpoint,
@@ -22,7 +23,6 @@ from ._config import read_config, restore, values_record, write_config
 from ._distribute import in_replica_of_strategy, replica_apply
 from ._grads import UnscaleStage, all_finite, scale_loss, unscale
 from ._inner import check_inner, claim, forward_inner_settings, refuse_base_arguments
-from ._loaded import check_store, guard_restores
 from ._observer import StepObserver
 from ._state import ScaleState
 from ._stats import StatsVariables

@@ -82,12 +82,11 @@ from typing import Any
 import torch
 
 from .._policy import LossScale
-from ._checkpoint import Checkpoint
+from ._checkpoint import Checkpoint, load_inner
 from .._torch_compat import init_step_hooks
 from ._diagnostics import Diagnostics, OverflowReport
 from ._distributed import FlagAgreement, agreement_groups, validate_process_group
 from ._distributed import check_replicas_agree as _check_replicas_agree
-from ._inner_load import load_inner
 from ._legacy_pickles import is_optimizer_0_1, optimizer_from_0_1
 from ._policy_attributes import PolicyAttributes
 from ._stats import StatsSampler, check_stats_every
