@@ -31,8 +31,8 @@ import numpy as np
 from ._policy import FLOAT32_MAX, FLOAT32_TINY, INT32_MAX, LossScale, float32
 from ._resolve import _BUILTINS, get
 
-__all__ = ["COUNTERS", "FIELDS", "check_counter", "check_policy", "check_scale", "check_state", "plain",
-           "read_policy", "read_record", "refuse_extra"]
+__all__ = ["COUNTERS", "FIELDS", "check_counter", "check_policy", "check_scale", "plain", "read_policy", "read_record",
+           "refuse_extra"]
 
 #: The integer fields of :class:`lossscale.LossScaleState`, in order; :data:`FIELDS` adds the scale.
 COUNTERS = ("good_steps", "bad_steps", "skipped_steps", "consecutive_skips")
@@ -212,7 +212,3 @@ def read_record(
             values[name] = np.int32(check_counter(f"{where}[{name!r}]", record[name]))
     return policy, values
 
-
-def check_state(state: Mapping[str, Any], policy: Any = None, **options: Any) -> dict[str, Any]:
-    """The fields of ``state`` checked by :func:`read_record` (same options), as numpy scalars."""
-    return read_record(state, policy, **options)[1]
