@@ -135,33 +135,22 @@ def count(name: str, value: Any, *, at_least: int = 1) -> int:
     return value
 
 
-def above_one(name: str, value: Any) -> float:
-    """A growth factor: finite and greater than 1, also once rounded to float32 (the scale's dtype)."""
-    fix = f"Use for example {name}=2.0."
-    value = number(name, value, f"Pass a finite number above 1, for example {name}=2.0.")
-    if value <= 1.0:
+def factor(name: str, value: Any, *, grows: bool) -> float:
+    """A growth factor (``grows``: above 1) or a backoff factor (in (0, 1)), that stays one once rounded to float32."""
+    example = "2.0" if grows else "0.5"
+    fix = f"Use for example {name}={example}."
+    what = "a finite number above 1" if grows else "a number in (0, 1)"
+    value = number(name, value, f"Pass {what}, for example {name}={example}.")
+    if grows and value <= 1.0:
         raise ValueError(f"{name} must be greater than 1 so the scale can grow, got {value!r}. {fix}")
-    rounded = float32(value)
-    if rounded == 1.0 or math.isinf(rounded):
-        raise ValueError(
-            f"{name}={value!r} is {rounded!r} in float32, the loss scale's dtype: the scale would never "
-            f"{'grow' if rounded == 1.0 else 'grow (the grown scale is never finite)'}. {fix}"
-        )
-    return value
-
-
-def fraction(name: str, value: Any) -> float:
-    """A backoff factor: in the open interval (0, 1), also once rounded to float32."""
-    fix = f"Use for example {name}=0.5."
-    value = number(name, value, f"Pass a number in (0, 1), for example {name}=0.5.")
-    if not 0.0 < value < 1.0:
+    if not grows and not 0.0 < value < 1.0:
         raise ValueError(f"{name} must be in the open interval (0, 1) so the scale shrinks, got {value!r}. {fix}")
     rounded = float32(value)
-    if not 0.0 < rounded < 1.0:
-        raise ValueError(
-            f"{name}={value!r} is {rounded!r} in float32, the loss scale's dtype: the scale would never "
-            f"{'shrink' if rounded == 1.0 else 'back off to anything but the floor'}. {fix}"
-        )
+    if (rounded == 1.0 or math.isinf(rounded)) if grows else not 0.0 < rounded < 1.0:
+        never = ("grow" if rounded == 1.0 else "grow (the grown scale is never finite)") if grows else (
+            "shrink" if rounded == 1.0 else "back off to anything but the floor")
+        raise ValueError(f"{name}={value!r} is {rounded!r} in float32, the loss scale's dtype: the scale would never "
+                         f"{never}. {fix}")
     return value
 
 
@@ -378,10 +367,10 @@ class DynamicLossScale(LossScale):
             self,
             initial_loss_scale=initial,
             increment_period=count("increment_period", self.increment_period),
-            multiplier=above_one("multiplier", self.multiplier),
+            multiplier=factor("multiplier", self.multiplier, grows=True),
             min_loss_scale=min_scale,
             max_loss_scale=max_scale,
-            backoff_factor=None if backoff is None else fraction("backoff_factor", backoff),
+            backoff_factor=None if backoff is None else factor("backoff_factor", backoff, grows=False),
             hysteresis=count("hysteresis", self.hysteresis),
         )
 
@@ -464,8 +453,8 @@ class ExponentialUpdateLossScaleManager(LossScale):
             init_loss_scale=scale("init_loss_scale", self.init_loss_scale, at_least=1.0),
             incr_every_n_steps=count("incr_every_n_steps", self.incr_every_n_steps),
             decr_every_n_nan_or_inf=count("decr_every_n_nan_or_inf", self.decr_every_n_nan_or_inf),
-            incr_ratio=above_one("incr_ratio", self.incr_ratio),
-            decr_ratio=fraction("decr_ratio", self.decr_ratio),
+            incr_ratio=factor("incr_ratio", self.incr_ratio, grows=True),
+            decr_ratio=factor("decr_ratio", self.decr_ratio, grows=False),
         )
 
     @property

@@ -1,13 +1,10 @@
-"""What a user passes as ``loss_scale``, made a policy: :func:`get`, :func:`serialize`, and the two constructor forms.
+"""What a user passes as ``loss_scale``, made a policy: :func:`get`/:func:`serialize` and the two constructor forms.
 
-:func:`get` and :func:`serialize` are the policy registry (the built-in
-classes by name, and classes of your own through ``custom_objects``).
-
-TF has two: the experimental ``LossScaleOptimizer(opt, loss_scale)`` and the
-stable ``LossScaleOptimizer(opt, dynamic=True, initial_scale=None,
-dynamic_growth_steps=None)``; TF's API pages state which pairs are the same.
-:func:`resolve_loss_scale` maps both onto one :class:`LossScale` so the
-bindings never handle them separately.
+:func:`get` and :func:`serialize` are the registry (built-in classes by
+name; your own through ``custom_objects``). :func:`resolve_loss_scale` maps
+TF's experimental ``LossScaleOptimizer(opt, loss_scale)`` and stable
+``LossScaleOptimizer(opt, dynamic, initial_scale, dynamic_growth_steps)``
+onto one :class:`LossScale`, as TF's API pages pair them.
 """
 
 from __future__ import annotations
