@@ -336,12 +336,6 @@ def _count(value: int) -> torch.Tensor:
 
 
 # ------------------------------------------------------------ the inner optimizer's part, all or nothing
-#
-# torch's Optimizer.load_state_dict takes saved hyperparameters as they are (an SGD state dict loads into AdamW and
-# the next step() raises KeyError: 'betas'), and a load that fails part way leaves the optimizer half replaced. Here:
-# the current state dict (references) is kept, the saved one loaded and checked (every hyperparameter of the
-# optimizer's defaults in every group; every state tensor shaped like its parameter), and on any failure the kept one
-# is loaded back and a ValueError names the cause. Cost: a walk over groups and shapes; one more load on failure.
 
 
 def _check_groups(inner: torch.optim.Optimizer, groups: Any) -> None:
@@ -371,7 +365,16 @@ def _check(inner: torch.optim.Optimizer) -> None:
 
 
 def load_inner(inner: torch.optim.Optimizer, saved: Mapping[str, Any]) -> None:
-    """``inner.load_state_dict(saved)``, all or nothing."""
+    """``inner.load_state_dict(saved)``, all or nothing.
+
+    torch loads saved hyperparameters as they are (an SGD state dict into
+    AdamW: ``KeyError: 'betas'`` at the next step), and a failed load leaves
+    the optimizer half replaced. Here the current state dict (references) is
+    kept, the saved one loaded and checked (each group holds every key of
+    ``defaults``; each state tensor is shaped like its parameter), and on
+    failure the kept one is loaded back and a ValueError names the cause.
+    Cost: a walk over groups and shapes; one more load on failure.
+    """
     kept = inner.state_dict()
     try:
         inner.load_state_dict(dict(saved))

@@ -1,4 +1,4 @@
-"""The one validation rule for loaded state (lossscale._checkpoint) and the float32-inert factors (issue 22)."""
+"""The one load rule for loaded state (lossscale._checkpoint) and the float32-inert factors (issue 22)."""
 
 from __future__ import annotations
 
