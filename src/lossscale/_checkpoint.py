@@ -165,6 +165,8 @@ def refuse_extra(saved: Mapping[str, Any], known: Iterable[str], where: str, pre
 
     Refused, not ignored: a key this version does not know may change what
     the others mean, and loading without it would silently give another state.
+    A ``prefix`` (the torch loaders' ``"Not a lossscale state dict: "``) also
+    names the library in the sentence.
     """
     unknown = sorted(map(str, set(saved) - set(known)))
     if unknown:
