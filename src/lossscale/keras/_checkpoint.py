@@ -8,7 +8,7 @@ variable is assigned.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import keras
@@ -50,13 +50,6 @@ def check_store(optimizer: Any, state: Sequence[Any], store: Any) -> None:
     _check(optimizer, values, f"optimizer {optimizer.name!r}: its saved variables")
 
 
-def _checker(optimizer: Any, name: str) -> Callable[[Any], None]:
-    def check(value: Any) -> None:
-        _check(optimizer, {name: value}, f"optimizer {optimizer.name!r}: its restored variables")
-
-    return check
-
-
 def guard_restores(optimizer: Any, state: Sequence[Any]) -> None:
     """After the scale variables exist: tf.train.Checkpoint restores of them are checked first (TensorFlow backend).
 
@@ -69,7 +62,8 @@ def guard_restores(optimizer: Any, state: Sequence[Any]) -> None:
     import tensorflow as tf
 
     for name, variable in zip(STATE_NAMES, state):
-        before_tf_restore(variable, _checker(optimizer, name))
+        before_tf_restore(variable, lambda value, name=name: _check(
+            optimizer, {name: value}, f"optimizer {optimizer.name!r}: its restored variables"))
     if tf.executing_eagerly():  # a deferred restore ran when the variables were hung on the checkpoint node
         values = {name: variable.numpy() for name, variable in zip(STATE_NAMES, state)}
         _check(optimizer, values, f"optimizer {optimizer.name!r}: its variables after a deferred restore")
