@@ -4,18 +4,13 @@ from __future__ import annotations
 
 import sys
 
-#: The commands, with the line ``--help`` shows for each.
-COMMANDS = {
-    "demo": "train a digits autoencoder in float32, float16 and float16 + lossscale (torch and JAX) and compare;\n"
-    "             needs lossscale[demo]. `python -m lossscale demo --help` lists its options.",
-}
-
 HELP = """usage: python -m lossscale [-h] [-V] <command> [options]
 
 lossscale: loss scaling for mixed-precision training (PyTorch, JAX/optax, Keras 3).
 
 commands:
-{commands}
+  demo       train a digits autoencoder in float32, float16 and float16 + lossscale (torch and JAX) and compare;
+             needs lossscale[demo]. `python -m lossscale demo --help` lists its options.
 
 options:
   -h, --help     show this message and exit
@@ -39,13 +34,12 @@ def main(argv: list[str] | None = None) -> int:
     """Dispatches ``demo [options]`` to :func:`lossscale.demo.main`; returns the exit status."""
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv or argv[0] in ("-h", "--help"):
-        commands = "\n".join(f"  {name:<10} {line}" for name, line in COMMANDS.items())
-        print(HELP.format(commands=commands), file=sys.stdout if argv else sys.stderr, end="")
+        print(HELP, file=sys.stdout if argv else sys.stderr, end="")
         return 0 if argv else 2
     if argv[0] in ("-V", "--version"):
         print(f"lossscale {version()}")
         return 0
-    if argv[0] not in COMMANDS:
+    if argv[0] != "demo":
         print(f"python -m lossscale: unknown command {argv[0]!r}; the one command is 'demo' "
               "(python -m lossscale --help lists it).", file=sys.stderr)
         return 2

@@ -14,7 +14,7 @@ from dataclasses import KW_ONLY, dataclass, fields
 from numbers import Integral
 from typing import Any, NamedTuple
 
-from . import _numbers as _n
+from . import _policy as _n
 from ._policy import LossScale, RuleParams, _set
 from ._rule import LossScaleState, _finite_flag, count_up, next_skip_counters
 from ._stats import LOG2_FLOAT16_MAX, GradientStats

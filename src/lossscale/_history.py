@@ -1,12 +1,8 @@
-"""A framework-free record of a loss scale's trajectory: scale, skips and loss per step.
+"""A framework-free record of a loss scale's trajectory: scale, skip flag and loss per step, as numpy arrays.
 
-Dynamic loss scaling is a feedback loop, and the first question when a
-mixed-precision run misbehaves is "what did the scale do?". :class:`History`
-answers it without tying the record to a framework: it holds numpy arrays,
-takes batches so that a training loop can keep per-step values on the device
-and move them to the host in one transfer every N steps, and reads and
-writes CSV. Pictures and TensorBoard scalars live outside the core, in
-:func:`lossscale.demo.plot_history` and :func:`lossscale.demo.write_tensorboard`.
+Batches let a loop keep per-step values on the device and move them in one
+transfer every N steps; CSV in and out. Plots and TensorBoard scalars are in
+:mod:`lossscale.demo`.
 
 >>> h = History()
 >>> h.append(0, 32768.0, False, loss=2.3)

@@ -1,27 +1,31 @@
-"""Loss-scale policies: immutable, validated configurations.
+"""Loss-scale policies: immutable configurations, and the checks of the numbers they are built from.
 
-A policy says *how* the loss scale evolves; it holds no state. The state (the
-current scale and its counters) lives in the framework binding as framework
-arrays, and every policy is turned into the same :class:`RuleParams` that the
-one update rule in :mod:`lossscale._rule` reads.
-
-The classes and their config keys follow TensorFlow's
+A policy says *how* the scale evolves and holds no state; each becomes the
+:class:`RuleParams` that the one update rule (:mod:`lossscale._rule`) reads.
+The classes and their config keys are TF's
 ``tf.compat.v1.mixed_precision.{FixedLossScale, DynamicLossScale}`` and
 ``tf.contrib.mixed_precision.{FixedLossScaleManager,
-ExponentialUpdateLossScaleManager}``. Keyword-only extensions keep TF's
-behaviour at their defaults. Every policy is a frozen dataclass whose fields
-are TF's config keys, validated and normalised to ``float``/``int`` in
-``__post_init__`` (:mod:`lossscale._numbers`).
+ExponentialUpdateLossScaleManager}``; keyword-only extensions keep TF's
+behaviour at their defaults.
+
+Every argument is checked here and normalised to a Python ``float``/``int``.
+Accepted: Python and numpy numbers and 0-d int/float arrays of any framework
+(``DynamicLossScale(jnp.float32(2**15))``, duck-typed: nothing is imported;
+one host read at construction). Refused: bools, bool/complex arrays, arrays
+of more than one element, and numbers the float32 rule cannot use.
 """
 
 from __future__ import annotations
 
 import abc
+import math
+import operator
 from collections.abc import Mapping
 from dataclasses import KW_ONLY, dataclass, fields
+from numbers import Integral, Real
 from typing import Any
 
-from . import _numbers as _n
+import numpy as np
 
 __all__ = [
     "DynamicLossScale",
@@ -31,6 +35,150 @@ __all__ = [
     "LossScale",
     "RuleParams",
 ]
+
+INT32_MAX = 2**31 - 1
+#: The largest float32 (the state holds the scale as float32).
+FLOAT32_MAX = 3.4028234663852886e38
+#: The smallest positive normal float32: a smaller scale rounds to 0 or loses precision.
+FLOAT32_TINY = 1.1754943508222875e-38
+
+# ------------------------------------------------------------------- number checks
+
+
+def float32(value: float) -> float:
+    """``value`` rounded to float32, as the rule's arithmetic sees it (inf beyond float32's range)."""
+    with np.errstate(over="ignore"):
+        return float(np.float32(value))
+
+
+def _kind(value: Any) -> str:
+    """``"bool"``, ``"complex"``, ``"int"``, ``"float"`` or ``""`` from a dtype's name (numpy, JAX, torch spellings)."""
+    dtype = str(getattr(value, "dtype", "")).lower()
+    for kind in ("bool", "complex", "int", "float"):  # in this order: "complex64" has no "int", "uint8" has
+        if kind in dtype:
+            return kind
+    return ""
+
+
+def _scalar(name: str, value: Any, fix: str, what: str) -> Any:
+    """``value`` if it is a real scalar or a 0-d int/float array, else a TypeError naming ``fix``."""
+    if isinstance(value, bool) or _kind(value) == "bool":
+        raise TypeError(f"{name} must be {what}, got the bool {value!r}. {fix}")
+    if isinstance(value, Real):
+        return value
+    shape = getattr(value, "shape", None)
+    if shape is None or isinstance(value, (str, bytes)):
+        raise TypeError(f"{name} must be {what}, got {value!r} of type {type(value).__name__}. {fix}")
+    if tuple(shape) != ():
+        raise TypeError(
+            f"{name} must be {what} or a 0-d array, got an array of shape {tuple(shape)}. "
+            f"Pass a single number (e.g. x.item() or x[0]). {fix}"
+        )
+    if _kind(value) not in ("int", "float"):
+        raise TypeError(f"{name} must be {what}, got a 0-d array of dtype {getattr(value, 'dtype', None)}. {fix}")
+    return value
+
+
+def _concrete(name: str, value: Any, convert: Any, fix: str) -> Any:
+    try:
+        return convert(value)
+    except OverflowError as error:  # an int beyond float64 (10**400): a value error, not a tracer
+        raise ValueError(f"{name} must be finite, got an int of {len(str(value))} digits. {fix}") from error
+    except Exception as error:  # e.g. a JAX tracer: the value is not known when tracing
+        raise TypeError(
+            f"{name} must be a concrete number, got {type(value).__name__} ({error.__class__.__name__}); "
+            f"build the policy outside jit. {fix}"
+        ) from error
+
+
+def number(name: str, value: Any, fix: str) -> float:
+    """``value`` as a finite Python float."""
+    value = _concrete(name, _scalar(name, value, fix, "a real number"), float, fix)
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {value!r}. {fix}")
+    return value
+
+
+def scale(name: str, value: Any, *, at_least: float | None = None, example: str = "2**15") -> float:
+    """A loss scale: positive, and a normal float32 number (between about 1.2e-38 and 3.4e38)."""
+    fix = f"Pass a positive finite number, for example {name}={example}."
+    value = number(name, value, fix)
+    if value <= 0:
+        raise ValueError(f"{name} must be positive, got {value!r}. {fix}")
+    if value > FLOAT32_MAX:
+        raise ValueError(f"{name}={value!r} is not finite in float32, the loss scale's dtype (max about 3.4e38). {fix}")
+    if value < FLOAT32_TINY:
+        raise ValueError(
+            f"{name}={value!r} is below float32's smallest normal number (about 1.2e-38): in the float32 state it "
+            f"would round to 0 (every step then skipped) or lose precision. {fix}"
+        )
+    if at_least is not None and value < at_least:
+        raise ValueError(f"{name} must be at least {at_least:g}, got {value!r}.")
+    return value
+
+
+def count(name: str, value: Any, *, at_least: int = 1) -> int:
+    """A step count: a whole number in ``[at_least, 2**31 - 1]`` (the counters are int32)."""
+    example = max(at_least, 2)
+    fix = f"Pass a whole number, for example {name}={example}."
+    value = _scalar(name, value, fix, "an int")
+    if not (isinstance(value, Integral) or (not isinstance(value, Real) and _kind(value) == "int")):
+        dtype = "" if isinstance(value, Real) else f" (dtype {value.dtype})"
+        raise TypeError(f"{name} must be an int, got {value!r} of type {type(value).__name__}{dtype}. {fix}")
+    value = _concrete(name, value, operator.index, fix)
+    if not at_least <= value <= INT32_MAX:
+        shown = value if abs(value) < 10**30 else f"an int of {len(str(abs(value)))} digits"
+        raise ValueError(
+            f"{name} must be an int in [{at_least}, 2**31 - 1] (the counters are int32), got {shown}. "
+            f"Pass for example {name}={example}."
+        )
+    return value
+
+
+def factor(name: str, value: Any, *, grows: bool) -> float:
+    """A growth factor (``grows``: above 1) or a backoff factor (in (0, 1)), that stays one once rounded to float32."""
+    example = "2.0" if grows else "0.5"
+    fix = f"Use for example {name}={example}."
+    what = "a finite number above 1" if grows else "a number in (0, 1)"
+    value = number(name, value, f"Pass {what}, for example {name}={example}.")
+    if grows and value <= 1.0:
+        raise ValueError(f"{name} must be greater than 1 so the scale can grow, got {value!r}. {fix}")
+    if not grows and not 0.0 < value < 1.0:
+        raise ValueError(f"{name} must be in the open interval (0, 1) so the scale shrinks, got {value!r}. {fix}")
+    rounded = float32(value)
+    if (rounded == 1.0 or math.isinf(rounded)) if grows else not 0.0 < rounded < 1.0:
+        never = ("grow" if rounded == 1.0 else "grow (the grown scale is never finite)") if grows else (
+            "shrink" if rounded == 1.0 else "back off to anything but the floor")
+        raise ValueError(f"{name}={value!r} is {rounded!r} in float32, the loss scale's dtype: the scale would never "
+                         f"{never}. {fix}")
+    return value
+
+
+def scale_bounds(initial: Any, min_loss_scale: Any, max_loss_scale: Any) -> tuple[float, float, float | None]:
+    """``(initial, min, max)`` checked as loss scales, with ``min <= initial <= max`` (``max`` None: no ceiling).
+
+    >>> scale_bounds(2**15, 1, None)
+    (32768.0, 1.0, None)
+    """
+    min_scale = scale("min_loss_scale", min_loss_scale, example="1.0")
+    max_scale = None
+    if max_loss_scale is not None:
+        max_scale = scale("max_loss_scale", max_loss_scale, at_least=min_scale, example="2**24")
+    initial_scale = scale("initial_loss_scale", initial)
+    if initial_scale < min_scale:
+        raise ValueError(
+            f"initial_loss_scale={initial_scale!r} is below min_loss_scale={min_scale!r}; "
+            "raise initial_loss_scale or lower min_loss_scale."
+        )
+    if max_scale is not None and initial_scale > max_scale:
+        raise ValueError(
+            f"initial_loss_scale={initial_scale!r} is above max_loss_scale={max_scale!r}; "
+            "lower initial_loss_scale or raise max_loss_scale."
+        )
+    return initial_scale, min_scale, max_scale
+
+
+# ------------------------------------------------------------------- classes
 
 
 @dataclass(frozen=True)
@@ -55,9 +203,6 @@ class RuleParams:
     hysteresis: int = 1
     min_scale: float = 1.0
     max_scale: float | None = None
-
-
-# ------------------------------------------------------------------- classes
 
 
 class LossScale(abc.ABC):
@@ -124,7 +269,7 @@ def _set(policy: LossScale, **fields: Any) -> None:
 
 def _fixed_value(name: str, value: Any) -> float:
     """A fixed scale, checked under the name the caller passed it as (``loss_scale_value`` or ``loss_scale``)."""
-    value = _n.scale(name, value)
+    value = scale(name, value)
     if value < 1:
         raise ValueError(
             f"{name} must be at least 1, got {value!r}: a scale below 1 makes small gradients "
@@ -216,17 +361,17 @@ class DynamicLossScale(LossScale):
     hysteresis: int = 1
 
     def __post_init__(self) -> None:
-        initial, min_scale, max_scale = _n.scale_bounds(self.initial_loss_scale, self.min_loss_scale, self.max_loss_scale)
+        initial, min_scale, max_scale = scale_bounds(self.initial_loss_scale, self.min_loss_scale, self.max_loss_scale)
         backoff = self.backoff_factor
         _set(
             self,
             initial_loss_scale=initial,
-            increment_period=_n.count("increment_period", self.increment_period),
-            multiplier=_n.above_one("multiplier", self.multiplier),
+            increment_period=count("increment_period", self.increment_period),
+            multiplier=factor("multiplier", self.multiplier, grows=True),
             min_loss_scale=min_scale,
             max_loss_scale=max_scale,
-            backoff_factor=None if backoff is None else _n.fraction("backoff_factor", backoff),
-            hysteresis=_n.count("hysteresis", self.hysteresis),
+            backoff_factor=None if backoff is None else factor("backoff_factor", backoff, grows=False),
+            hysteresis=count("hysteresis", self.hysteresis),
         )
 
     @property
@@ -267,7 +412,7 @@ class FixedLossScaleManager(LossScale):
     loss_scale: float
 
     def __post_init__(self) -> None:
-        value = _n.scale("loss_scale", self.loss_scale)
+        value = scale("loss_scale", self.loss_scale)
         if value < 1:
             raise ValueError(f"loss_scale must be at least 1, got {value!r}. Use FixedLossScaleManager(1) for no scaling.")
         _set(self, loss_scale=value)
@@ -305,11 +450,11 @@ class ExponentialUpdateLossScaleManager(LossScale):
     def __post_init__(self) -> None:
         _set(
             self,
-            init_loss_scale=_n.scale("init_loss_scale", self.init_loss_scale, at_least=1.0),
-            incr_every_n_steps=_n.count("incr_every_n_steps", self.incr_every_n_steps),
-            decr_every_n_nan_or_inf=_n.count("decr_every_n_nan_or_inf", self.decr_every_n_nan_or_inf),
-            incr_ratio=_n.above_one("incr_ratio", self.incr_ratio),
-            decr_ratio=_n.fraction("decr_ratio", self.decr_ratio),
+            init_loss_scale=scale("init_loss_scale", self.init_loss_scale, at_least=1.0),
+            incr_every_n_steps=count("incr_every_n_steps", self.incr_every_n_steps),
+            decr_every_n_nan_or_inf=count("decr_every_n_nan_or_inf", self.decr_every_n_nan_or_inf),
+            incr_ratio=factor("incr_ratio", self.incr_ratio, grows=True),
+            decr_ratio=factor("decr_ratio", self.decr_ratio, grows=False),
         )
 
     @property

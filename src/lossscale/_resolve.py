@@ -1,13 +1,10 @@
-"""What a user passes as ``loss_scale``, made a policy: :func:`get`, :func:`serialize`, and the two constructor forms.
+"""What a user passes as ``loss_scale``, made a policy: :func:`get`/:func:`serialize` and the two constructor forms.
 
-:func:`get` and :func:`serialize` are the policy registry (the built-in
-classes by name, and classes of your own through ``custom_objects``).
-
-TF has two: the experimental ``LossScaleOptimizer(opt, loss_scale)`` and the
-stable ``LossScaleOptimizer(opt, dynamic=True, initial_scale=None,
-dynamic_growth_steps=None)``; TF's API pages state which pairs are the same.
-:func:`resolve_loss_scale` maps both onto one :class:`LossScale` so the
-bindings never handle them separately.
+:func:`get` and :func:`serialize` are the registry (built-in classes by
+name; your own through ``custom_objects``). :func:`resolve_loss_scale` maps
+TF's experimental ``LossScaleOptimizer(opt, loss_scale)`` and stable
+``LossScaleOptimizer(opt, dynamic, initial_scale, dynamic_growth_steps)``
+onto one :class:`LossScale`, as TF's API pages pair them.
 """
 
 from __future__ import annotations
@@ -64,27 +61,21 @@ def resolve_loss_scale(
     True
     """
     extras = {k: v for k, v in zip(_EXTRAS, (min_loss_scale, max_loss_scale, hysteresis)) if v is not None}
-    if extras:
-        named = ", ".join(f"{k}=" for k in extras)
-        if loss_scale is not None and not (isinstance(loss_scale, str) and loss_scale == "dynamic"):
-            raise ValueError(
-                f"{named} refine the dynamic scale of the stable form; loss_scale={loss_scale!r} carries its own "
-                f"settings. Pass them to the policy instead, e.g. DynamicLossScale(2**15, 2000, {named}...)."
-            )
-        if dynamic is False:
-            raise ValueError(f"{named} only apply to a dynamic loss scale: drop them, or set dynamic=True.")
-        if loss_scale is not None:
-            if initial_scale is not None or dynamic_growth_steps is not None or dynamic is not None:
-                given = [k for k, v in (("dynamic", dynamic), ("initial_scale", initial_scale),
-                                        ("dynamic_growth_steps", dynamic_growth_steps)) if v is not None]
-                raise _not_both(loss_scale, given)
-            loss_scale = None  # "dynamic" with extras: the stable form's dynamic scale
+    named = ", ".join(f"{k}=" for k in extras)
+    if extras and loss_scale is not None and not (isinstance(loss_scale, str) and loss_scale == "dynamic"):
+        raise ValueError(
+            f"{named} refine the dynamic scale of the stable form; loss_scale={loss_scale!r} carries its own "
+            f"settings. Pass them to the policy instead, e.g. DynamicLossScale(2**15, 2000, {named}...)."
+        )
+    if extras and dynamic is False:
+        raise ValueError(f"{named} only apply to a dynamic loss scale: drop them, or set dynamic=True.")
     stable = {"dynamic": dynamic, "initial_scale": initial_scale, "dynamic_growth_steps": dynamic_growth_steps}
     given = [k for k, v in stable.items() if v is not None]
     if loss_scale is not None:
         if given:
             raise _not_both(loss_scale, given)
-        return cast(LossScale, get(loss_scale))  # only get(None) is None
+        if not extras:  # "dynamic" with extras is the stable form's dynamic scale
+            return cast(LossScale, get(loss_scale))  # only get(None) is None
     if dynamic is None:
         dynamic = True
     if not isinstance(dynamic, bool):

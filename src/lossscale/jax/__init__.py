@@ -29,7 +29,7 @@ from .._policy import (
     LossScale,
 )
 from .._rule import LossScaleState
-from ._check import check_state
+from ._checkpoint import check_state
 from ._grads import all_finite
 from ._optimizer import (
     LossScaleOptimizerState,

@@ -24,10 +24,10 @@ from ._compat import (
     no_automatic_dependency_tracking,
 )
 from ._config import read_config, restore, values_record, write_config
+from ._checkpoint import check_store, guard_restores
 from ._diagnostics import StepObserver
 from ._distributed import in_replica_of_strategy, replica_apply
 from ._grads import all_finite, scale_loss, unscale
-from ._loaded import check_store, guard_restores
 from ._stats import StatsVariables
 from ._step import ScaleState, apply_step, jax_apply, stateless_step
 from ._tf_methods import TFMethods

@@ -1,4 +1,4 @@
-"""The checkpoint records: built and validated in one place, used by ``state_dict``, ``load_state_dict`` and pickle.
+"""Checkpoints and pickles of the torch binding: tensors <-> the core's one load rule, and the atomic inner load.
 
 A ``LossScaleOptimizer.state_dict()`` is the inner optimizer's state dict
 plus one ``"lossscale"`` entry (a ``SharedLossScale.state_dict()`` is its
@@ -11,20 +11,14 @@ first two keys)::
                    "skipped_steps": i32 | None,
                    "consecutive_skips": i32 | None}}
 
-Every reader goes through :meth:`ScaleRecord.from_dict`,
-:meth:`CounterRecord.from_dict`, :meth:`Checkpoint.from_state_dict` or
-:func:`gradscaler_record`, which check *everything* and copy every tensor
-before anything is loaded: a malformed entry raises ``ValueError`` and
-leaves the object as it was. Pickling and ``deepcopy`` use the same records
-(the policy then travels as the object itself, by reference to its class,
-as pickle does). A policy class of your own is rebuilt from a checkpoint
-only through ``custom_objects`` or when it is the class already in use:
-no class is imported by a name read from a checkpoint.
-
-``lossscale.torch.GradScaler``'s record is torch's five keys plus one
-``"lossscale"`` entry, plain values only (see :func:`gradscaler_state_dict`).
-Cost: a handful of 0-d tensor copies; no host sync for tensors already on
-the CPU (a checkpoint read from disk).
+``lossscale.torch.GradScaler``'s is torch's five keys plus a ``"lossscale"``
+entry of plain values (:func:`gradscaler_state_dict`). Every reader checks
+*everything* by :mod:`lossscale._checkpoint` and copies every tensor (on the
+saved tensor's device) before anything is loaded; a malformed entry raises
+``ValueError`` and changes nothing. Pickling and ``deepcopy`` use the same
+records, the policy then travelling as the object itself. Cost: one
+``.item()`` and one 0-d copy per field (a host sync only for a tensor on an
+accelerator).
 """
 
 from __future__ import annotations
@@ -35,13 +29,13 @@ from dataclasses import dataclass
 from numbers import Integral, Real
 from typing import Any
 
+import numpy as np
 import torch
 
+from .._checkpoint import FIELDS, check_counter, check_scale, plain, read_policy, read_record, refuse_extra
 from .._policy import DynamicLossScale, LossScale
-from .._resolve import _BUILTINS, built_in_names, get, serialize
+from .._resolve import built_in_names, serialize
 from .._rule import COUNTER_MAX, LossScaleState
-from .._validate import check_counter, check_scale, plain
-from ._validated import counter_tensor, refuse_extra, state_tensors
 
 __all__ = [
     "Checkpoint",
@@ -49,46 +43,38 @@ __all__ = [
     "ScaleRecord",
     "gradscaler_record",
     "gradscaler_state_dict",
+    "load_inner",
     "read_policy",
     "replace_policy",
     "with_torch_names",
 ]
 
+_NOT_OURS = "Not a lossscale state dict"
+
+
 def _not_a_state_dict(detail: str) -> ValueError:
-    return ValueError(f"Not a lossscale state dict ({detail}); pass what state_dict() returned.")
+    return ValueError(f"{_NOT_OURS} ({detail}); pass what state_dict() returned.")
 
 
-def read_policy(saved: Any, custom_objects: Mapping[str, type] | None, current: LossScale | None) -> LossScale:
-    """The policy a record holds: a policy object (pickling), or a serialized one, rebuilt without imports.
+def _device(value: Any) -> torch.device:
+    return value.device if isinstance(value, torch.Tensor) else torch.device("cpu")
 
-    The class is looked up in ``custom_objects``, then among the built-in
-    policies; the class of ``current`` (the policy in use) counts as given.
-    """
-    if isinstance(saved, LossScale):
-        return saved
-    custom = {} if current is None or type(current).__module__ == LossScale.__module__ else {
-        type(current).__name__: type(current)
-    }
-    if custom_objects is not None:
-        if not isinstance(custom_objects, Mapping):
-            raise TypeError(
-                f"custom_objects must be a dict of class name to class, got {type(custom_objects).__name__}."
-            )
-        custom.update(custom_objects)
+
+def _tensor(value: Any, saved: Any) -> torch.Tensor:
+    """A new 0-d tensor of a checked numpy value, on the device of the saved value."""
+    return torch.tensor(value, device=_device(saved))
+
+
+def _refused(error: Exception) -> ValueError:
+    # LossScaleOptimizer and SharedLossScale document one error for a malformed checkpoint: ValueError.
+    return ValueError(f"{_NOT_OURS}: {error}")
+
+
+def _counter(where: str, value: Any) -> torch.Tensor:
     try:
-        policy = get(saved, custom_objects=custom or None)
+        return _tensor(np.int32(check_counter(where, value)), value)
     except (TypeError, ValueError) as error:
-        name = saved.get("class_name") if isinstance(saved, Mapping) else None
-        if isinstance(name, str) and name not in custom and name not in _BUILTINS:
-            raise ValueError(
-                f"This checkpoint's loss scale policy is unreadable: its class {name!r} is not a built-in policy. "
-                f"Pass the class: "
-                f"load_state_dict(state_dict, custom_objects={{{name!r}: {name}}}). No class is imported by name."
-            ) from error
-        raise ValueError(f"This checkpoint's loss scale policy is unreadable: {error}") from error
-    if policy is None:
-        raise _not_a_state_dict("it holds no loss scale policy")
-    return policy
+        raise _refused(error) from error
 
 
 @dataclass(frozen=True)
@@ -116,9 +102,13 @@ class ScaleRecord:
         key = "policy" if "policy" in saved else "loss_scale"  # "loss_scale": checkpoints before one key
         if key not in saved or not isinstance(saved.get("state"), Mapping):
             raise _not_a_state_dict(f"missing 'policy' or 'state' among {sorted(map(str, saved))}")
-        refuse_extra(saved, (key, "state", "optimizer"), "the 'lossscale' entry")
-        policy = read_policy(saved[key], custom_objects, current)
-        return cls(policy, state_tensors(saved["state"], policy, "the 'lossscale' entry's state"))
+        refuse_extra(saved, (key, "state", "optimizer"), "the 'lossscale' entry", f"{_NOT_OURS}: ")
+        policy, state = read_policy(saved[key], custom_objects, current), saved["state"]
+        try:
+            values = read_record(state, policy, where="the 'lossscale' entry's state", extra="refuse")[1]
+        except (TypeError, ValueError) as error:
+            raise _refused(error) from error
+        return cls(policy, LossScaleState(*(_tensor(values[name], state[name]) for name in FIELDS)))
 
 
 @dataclass(frozen=True)
@@ -151,10 +141,11 @@ class CounterRecord:
         if isinstance(steps, torch.Tensor) and steps.numel() == 1 and not steps.is_floating_point():
             steps = int(steps)
         if isinstance(steps, bool) or not isinstance(steps, Integral) or steps < 0:
-            raise ValueError(f"Not a lossscale state dict: its step count is {steps!r}; pass what state_dict() returned.")
-        refuse_extra(saved, ("steps", "skipped_steps", "consecutive_skips"), "the 'lossscale' entry's optimizer")
+            raise ValueError(f"{_NOT_OURS}: its step count is {steps!r}; pass what state_dict() returned.")
+        refuse_extra(saved, ("steps", "skipped_steps", "consecutive_skips"), "the 'lossscale' entry's optimizer",
+                     f"{_NOT_OURS}: ")
         counts = [
-            None if saved.get(name) is None else counter_tensor(f"the 'lossscale' entry's optimizer[{name!r}]", saved[name])
+            None if saved.get(name) is None else _counter(f"the 'lossscale' entry's optimizer[{name!r}]", saved[name])
             for name in ("skipped_steps", "consecutive_skips")
         ]
         return cls(int(steps), *counts)
@@ -312,7 +303,7 @@ def gradscaler_record(
         growth_interval=_number(saved, "growth_interval", integral=True),
     )
     if ours is not None:
-        refuse_extra(ours, ("policy", *_COUNTERS), "state_dict['lossscale']")
+        refuse_extra(ours, ("policy", *_COUNTERS), "state_dict['lossscale']", f"{_NOT_OURS}: ")
     # torch's scale can fall to 0 or below 1: a finite one is clamped into [min, max]; one not finite in float32
     # (NaN, inf, 1e39, 10**400) is refused. Counters: ints in [0, 2**31 - 1], refused otherwise (never wrapped).
     _number(saved, "_growth_tracker", integral=True)  # type errors in torch's words first
@@ -342,3 +333,58 @@ def gradscaler_record(
 
 def _count(value: int) -> torch.Tensor:
     return torch.tensor(value, dtype=torch.int32)
+
+
+# ------------------------------------------------------------ the inner optimizer's part, all or nothing
+
+
+def _check_groups(inner: torch.optim.Optimizer, groups: Any) -> None:
+    name = type(inner).__name__
+    needed = set(getattr(inner, "defaults", {}) or {})
+    for index, group in enumerate(groups if isinstance(groups, (list, tuple)) else []):
+        missing = sorted(needed - set(group)) if isinstance(group, Mapping) else []
+        if missing:
+            raise ValueError(
+                f"the saved param_groups[{index}] lacks {missing}, which {name} needs: the state dict was saved from "
+                f"another kind of optimizer. Load a state dict saved from {name} (or build the optimizer it was "
+                "saved from); the optimizer is unchanged."
+            )
+
+
+def _check(inner: torch.optim.Optimizer) -> None:
+    _check_groups(inner, inner.param_groups)
+    for group in inner.param_groups:
+        for param in group["params"]:
+            for key, value in inner.state.get(param, {}).items():
+                if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape != param.shape:
+                    raise ValueError(
+                        f"the saved state {key!r} of a parameter of shape {tuple(param.shape)} has shape "
+                        f"{tuple(value.shape)}: not this model's optimizer state. Load the state dict saved with "
+                        "this model."
+                    )
+
+
+def load_inner(inner: torch.optim.Optimizer, saved: Mapping[str, Any]) -> None:
+    """``inner.load_state_dict(saved)``, all or nothing.
+
+    torch loads saved hyperparameters as they are (an SGD state dict into
+    AdamW: ``KeyError: 'betas'`` at the next step), and a failed load leaves
+    the optimizer half replaced. Here the current state dict (references) is
+    kept, the saved one loaded and checked (each group holds every key of
+    ``defaults``; each state tensor is shaped like its parameter), and on
+    failure the kept one is loaded back and a ValueError names the cause.
+    Cost: a walk over groups and shapes; one more load on failure.
+    """
+    kept = inner.state_dict()
+    try:
+        inner.load_state_dict(dict(saved))
+        _check(inner)
+    except Exception as error:
+        inner.load_state_dict(kept)
+        _check_groups(inner, saved.get("param_groups"))  # the likely cause, named (torch's own defaults filled in)
+        if isinstance(error, ValueError):
+            raise
+        raise ValueError(
+            f"Cannot load this state dict into {type(inner).__name__} ({type(error).__name__}: {error}); the "
+            "optimizer is unchanged. Load a state dict saved from the same optimizer and model."
+        ) from error

@@ -245,10 +245,11 @@ class Diagnostics:
         return self.settings()
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        if "max_consecutive_skips" not in state:  # a 0.1 pickle: its __dict__
-            from ._legacy_pickles import diagnostics_from_0_1
-
-            state = diagnostics_from_0_1(state)
+        if "max_consecutive_skips" not in state:  # a 0.1 pickle: its __dict__ (guard, reporter, recorder)
+            guard, recorder = state.get("guard"), state.get("recorder")
+            state = {"max_consecutive_skips": None if guard is None else guard.limit,
+                     "overflow_report": state.get("reporter") is not None,
+                     "history": None if recorder is None else recorder.history}
         self.__init__(state["max_consecutive_skips"], bool(state["overflow_report"]), None, state["history"])  # type: ignore[misc]
 
     def named_grads(self, param_groups: Any) -> list[tuple[str, torch.Tensor]]:

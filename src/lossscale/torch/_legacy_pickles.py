@@ -1,18 +1,9 @@
-"""Objects pickled by lossscale 0.1: what their pickles hold, turned into today's pickled state.
+"""Pickles of lossscale 0.1 whose layout differs from today's, converted on load (then checked as a state dict is).
 
-0.1's pickles name classes that have moved since (``lossscale.torch._state.ScaleState``,
-``lossscale.torch._gradscaler_scale.IterationScale``): those modules remain as aliases of today's
-classes, whose pickled state kept 0.1's layout. Two layouts changed, and are converted here when a
-0.1 pickle is loaded:
-
-- ``LossScaleOptimizer``: 0.1 kept the scale object and the diagnostics' settings side by side
-  (``"scale"``, ``"max_consecutive_skips"``, ``"overflow_report"``, ``"history"``, ``"check"``);
-  today the scale travels as its checkpoint record (validated on load) and the settings as one
-  ``Diagnostics``.
-- ``GradScaler``: 0.1 pickled its ``__dict__`` (``"_owner"``, ``"_recorder"``, ...); today a record
-  of named fields.
-
-Nothing else is read from a 0.1 pickle; what it holds goes through the same validation as a state dict.
+Their moved classes resolve through the alias modules ``_state`` and
+``_gradscaler_scale``; ``Diagnostics`` converts its own. ``LossScaleOptimizer``
+(0.1: the scale object beside the diagnostics' settings) and ``GradScaler``
+(0.1: its ``__dict__``) are converted here.
 """
 
 from __future__ import annotations
@@ -65,12 +56,3 @@ def gradscaler_from_0_1(state: dict[str, Any]) -> dict[str, Any]:
         "sampler": None,
     }
 
-
-def diagnostics_from_0_1(state: dict[str, Any]) -> dict[str, Any]:
-    """Today's pickled ``Diagnostics`` settings from 0.1's ``__dict__`` (``guard``, ``reporter``, ``recorder``)."""
-    guard, recorder = state.get("guard"), state.get("recorder")
-    return {
-        "max_consecutive_skips": None if guard is None else guard.limit,
-        "overflow_report": state.get("reporter") is not None,
-        "history": None if recorder is None else recorder.history,
-    }

@@ -12,11 +12,10 @@ import torch
 from .._policy import LossScale
 from .._resolve import stable_form
 from .._torch_compat import init_step_hooks
-from ._checkpoint import Checkpoint
+from ._checkpoint import Checkpoint, load_inner
 from ._diagnostics import Diagnostics, OverflowReport
 from ._distributed import FlagAgreement, agreement_groups, validate_process_group
 from ._distributed import check_replicas_agree as _check_replicas_agree
-from ._inner_load import load_inner
 from ._legacy_pickles import is_optimizer_0_1, optimizer_from_0_1
 from ._scale import ScaleOwner, require_own_scale, scale_owner_for
 from ._stats import StatsSampler, check_stats_every

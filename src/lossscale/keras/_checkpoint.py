@@ -1,33 +1,32 @@
-"""The core's check of loaded state for the Keras optimizer: ``.keras`` files, ``load_weights``, pickle, tf.train.Checkpoint.
+"""Loads of the Keras optimizer's scale (``.keras`` files, ``load_weights``, pickle, tf.train.Checkpoint), checked first.
 
-The optimizer's five scale variables (``_state.STATE_NAMES``) map to
-:class:`lossscale.LossScaleState`'s fields; their saved values are checked by
-:func:`lossscale._validate.check_state` (finite, positive, normal-float32
-scale within the policy's bounds; int32 counters in ``[0, 2**31 - 1]``)
-*before* any variable is assigned.
+The five scale variables (``_state.STATE_NAMES``) are
+:class:`lossscale.LossScaleState`'s fields; their saved values go through the
+core's one load rule (:func:`lossscale._checkpoint.read_record`) before any
+variable is assigned.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import keras
 import numpy as np
 
-from .._validate import check_state
+from .._checkpoint import FIELDS, read_record
 from ._compat import before_tf_restore
 from ._step import STATE_NAMES
 
 __all__ = ["check_store", "guard_restores"]
 
-#: Keras variable name -> LossScaleState field, in ``STATE_NAMES`` order.
-FIELDS = dict(zip(STATE_NAMES, ("loss_scale", "good_steps", "bad_steps", "skipped_steps", "consecutive_skips")))
+#: Keras variable name -> LossScaleState field.
+_FIELD = dict(zip(STATE_NAMES, FIELDS))
 
 
 def _check(optimizer: Any, values: dict[str, Any], where: str) -> None:
-    fields = {FIELDS[name]: value for name, value in values.items()}
-    check_state(fields, optimizer.loss_scale_policy, where=where, required=())
+    read_record({_FIELD[name]: value for name, value in values.items()}, optimizer.loss_scale_policy, where=where,
+                required=())
 
 
 def check_store(optimizer: Any, state: Sequence[Any], store: Any) -> None:
@@ -45,17 +44,10 @@ def check_store(optimizer: Any, state: Sequence[Any], store: Any) -> None:
     for name, value in values.items():
         if value.shape != ():
             raise ValueError(
-                f"the saved optimizer variable {name!r} ({FIELDS[name]}) has shape {value.shape}, not (): not a file "
+                f"the saved optimizer variable {name!r} ({_FIELD[name]}) has shape {value.shape}, not (): not a file "
                 "this optimizer saved. Load a file written by model.save()/save_weights()."
             )
     _check(optimizer, values, f"optimizer {optimizer.name!r}: its saved variables")
-
-
-def _checker(optimizer: Any, name: str) -> Callable[[Any], None]:
-    def check(value: Any) -> None:
-        _check(optimizer, {name: value}, f"optimizer {optimizer.name!r}: its restored variables")
-
-    return check
 
 
 def guard_restores(optimizer: Any, state: Sequence[Any]) -> None:
@@ -70,7 +62,8 @@ def guard_restores(optimizer: Any, state: Sequence[Any]) -> None:
     import tensorflow as tf
 
     for name, variable in zip(STATE_NAMES, state):
-        before_tf_restore(variable, _checker(optimizer, name))
+        before_tf_restore(variable, lambda value, name=name: _check(
+            optimizer, {name: value}, f"optimizer {optimizer.name!r}: its restored variables"))
     if tf.executing_eagerly():  # a deferred restore ran when the variables were hung on the checkpoint node
         values = {name: variable.numpy() for name, variable in zip(STATE_NAMES, state)}
         _check(optimizer, values, f"optimizer {optimizer.name!r}: its variables after a deferred restore")

@@ -1,4 +1,4 @@
-"""``check_state``: the host-side check of a restored JAX state (flax, orbax, pickle), by the core's one rule."""
+"""``check_state``: a restored JAX state (flax, orbax, pickle) checked on the host by the core's one load rule."""
 
 from __future__ import annotations
 
@@ -7,10 +7,9 @@ from typing import Any
 
 import jax
 
+from .._checkpoint import COUNTERS, check_counter, check_policy, plain, read_record
 from .._policy import LossScale
 from .._resolve import get
-from .._validate import COUNTERS, check_counter, check_policy, plain
-from .._validate import check_state as check_fields
 
 __all__ = ["check_state"]
 
@@ -28,12 +27,6 @@ def _fields(node: Any) -> dict[str, Any] | None:
     return None
 
 
-def _policy(policy: Any) -> LossScale | None:
-    if policy is None or isinstance(policy, (LossScale, Mapping)):
-        return None if policy is None else check_policy(policy)
-    return get(policy)  # "dynamic" or a number, as loss_scale_optimizer takes them
-
-
 def check_state(state: Any, policy: Any = None) -> Any:
     """Raises if ``state`` holds a loss scale no step could have produced; returns ``state`` unchanged.
 
@@ -43,7 +36,7 @@ def check_state(state: Any, policy: Any = None) -> Any:
     :func:`loss_scale_optimizer`, an ``optax.chain`` state holding it, a
     flax ``TrainState``, or the nested dicts a restore without a target
     returns. Every loss scale found is checked by the core's one rule
-    (``lossscale._validate``): the scale finite, positive, a normal float32
+    (``lossscale._checkpoint``): the scale finite, positive, a normal float32
     and, if ``policy`` is given (the one you built the transformation with:
     a :class:`~lossscale.LossScale`, its ``serialize`` dict, ``"dynamic"`` or
     a number), within its ``[min, max]``; every counter an int in
@@ -68,7 +61,8 @@ def check_state(state: Any, policy: Any = None) -> Any:
     ...
     ValueError: state.loss_scale_state['loss_scale'] must be finite in float32 ...
     """
-    rules = _policy(policy)
+    if policy is not None:  # also "dynamic" or a number, as loss_scale_optimizer takes them
+        policy = check_policy(policy) if isinstance(policy, (LossScale, Mapping)) else get(policy)
     found = jax.tree_util.tree_flatten_with_path(state, is_leaf=lambda node: _fields(node) is not None)[0]
     nodes = [(path, fields) for path, node in found if (fields := _fields(node)) is not None]
     if not nodes:
@@ -83,12 +77,12 @@ def check_state(state: Any, policy: Any = None) -> Any:
             inner_fields = _fields(inner)
             if inner_fields is None:
                 raise TypeError(f"{where}.loss_scale_state is a {type(inner).__name__}, not a LossScaleState.")
-            check_fields(inner_fields, rules, where=f"{where}.loss_scale_state")
+            read_record(inner_fields, policy, where=f"{where}.loss_scale_state")
             for name in COUNTERS:  # counters kept next to the scale's own (the optimizer's skip counters)
                 if name in fields:
                     check_counter(f"{where}.{name}", fields[name])
         else:
-            check_fields(fields, rules, where=where)
+            read_record(fields, policy, where=where)
         if "last_step_skipped" in fields:
             flag = plain(fields["last_step_skipped"])
             if not isinstance(flag, bool) and type(flag).__name__ != "bool_":

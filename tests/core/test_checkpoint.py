@@ -1,4 +1,4 @@
-"""The one validation rule for loaded state (lossscale._validate) and the float32-inert factors (issue 22)."""
+"""The one load rule for loaded state (lossscale._checkpoint) and the float32-inert factors (issue 22)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import lossscale as ls
-from lossscale._validate import check_counter, check_policy, check_scale, check_state
+from lossscale._checkpoint import check_counter, check_policy, check_scale, read_record
 
 POLICY = ls.DynamicLossScale(2.0**10, 5, min_loss_scale=0.5, max_loss_scale=2.0**20)
 GOOD = {"loss_scale": 1024.0, "good_steps": 1, "bad_steps": 0, "skipped_steps": 3, "consecutive_skips": 0}
@@ -81,12 +81,12 @@ def test_counters_accept_ints_of_any_kind():
 
 
 def test_check_state_returns_plain_values_and_refuses_missing_and_extra_keys():
-    assert check_state(GOOD, POLICY) == GOOD
+    assert read_record(GOOD, POLICY)[1] == GOOD
     with pytest.raises(ValueError, match=r"missing \['bad_steps'\]"):
-        check_state({k: v for k, v in GOOD.items() if k != "bad_steps"}, POLICY)
+        read_record({k: v for k, v in GOOD.items() if k != "bad_steps"}, POLICY)
     with pytest.raises(ValueError, match=r"does not know: \['surprise'\]"):
-        check_state({**GOOD, "surprise": 1}, POLICY, extra="refuse")
-    assert check_state({**GOOD, "surprise": 1}, POLICY) == GOOD
+        read_record({**GOOD, "surprise": 1}, POLICY, extra="refuse")
+    assert read_record({**GOOD, "surprise": 1}, POLICY)[1] == GOOD
 
 
 def test_check_policy_reads_serialized_builtins_only():
