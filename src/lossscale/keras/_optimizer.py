@@ -16,6 +16,7 @@ from keras import ops
 from .. import LossScale
 from .._auto import check_stats_every
 from .._resolve import resolve_loss_scale, stable_form
+from ._checkpoint import check_store, guard_restores
 from ._compat import (
     HIDDEN_FROM_DIR,
     LegacyCheckpoint,
@@ -24,7 +25,6 @@ from ._compat import (
     no_automatic_dependency_tracking,
 )
 from ._config import read_config, restore, values_record, write_config
-from ._checkpoint import check_store, guard_restores
 from ._diagnostics import StepObserver
 from ._distributed import in_replica_of_strategy, replica_apply
 from ._grads import all_finite, scale_loss, unscale
