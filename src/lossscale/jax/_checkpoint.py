@@ -30,25 +30,17 @@ def _fields(node: Any) -> dict[str, Any] | None:
 def check_state(state: Any, policy: Any = None) -> Any:
     """Raises if ``state`` holds a loss scale no step could have produced; returns ``state`` unchanged.
 
-    Call it on what a checkpoint restore gave you (flax
-    ``serialization.from_bytes``/``from_state_dict``, orbax ``restore``, a
-    pickle), before the first step. ``state`` may be the state of
-    :func:`loss_scale_optimizer`, an ``optax.chain`` state holding it, a
-    flax ``TrainState``, or the nested dicts a restore without a target
-    returns. Every loss scale found is checked by the core's one rule
-    (``lossscale._checkpoint``): the scale finite, positive, a normal float32
-    and, if ``policy`` is given (the one you built the transformation with:
-    a :class:`~lossscale.LossScale`, its ``serialize`` dict, ``"dynamic"`` or
-    a number), within its ``[min, max]``; every counter an int in
-    ``[0, 2**31 - 1]``. Fields it does not know are left alone.
-
-    Cost: one host transfer per scalar field (host-side; not for use under
-    ``jit``).
+    Call it on what a checkpoint restore gave you (flax ``serialization``, orbax ``restore``, a pickle), before the
+    first step. ``state``: the state of :func:`loss_scale_optimizer`, an ``optax.chain`` state or flax
+    ``TrainState`` holding it, or the nested dicts a restore without a target returns. Every loss scale found is
+    checked by the core's one rule (docs/checkpoints.md): the scale finite, positive, a normal float32 and, if
+    ``policy`` is given (a :class:`~lossscale.LossScale`, its ``serialize`` dict, ``"dynamic"`` or a number),
+    within its ``[min, max]``; every counter an int in ``[0, 2**31 - 1]``. Fields it does not know are left alone.
+    Cost: one host transfer per scalar field (not for use under ``jit``).
 
     Raises:
         TypeError: ``state`` holds no loss scale, or a field of the wrong type.
-        ValueError: a field of the wrong value; the error names its path in
-            ``state``, the value and the fix.
+        ValueError: a field of the wrong value; the error names its path in ``state``, the value and the fix.
 
     >>> import jax.numpy as jnp, optax, lossscale.jax as lsj
     >>> state = lsj.loss_scale_optimizer(optax.sgd(0.1)).init({"w": jnp.ones(2)})

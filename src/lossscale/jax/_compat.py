@@ -46,12 +46,10 @@ def like(x: Any, aval: Any) -> Any:
 def eval_jaxpr_choosing(closed: Any, args: Sequence[Any], choose: Callable[[int, Any], Any]) -> list[Any]:
     """Evaluates a ``ClosedJaxpr`` on flat ``args``, replacing its ``i``-th output by ``choose(i, value)``.
 
-    The replacement is made as soon as the equation that computes an output has run, so later equations read
-    the chosen value; an output that is also an input, a literal, or in several output positions is replaced
-    at the end. The equations are bound in the current trace, as ``jax.extend.core.jaxpr_as_fun`` does, without
-    their source information (profiles name the inner update's ops by primitive only). Uses
-    ``jax.extend.core`` (``Literal``, ``Primitive.bind``, ``Primitive.get_bind_params``, whose result changed
-    shape between releases), the calls of ``jax.core.eval_jaxpr``.
+    An output is replaced as soon as its equation has run, so later equations read the chosen value (one that is
+    also an input, a literal or in several output positions, at the end). Binds the equations in the current
+    trace as ``jax.core.eval_jaxpr`` does, through ``jax.extend.core`` (``Literal``, ``Primitive.bind``,
+    ``get_bind_params``, whose result changed shape between releases), without their source information.
     """
     jaxpr = closed.jaxpr
     env: dict[Any, Any] = {**dict(zip(jaxpr.constvars, closed.consts)), **dict(zip(jaxpr.invars, args))}

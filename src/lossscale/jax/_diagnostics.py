@@ -61,9 +61,8 @@ class StepRecorder:
     """Appends ``(step, scale used, skipped)``, and a sampled step's statistics, to a History on the host.
 
     Steps continue after the history's last row; the loss, which ``update`` does not see, is NaN. Cost: one
-    ``jax.debug.callback`` per step, whose machinery dominates (0.4-1.7 ms on a 2-core CPU even as a no-op:
-    ``benchmarks/bench_jax_history.py``). Under ``pmap``/``shard_map`` the first device along the axes
-    records; under ``jit`` across processes JAX calls back on the process that holds device 0.
+    ``jax.debug.callback`` per step (docs/jax.md). Under ``pmap``/``shard_map`` the first device along the axes
+    records; under ``jit`` across processes, the process holding device 0.
     """
 
     def __init__(self, history: History) -> None:
