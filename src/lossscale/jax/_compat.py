@@ -28,9 +28,8 @@ def is_tracer(x: Any) -> bool:
 def like(x: Any, aval: Any) -> Any:
     """``x`` marked as varying over the same shard_map axes as ``aval``, so that both cond branches agree.
 
-    Public: ``lax.pcast(x, axes, to="varying")`` and ``jax.typeof(x).manual_axis_type.varying`` (JAX >= 0.9);
-    ``lax.pvary`` and ``aval.vma`` in JAX 0.6 - 0.8; neither before (nothing varies).
-    """
+    ``lax.pcast(x, axes, to="varying")`` and ``manual_axis_type.varying`` from JAX 0.9; ``lax.pvary`` and
+    ``aval.vma`` in 0.6 - 0.8; neither before (nothing varies)."""
 
     def varying(a: Any) -> frozenset:
         manual = getattr(a, "manual_axis_type", None)

@@ -152,12 +152,10 @@ def _check_chain_order(state: Any, caller: str) -> None:
 
 
 def find_state(opt_state: Any) -> LossScaleOptimizerState:
-    """The :class:`LossScaleOptimizerState` inside ``opt_state``, wherever it sits.
+    """The :class:`LossScaleOptimizerState` inside ``opt_state`` (an ``optax.chain``'s, a flax ``TrainState``, ...).
 
-    ``opt_state``: the state of :func:`loss_scale_optimizer`, of an ``optax.chain`` holding it, a flax
-    ``TrainState`` or its ``opt_state``, an ``nnx.Optimizer``'s ``opt_state``. Cost: a walk of the tree in
-    Python (at trace time under ``jit``). Raises TypeError if it holds no loss scale, ValueError if more than
-    one or if a chain clips before it.
+    Cost: a walk of the tree in Python, at trace time under ``jit``. Raises TypeError if it holds no loss scale,
+    ValueError if more than one or if a chain clips before it.
 
     >>> import jax.numpy as jnp, optax, lossscale.jax as lsj
     >>> opt = optax.chain(lsj.loss_scale_optimizer(optax.sgd(0.1), 8), optax.scale(1.0))
@@ -170,9 +168,8 @@ def find_state(opt_state: Any) -> LossScaleOptimizerState:
 def get_scaled_loss(loss: Any, state: Any) -> jax.Array:
     """``loss * S``, with ``S`` the scale in ``state`` (as :func:`find_state`), formed in float32, in ``loss``'s dtype.
 
-    Differentiate this, not ``loss``: the gradients are then ``S`` times the true ones, above float16's
-    underflow (about 6e-8). Cost: one scalar multiply. Raises TypeError for a loss that is not a floating-point
-    array, and :func:`find_state`'s errors.
+    Differentiate this: the gradients are ``S`` times the true ones, above float16's underflow. Cost: one scalar
+    multiply. Raises TypeError for a loss that is not a floating-point array, and :func:`find_state`'s errors.
 
     >>> import jax.numpy as jnp, optax, lossscale.jax as lsj
     >>> state = lsj.loss_scale_optimizer(optax.sgd(0.1), 1024).init(jnp.ones(2))
@@ -192,7 +189,7 @@ def get_scaled_loss(loss: Any, state: Any) -> jax.Array:
 def get_unscaled_gradients(grads: Any, state: Any) -> Any:
     """Each gradient times ``1/S`` (float32, correctly rounded), in its own dtype: one element-wise multiply.
 
-    ``update()`` unscales for you: use this to look at the true gradients, and pass the scaled ones to it.
+    ``update()`` unscales for you: use this to look at the true gradients; pass the scaled ones to ``update()``.
 
     >>> import jax.numpy as jnp, optax, lossscale.jax as lsj
     >>> state = lsj.loss_scale_optimizer(optax.sgd(0.1), 1024).init(jnp.ones(2))
@@ -253,10 +250,7 @@ def value_and_grad(
         return scale_loss(loss, scale), (loss, aux)
 
     # The scale is argument 0 of ``scaled``, so fun's argnums shift by one; it is never differentiated.
-    def shift(a: Any) -> Any:
-        return a + 1 if isinstance(a, int) and a >= 0 else a
-
-    shifted = shift(argnums) if isinstance(argnums, int) else tuple(shift(a) for a in argnums)
+    shifted = jax.tree_util.tree_map(lambda a: a + 1 if isinstance(a, int) and a >= 0 else a, argnums)
     grad_fn = jax.value_and_grad(scaled, argnums=shifted, has_aux=True)
 
     # A concrete state given here allows one call, outside any trace; the lock makes the flag's test-and-set
@@ -334,9 +328,7 @@ def _chosen(finite: jax.Array, update: Callable, operands: Any, olds: Any) -> An
     donated: the skip costs no pass (a choice at the end, or a ``lax.cond``, makes XLA copy; docs/jax.md#cost).
     """
     flat, in_tree = jax.tree_util.tree_flatten(operands)
-    closed, shapes = jax.make_jaxpr(
-        lambda *xs: update(*jax.tree_util.tree_unflatten(in_tree, xs)), return_shape=True
-    )(*flat)
+    closed, shapes = jax.make_jaxpr(lambda *xs: update(*in_tree.unflatten(xs)), return_shape=True)(*flat)
     out_tree = jax.tree_util.tree_structure(shapes)
     old_first, old_rest = olds
     first_tree, rest_tree = out_tree.children()
@@ -379,8 +371,8 @@ def loss_scale_optimizer(
 ) -> optax.GradientTransformationExtraArgs:
     """Wraps ``inner`` in loss scaling; TF's ``LossScaleOptimizer`` for optax (docs/jax.md).
 
-    ``update(grads, state, params)`` takes ``g``, the gradients of the **scaled** loss (:func:`value_and_grad`,
-    or ``jax.grad`` of :func:`get_scaled_loss`; never gradients you unscaled already), and computes::
+    ``update(grads, state, params)`` takes ``g``, the gradients of the **scaled** loss (:func:`value_and_grad`),
+    and computes::
 
         finite = all(isfinite(g))              # NaN and +-Inf alike (of g / S when S may be < 1)
         u = g * (1 / S)                        # each leaf in its own dtype
@@ -390,32 +382,28 @@ def loss_scale_optimizer(
         inner_state = where(finite, new_inner, inner_state)
         S, counters = lossscale.next_state(policy, S, counters, finite)
 
-    Every policy skips a non-finite step (``loss_scale=1``: skip only, e.g. for bfloat16). Cost under ``jit``:
-    plain optax's passes over the state plus one read pass over the gradients (:func:`all_finite`); the ``1/S``
-    multiply and the skip fuse into ``inner``'s kernels (``benchmarks/bench_jax.py --passes-only``); no host sync.
+    Every policy skips a non-finite step (``loss_scale=1``: skip only). Cost under ``jit``: plain optax's passes
+    plus one read of the gradients; the ``1/S`` multiply and the skip fuse into ``inner``'s kernels; no host sync.
 
     Args:
         inner: the optax transformation given the unscaled gradients; a clip goes *inside* it.
-        loss_scale: the experimental form: a number (fixed), ``"dynamic"``, any :class:`lossscale.LossScale`
-            (managers included) or its ``lossscale.serialize`` dict.
+        loss_scale: a number (fixed), ``"dynamic"``, a :class:`lossscale.LossScale` or its ``serialize`` dict.
         dynamic: the stable form (default True).
-        initial_scale: the initial (or, when ``dynamic=False``, fixed) scale; default 2**15.
+        initial_scale: the initial (``dynamic=False``: fixed) scale; default 2**15.
         dynamic_growth_steps: finite steps before the scale doubles; default 2000.
-        min_loss_scale: the floor of a dynamic scale (default 1); a policy object carries its own.
+        min_loss_scale: the floor of a dynamic scale (default 1).
         max_loss_scale: the ceiling of a dynamic scale (default None: none).
         hysteresis: non-finite steps before a dynamic scale backs off (default 1).
-        max_consecutive_skips: raise :class:`lossscale.LossScaleError` at the ``N``-th skip in a row (default
-            None: never); no host code on the other steps.
+        max_consecutive_skips: raise :class:`lossscale.LossScaleError` at the ``N``-th skip in a row (default None).
         history: a :class:`lossscale.History` given one row per step: a ``jax.debug.callback`` (0.4-1.7 ms on CPU).
-        axis_name: under ``pmap``/``shard_map``, the axes over which the finite flag is ``lax.pmin``-ed, so that
-            every device skips or steps together. Not needed under ``jit``.
+        axis_name: under ``pmap``/``shard_map``, the axes over which the finite flag is ``lax.pmin``-ed.
         clip_by_global_norm: clip the true gradients to this global norm, also the finite check: no extra pass.
-        stats_every: measure the scaled gradients every ``N``-th update (default None; 16 with
-            ``loss_scale="auto"``) into ``state.gradient_stats``: about one read pass on a sampled step.
+        stats_every: measure the scaled gradients every ``N``-th update into ``state.gradient_stats`` (default
+            None; 16 with ``loss_scale="auto"``): about one read pass on a sampled step.
 
     Returns:
-        An ``optax.GradientTransformationExtraArgs`` whose state is a :class:`LossScaleOptimizerState`;
-        extra keyword arguments of ``update`` go to ``inner``. Bad arguments raise TypeError or ValueError.
+        An ``optax.GradientTransformationExtraArgs`` with :class:`LossScaleOptimizerState`; ``update``'s extra
+        keyword arguments go to ``inner``. Bad arguments raise TypeError or ValueError.
 
     >>> import jax, jax.numpy as jnp, optax, lossscale.jax as lsj
     >>> params = {"w": jnp.array([1.0, -2.0])}
