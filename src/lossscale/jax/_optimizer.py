@@ -35,15 +35,12 @@ _FieldsWithStats = collections.namedtuple("_FieldsWithStats", ["inner_state", "l
 
 
 class LossScaleOptimizerState(_Fields):
-    """The state of :func:`~lossscale.jax.loss_scale_optimizer`: a NamedTuple pytree of arrays.
-
-    The policy is in the transformation, not here, so flatten, ``tree_map``, ``jit`` and restores cannot lose it
-    (jmp PR #44). Without ``stats_every`` the tuple has 0.1's two fields, so 0.1's checkpoints restore.
+    """The state of :func:`~lossscale.jax.loss_scale_optimizer`: a NamedTuple pytree of arrays, without the policy.
 
     Attributes:
         inner_state: the wrapped transformation's state, untouched by skipped steps.
         loss_scale_state: a :class:`lossscale.LossScaleState` of 0-d arrays.
-        stats: with ``stats_every``, the core's ``SamplerState`` (a third field); None otherwise.
+        stats: with ``stats_every``, a third field, the core's ``SamplerState``; None otherwise (0.1's two fields).
 
     >>> import jax.numpy as jnp, optax, lossscale.jax as lsj
     >>> state = lsj.loss_scale_optimizer(optax.sgd(0.1)).init({"w": jnp.ones(2)})
@@ -109,9 +106,16 @@ def _is_scale_node(node: Any) -> bool:
     return isinstance(node, (LossScaleOptimizerState, LossScaleState))
 
 
+# optax's stateless transforms (the clips, scale, ...) keep an EmptyState; zero_nans hides the skip's NaNs.
+_HIDE_SCALED_GRADIENTS = (optax.EmptyState, optax.ZeroNansState)
+
+
 def _find(state: Any, caller: str) -> LossScaleOptimizerState:
     """The one loss scale in ``state`` (a bare ``LossScaleState`` wrapped), or :func:`find_state`'s refusals."""
-    found = [n for n in jax.tree_util.tree_leaves(state, is_leaf=_is_scale_node) if _is_scale_node(n)]
+    leaves = jax.tree_util.tree_flatten_with_path(
+        state, is_leaf=lambda n: _is_scale_node(n) or isinstance(n, _HIDE_SCALED_GRADIENTS)
+    )[0]
+    found = [(path, node) for path, node in leaves if _is_scale_node(node)]
     if not found:
         raise TypeError(
             f"{caller} needs the state of a lossscale.jax.loss_scale_optimizer (what its init()/update() "
@@ -122,33 +126,21 @@ def _find(state: Any, caller: str) -> LossScaleOptimizerState:
             f"{caller} found {len(found)} loss scales in the state; pass the one you mean "
             "(the LossScaleOptimizerState of the transformation whose gradients these are)."
         )
-    if found[0] is not state:
-        _check_chain_order(state, caller)
-    return found[0] if isinstance(found[0], LossScaleOptimizerState) else LossScaleOptimizerState(None, found[0])
-
-
-# optax's stateless transforms (the clips, scale, ...) keep an EmptyState; zero_nans hides the skip's NaNs.
-_HIDE_SCALED_GRADIENTS = (optax.EmptyState, optax.ZeroNansState)
-
-
-def _check_chain_order(state: Any, caller: str) -> None:
-    """Raise if an ``optax.chain`` runs a stateless transform or ``zero_nans`` before the loss scale."""
-    leaves = jax.tree_util.tree_flatten_with_path(
-        state, is_leaf=lambda n: _is_scale_node(n) or isinstance(n, _HIDE_SCALED_GRADIENTS)
-    )[0]
-    scale_paths = [p for p, n in leaves if _is_scale_node(n)]
+    [(scale_path, scale_node)] = found
     for path, node in leaves:
-        for scale_path in scale_paths if isinstance(node, _HIDE_SCALED_GRADIENTS) else ():
-            # where the two paths part: a lower index in the same chain runs first
-            mine, theirs = next(((a, b) for a, b in zip(path, scale_path) if a != b), (None, None))
-            if isinstance(mine, SequenceKey) and isinstance(theirs, SequenceKey) and mine.idx < theirs.idx:
-                raise ValueError(
-                    f"{caller}: an optax.chain runs a transformation ({type(node).__name__} at "
-                    f"{jax.tree_util.keystr(path)}; e.g. optax.clip_by_global_norm) before loss_scale_optimizer, "
-                    "so it sees the SCALED gradients (a clip would clip S * g). Put it inside: "
-                    "loss_scale_optimizer(optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-3))), or use "
-                    "loss_scale_optimizer(optax.adamw(1e-3), clip_by_global_norm=1.0)."
-                )
+        if not isinstance(node, _HIDE_SCALED_GRADIENTS):
+            continue
+        # where the two paths part: a lower index in the same chain runs first
+        mine, theirs = next(((a, b) for a, b in zip(path, scale_path) if a != b), (None, None))
+        if isinstance(mine, SequenceKey) and isinstance(theirs, SequenceKey) and mine.idx < theirs.idx:
+            raise ValueError(
+                f"{caller}: an optax.chain runs a transformation ({type(node).__name__} at "
+                f"{jax.tree_util.keystr(path)}; e.g. optax.clip_by_global_norm) before loss_scale_optimizer, "
+                "so it sees the SCALED gradients (a clip would clip S * g). Put it inside: "
+                "loss_scale_optimizer(optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-3))), or use "
+                "loss_scale_optimizer(optax.adamw(1e-3), clip_by_global_norm=1.0)."
+            )
+    return scale_node if isinstance(scale_node, LossScaleOptimizerState) else LossScaleOptimizerState(None, scale_node)
 
 
 def find_state(opt_state: Any) -> LossScaleOptimizerState:
