@@ -16,12 +16,7 @@ __all__ = ["check_state"]
 
 def _fields(node: Any) -> dict[str, Any] | None:
     """A node's fields by name, if it is a loss scale's state (NamedTuple, flax dataclass or restored dict)."""
-    if isinstance(node, Mapping):
-        fields = node
-    elif hasattr(node, "_asdict"):
-        fields = node._asdict()
-    else:
-        return None
+    fields = node if isinstance(node, Mapping) else node._asdict() if hasattr(node, "_asdict") else {}
     if "loss_scale_state" in fields or ("loss_scale" in fields and "good_steps" in fields):
         return dict(fields)
     return None

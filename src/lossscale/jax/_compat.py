@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -52,16 +53,12 @@ def eval_jaxpr_choosing(closed: Any, args: Sequence[Any], choose: Callable[[int,
     """
     jaxpr = closed.jaxpr
     env: dict[Any, Any] = {**dict(zip(jaxpr.constvars, closed.consts)), **dict(zip(jaxpr.invars, args))}
-    bound = set(env)
+    uses = collections.Counter(v for v in jaxpr.outvars if not isinstance(v, Literal))
+    early = {v: i for i, v in enumerate(jaxpr.outvars) if not isinstance(v, Literal) and uses[v] == 1 and v not in env}
 
     def read(v: Any) -> Any:
         return v.val if isinstance(v, Literal) else env[v]
 
-    positions: dict[Any, list[int]] = {}
-    for i, v in enumerate(jaxpr.outvars):
-        if not isinstance(v, Literal):
-            positions.setdefault(v, []).append(i)
-    early = {v: p[0] for v, p in positions.items() if len(p) == 1 and v not in bound}
     for eqn in jaxpr.eqns:
         bind = eqn.primitive.get_bind_params(eqn.params)  # older JAX: (subfuns, params); newer: params
         subfuns, params = ((), bind) if isinstance(bind, dict) else bind
