@@ -200,14 +200,12 @@ def value_and_grad(
     with ``has_aux``): ``fun``'s own loss ``L`` and ``d(S * L)/d(params)``, what ``update`` expects. ``S`` is
     read at each call from the keyword ``opt_state=`` (not passed to ``fun``), else from the state given here:
     a traced one for any number of calls in its trace, a concrete one for one call outside any trace (a later
-    call would use an old ``S``). Cost: one scalar multiply more than ``jax.value_and_grad``; composes with
-    ``jax.jit``, ``jax.pmap`` and ``jax.shard_map``.
+    call would use an old ``S``). ``argnums`` and ``has_aux`` as in ``jax.value_and_grad``. Cost: one scalar
+    multiply more than ``jax.value_and_grad``; composes with ``jax.jit``, ``jax.pmap`` and ``jax.shard_map``.
 
     Args:
         fun: the loss function; returns a 0-d floating-point array (or ``(loss, aux)`` with ``has_aux``).
         opt_state: optional; anything :func:`find_state` takes.
-        argnums: as in ``jax.value_and_grad``.
-        has_aux: as in ``jax.value_and_grad``.
 
     Raises:
         TypeError: no state at all, or ``fun`` returned no 0-d floating-point loss; and :func:`find_state`'s.
