@@ -318,7 +318,9 @@ def _chosen(finite: jax.Array, update: Callable, operands: Any, olds: Any) -> An
     donated: the skip costs no pass (a choice at the end, or a ``lax.cond``, makes XLA copy; docs/jax.md#cost).
     """
     flat, in_tree = jax.tree_util.tree_flatten(operands)
-    closed, shapes = jax.make_jaxpr(lambda *xs: update(*in_tree.unflatten(xs)), return_shape=True)(*flat)
+    closed, shapes = jax.make_jaxpr(
+        lambda *xs: update(*jax.tree_util.tree_unflatten(in_tree, xs)), return_shape=True
+    )(*flat)
     out_tree = jax.tree_util.tree_structure(shapes)
     old_first, old_rest = olds
     first_tree, rest_tree = out_tree.children()
