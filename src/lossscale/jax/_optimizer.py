@@ -64,7 +64,6 @@ class LossScaleOptimizerState(_Fields):
         return None
 
     # jnp.asarray: under flax.nnx.Optimizer the leaves are OptArray wrappers, which have no operators.
-
     @property
     def loss_scale(self) -> jax.Array:
         """The current scale ``S``, a 0-d float32 array."""
@@ -445,8 +444,7 @@ def loss_scale_optimizer(
         leaves = check_gradients(grads)
         scale = state.loss_scale
         # With S >= 1 (the policy's floor) g / S is finite exactly when g is: the check reads the scaled g.
-        factor: Any = None
-        sample: Any = None
+        factor = sample = None
         if max_norm is None and every == 1 and state.stats is not None and rule.min_scale >= 1:
             sample = measure(leaves, jnp.asarray(state.stats.count), None)  # max |g| is the finite check too
             finite = jnp.isfinite(sample.amax)
