@@ -2,12 +2,6 @@
 
 ``value_and_grad`` gives the true loss and the gradients of the scaled loss; ``apply_gradients`` steps and returns
 new parameters; ``lossscale.jax.train_state.TrainState`` (flax linen) counts only the applied steps.
-
->>> import jax.numpy as jnp, optax, lossscale.jax as lsj
->>> opt = lsj.loss_scale_optimizer(optax.adamw(1e-3))
->>> state = opt.init({"w": jnp.ones(3)})
->>> float(state.loss_scale), int(state.loss_scale_state.good_steps)
-(32768.0, 0)
 """
 
 from __future__ import annotations

@@ -16,12 +16,7 @@ __all__ = ["check_state"]
 
 def _fields(node: Any) -> dict[str, Any] | None:
     """A node's fields by name, if it is a loss scale's state (NamedTuple, flax dataclass or restored dict)."""
-    if isinstance(node, Mapping):
-        fields = node
-    elif hasattr(node, "_asdict"):
-        fields = node._asdict()
-    else:
-        return None
+    fields = node if isinstance(node, Mapping) else node._asdict() if hasattr(node, "_asdict") else {}
     if "loss_scale_state" in fields or ("loss_scale" in fields and "good_steps" in fields):
         return dict(fields)
     return None
@@ -30,33 +25,23 @@ def _fields(node: Any) -> dict[str, Any] | None:
 def check_state(state: Any, policy: Any = None) -> Any:
     """Raises if ``state`` holds a loss scale no step could have produced; returns ``state`` unchanged.
 
-    Call it on what a checkpoint restore gave you (flax
-    ``serialization.from_bytes``/``from_state_dict``, orbax ``restore``, a
-    pickle), before the first step. ``state`` may be the state of
-    :func:`loss_scale_optimizer`, an ``optax.chain`` state holding it, a
-    flax ``TrainState``, or the nested dicts a restore without a target
-    returns. Every loss scale found is checked by the core's one rule
-    (``lossscale._checkpoint``): the scale finite, positive, a normal float32
-    and, if ``policy`` is given (the one you built the transformation with:
-    a :class:`~lossscale.LossScale`, its ``serialize`` dict, ``"dynamic"`` or
-    a number), within its ``[min, max]``; every counter an int in
-    ``[0, 2**31 - 1]``. Fields it does not know are left alone.
-
-    Cost: one host transfer per scalar field (host-side; not for use under
-    ``jit``).
+    Call it on what a checkpoint restore gave you (flax ``serialization``, orbax ``restore``, a pickle), before the
+    first step. ``state``: the state of :func:`loss_scale_optimizer`, an ``optax.chain`` state or flax
+    ``TrainState`` holding it, or the nested dicts a restore without a target returns. Every loss scale found is
+    checked by the core's one rule (docs/checkpoints.md): the scale finite, positive, a normal float32 and, if
+    ``policy`` is given (a :class:`~lossscale.LossScale`, its ``serialize`` dict, ``"dynamic"`` or a number),
+    within its ``[min, max]``; every counter an int in ``[0, 2**31 - 1]``. Fields it does not know are left alone.
+    Cost: one host transfer per scalar field (not for use under ``jit``).
 
     Raises:
         TypeError: ``state`` holds no loss scale, or a field of the wrong type.
-        ValueError: a field of the wrong value; the error names its path in
-            ``state``, the value and the fix.
+        ValueError: a field of the wrong value; the error names its path in ``state``, the value and the fix.
 
     >>> import jax.numpy as jnp, optax, lossscale.jax as lsj
     >>> state = lsj.loss_scale_optimizer(optax.sgd(0.1)).init({"w": jnp.ones(2)})
     >>> lsj.check_state(state) is state
     True
-    >>> nan = state.loss_scale_state._replace(loss_scale=jnp.float32("nan"))
-    >>> bad = state._replace(loss_scale_state=nan)
-    >>> lsj.check_state(bad)
+    >>> lsj.check_state(state._replace(loss_scale_state=state.loss_scale_state._replace(loss_scale=jnp.nan)))
     Traceback (most recent call last):
     ...
     ValueError: state.loss_scale_state['loss_scale'] must be finite in float32 ...

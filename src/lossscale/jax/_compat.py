@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -28,9 +29,8 @@ def is_tracer(x: Any) -> bool:
 def like(x: Any, aval: Any) -> Any:
     """``x`` marked as varying over the same shard_map axes as ``aval``, so that both cond branches agree.
 
-    Public: ``lax.pcast(x, axes, to="varying")`` and ``jax.typeof(x).manual_axis_type.varying`` (JAX >= 0.9);
-    ``lax.pvary`` and ``aval.vma`` in JAX 0.6 - 0.8; neither before (nothing varies).
-    """
+    ``lax.pcast(x, axes, to="varying")`` and ``manual_axis_type.varying`` from JAX 0.9; ``lax.pvary`` and
+    ``aval.vma`` in 0.6 - 0.8; neither before (nothing varies)."""
 
     def varying(a: Any) -> frozenset:
         manual = getattr(a, "manual_axis_type", None)
@@ -46,25 +46,19 @@ def like(x: Any, aval: Any) -> Any:
 def eval_jaxpr_choosing(closed: Any, args: Sequence[Any], choose: Callable[[int, Any], Any]) -> list[Any]:
     """Evaluates a ``ClosedJaxpr`` on flat ``args``, replacing its ``i``-th output by ``choose(i, value)``.
 
-    The replacement is made as soon as the equation that computes an output has run, so later equations read
-    the chosen value; an output that is also an input, a literal, or in several output positions is replaced
-    at the end. The equations are bound in the current trace, as ``jax.extend.core.jaxpr_as_fun`` does, without
-    their source information (profiles name the inner update's ops by primitive only). Uses
-    ``jax.extend.core`` (``Literal``, ``Primitive.bind``, ``Primitive.get_bind_params``, whose result changed
-    shape between releases), the calls of ``jax.core.eval_jaxpr``.
+    An output is replaced as soon as its equation has run, so later equations read the chosen value (one that is
+    also an input, a literal or in several output positions, at the end). Binds the equations in the current
+    trace as ``jax.core.eval_jaxpr`` does, through ``jax.extend.core`` (``Literal``, ``Primitive.bind``,
+    ``get_bind_params``, whose result changed shape between releases), without their source information.
     """
     jaxpr = closed.jaxpr
     env: dict[Any, Any] = {**dict(zip(jaxpr.constvars, closed.consts)), **dict(zip(jaxpr.invars, args))}
-    bound = set(env)
+    uses = collections.Counter(v for v in jaxpr.outvars if not isinstance(v, Literal))
+    early = {v: i for i, v in enumerate(jaxpr.outvars) if not isinstance(v, Literal) and uses[v] == 1 and v not in env}
 
     def read(v: Any) -> Any:
         return v.val if isinstance(v, Literal) else env[v]
 
-    positions: dict[Any, list[int]] = {}
-    for i, v in enumerate(jaxpr.outvars):
-        if not isinstance(v, Literal):
-            positions.setdefault(v, []).append(i)
-    early = {v: p[0] for v, p in positions.items() if len(p) == 1 and v not in bound}
     for eqn in jaxpr.eqns:
         bind = eqn.primitive.get_bind_params(eqn.params)  # older JAX: (subfuns, params); newer: params
         subfuns, params = ((), bind) if isinstance(bind, dict) else bind

@@ -14,7 +14,7 @@ from jax import lax
 from .._errors import LossScaleError
 from .._history import STATS_COLUMNS, History
 
-__all__ = ["StepRecorder", "check_limit", "guard_skip", "recorder_for"]
+__all__ = ["StepRecorder", "check_limit", "guard_skip"]
 
 
 def check_limit(max_consecutive_skips: Any) -> int | None:
@@ -61,12 +61,18 @@ class StepRecorder:
     """Appends ``(step, scale used, skipped)``, and a sampled step's statistics, to a History on the host.
 
     Steps continue after the history's last row; the loss, which ``update`` does not see, is NaN. Cost: one
-    ``jax.debug.callback`` per step, whose machinery dominates (0.4-1.7 ms on a 2-core CPU even as a no-op:
-    ``benchmarks/bench_jax_history.py``). Under ``pmap``/``shard_map`` the first device along the axes
-    records; under ``jit`` across processes JAX calls back on the process that holds device 0.
+    ``jax.debug.callback`` per step (docs/jax.md). Under ``pmap``/``shard_map`` the first device along the axes
+    records; under ``jit`` across processes, the process holding device 0.
     """
 
-    def __init__(self, history: History) -> None:
+    def __init__(self, history: Any) -> None:
+        if history is True:
+            raise TypeError(
+                "history=True has nowhere to keep the record on JAX (an optax transformation has no attributes): "
+                "pass your own, history = lossscale.History(); loss_scale_optimizer(inner, history=history)."
+            )
+        if not isinstance(history, History):
+            raise TypeError(f"history must be a lossscale.History or None, got {type(history).__name__}.")
         self.history = history
         self._next = int(history.steps[-1]) + 1 if len(history) else 0
 
@@ -88,16 +94,3 @@ class StepRecorder:
         else:
             _call_back_if(lax.axis_index(axes) == 0, self._append, *args)
 
-
-def recorder_for(history: Any) -> StepRecorder | None:
-    """The recorder for the ``history`` keyword (None/False: off), or a TypeError naming the fix."""
-    if history is None or history is False:
-        return None
-    if history is True:
-        raise TypeError(
-            "history=True has nowhere to keep the record on JAX (an optax transformation has no attributes): "
-            "pass your own, history = lossscale.History(); loss_scale_optimizer(inner, history=history)."
-        )
-    if not isinstance(history, History):
-        raise TypeError(f"history must be a lossscale.History or None, got {type(history).__name__}.")
-    return StepRecorder(history)

@@ -18,10 +18,9 @@ def scale_loss(loss: Any, scale: Any) -> jax.Array:
 
 
 def _inverses(scale: Any, factor: Any = None) -> Any:
-    """``dtype -> (wide, factor / scale)`` with ``wide`` that dtype widened to at least float32, computed once.
+    """``dtype -> (wide, factor / scale)``, ``wide`` that dtype widened to at least float32, once per ``wide``.
 
-    ``1/scale`` is correctly rounded: the float64 quotient rounded to float32 is the same number (53 > 2 * 24 + 2
-    bits; Figueroa 1995), so this is torch's float64-exact reciprocal without ``jax_enable_x64``.
+    ``1/scale`` in float32 equals torch's float64 reciprocal rounded to float32 (53 > 2 * 24 + 2; Figueroa 1995).
     """
     cache: dict[Any, jax.Array] = {}
 

@@ -20,7 +20,7 @@ from .._rule import LossScaleState, initial_state
 from .._sampler import check_stats_every
 from .._stats import GradientStats, as_mapping
 from ._compat import eval_jaxpr_choosing, is_tracer, like
-from ._diagnostics import check_limit, guard_skip, recorder_for
+from ._diagnostics import StepRecorder, check_limit, guard_skip
 from ._grads import all_finite, check_gradients, scale_loss, squared_norm, unscale
 from ._stats import init_stats, measure, step_scale
 
@@ -35,16 +35,12 @@ _FieldsWithStats = collections.namedtuple("_FieldsWithStats", ["inner_state", "l
 
 
 class LossScaleOptimizerState(_Fields):
-    """The state of :func:`~lossscale.jax.loss_scale_optimizer`: a NamedTuple pytree of arrays.
-
-    The policy is not in it but in the transformation, so flatten, ``tree_map``, ``jit`` and restores cannot
-    lose it (jmp lost ``min_loss_scale`` on flatten: jmp PR #44). Without ``stats_every`` the tuple has 0.1's
-    two fields, so 0.1's flax msgpack and orbax checkpoints restore; with it, the third ``stats``.
+    """The state of :func:`~lossscale.jax.loss_scale_optimizer`: a NamedTuple pytree of arrays, without the policy.
 
     Attributes:
         inner_state: the wrapped transformation's state, untouched by skipped steps.
         loss_scale_state: a :class:`lossscale.LossScaleState` of 0-d arrays.
-        stats: with ``stats_every``, the core's ``SamplerState``; None otherwise.
+        stats: with ``stats_every``, a third field, the core's ``SamplerState``; None otherwise (0.1's two fields).
 
     >>> import jax.numpy as jnp, optax, lossscale.jax as lsj
     >>> state = lsj.loss_scale_optimizer(optax.sgd(0.1)).init({"w": jnp.ones(2)})
@@ -68,7 +64,6 @@ class LossScaleOptimizerState(_Fields):
         return None
 
     # jnp.asarray: under flax.nnx.Optimizer the leaves are OptArray wrappers, which have no operators.
-
     @property
     def loss_scale(self) -> jax.Array:
         """The current scale ``S``, a 0-d float32 array."""
@@ -110,10 +105,16 @@ def _is_scale_node(node: Any) -> bool:
     return isinstance(node, (LossScaleOptimizerState, LossScaleState))
 
 
-def _find_node(state: Any, caller: str) -> Any:
-    if _is_scale_node(state):
-        return state
-    found = [n for n in jax.tree_util.tree_leaves(state, is_leaf=_is_scale_node) if _is_scale_node(n)]
+# optax's stateless transforms (the clips, scale, ...) keep an EmptyState; zero_nans hides the skip's NaNs.
+_HIDE_SCALED_GRADIENTS = (optax.EmptyState, optax.ZeroNansState)
+
+
+def _find(state: Any, caller: str) -> LossScaleOptimizerState:
+    """The one loss scale in ``state`` (a bare ``LossScaleState`` wrapped), or :func:`find_state`'s refusals."""
+    leaves = jax.tree_util.tree_flatten_with_path(
+        state, is_leaf=lambda n: _is_scale_node(n) or isinstance(n, _HIDE_SCALED_GRADIENTS)
+    )[0]
+    found = [(path, node) for path, node in leaves if _is_scale_node(node)]
     if not found:
         raise TypeError(
             f"{caller} needs the state of a lossscale.jax.loss_scale_optimizer (what its init()/update() "
@@ -124,71 +125,49 @@ def _find_node(state: Any, caller: str) -> Any:
             f"{caller} found {len(found)} loss scales in the state; pass the one you mean "
             "(the LossScaleOptimizerState of the transformation whose gradients these are)."
         )
-    _check_chain_order(state, caller)
-    return found[0]
-
-
-def _hides_scaled_gradients(node: Any) -> bool:
-    # optax's stateless transforms (the clips, scale, ...) keep an EmptyState; zero_nans hides the skip's NaNs.
-    return isinstance(node, (optax.EmptyState, optax.ZeroNansState))
-
-
-def _check_chain_order(state: Any, caller: str) -> None:
-    """Raise if an ``optax.chain`` runs a stateless transform or ``zero_nans`` before the loss scale."""
-    leaves = jax.tree_util.tree_flatten_with_path(
-        state, is_leaf=lambda n: _is_scale_node(n) or _hides_scaled_gradients(n)
-    )[0]
-    scale_paths = [p for p, n in leaves if _is_scale_node(n)]
+    [(scale_path, scale_node)] = found
     for path, node in leaves:
-        for scale_path in scale_paths if _hides_scaled_gradients(node) else ():
-            # where the two paths part: a lower index in the same chain runs first
-            mine, theirs = next(((a, b) for a, b in zip(path, scale_path) if a != b), (None, None))
-            if isinstance(mine, SequenceKey) and isinstance(theirs, SequenceKey) and mine.idx < theirs.idx:
-                raise ValueError(
-                    f"{caller}: an optax.chain runs a transformation ({type(node).__name__} at "
-                    f"{jax.tree_util.keystr(path)}; e.g. optax.clip_by_global_norm) before loss_scale_optimizer, "
-                    "so it sees the SCALED gradients (a clip would clip S * g). Put it inside: "
-                    "loss_scale_optimizer(optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-3))), or use "
-                    "loss_scale_optimizer(optax.adamw(1e-3), clip_by_global_norm=1.0)."
-                )
-
-
-def find_loss_scale_state(state: Any, caller: str) -> LossScaleState:
-    """The one :class:`LossScaleState` in ``state`` (:func:`find_state`'s search and refusals)."""
-    node = _find_node(state, caller)
-    return node.loss_scale_state if isinstance(node, LossScaleOptimizerState) else node
+        if not isinstance(node, _HIDE_SCALED_GRADIENTS):
+            continue
+        # where the two paths part: a lower index in the same chain runs first
+        mine, theirs = next(((a, b) for a, b in zip(path, scale_path) if a != b), (None, None))
+        if isinstance(mine, SequenceKey) and isinstance(theirs, SequenceKey) and mine.idx < theirs.idx:
+            raise ValueError(
+                f"{caller}: an optax.chain runs a transformation ({type(node).__name__} at "
+                f"{jax.tree_util.keystr(path)}; e.g. optax.clip_by_global_norm) before loss_scale_optimizer, "
+                "so it sees the SCALED gradients (a clip would clip S * g). Put it inside: "
+                "loss_scale_optimizer(optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-3))), or use "
+                "loss_scale_optimizer(optax.adamw(1e-3), clip_by_global_norm=1.0)."
+            )
+    return scale_node if isinstance(scale_node, LossScaleOptimizerState) else LossScaleOptimizerState(None, scale_node)
 
 
 def find_state(opt_state: Any) -> LossScaleOptimizerState:
-    """The :class:`LossScaleOptimizerState` inside ``opt_state``, wherever it sits.
+    """The :class:`LossScaleOptimizerState` inside ``opt_state`` (an ``optax.chain``'s, a flax ``TrainState``, ...).
 
-    ``opt_state``: the state of :func:`loss_scale_optimizer`, of an ``optax.chain`` holding it, a flax
-    ``TrainState`` or its ``opt_state``, an ``nnx.Optimizer``'s ``opt_state``. Cost: a walk of the tree in
-    Python (at trace time under ``jit``). Raises TypeError if it holds no loss scale, ValueError if more than
-    one or if a chain clips before it.
+    Cost: a walk of the tree in Python, at trace time under ``jit``. Raises TypeError if it holds no loss scale,
+    ValueError if more than one or if a chain clips before it.
 
     >>> import jax.numpy as jnp, optax, lossscale.jax as lsj
     >>> opt = optax.chain(lsj.loss_scale_optimizer(optax.sgd(0.1), 8), optax.scale(1.0))
     >>> int(lsj.find_state(opt.init(jnp.ones(2))).consecutive_skips)
     0
     """
-    node = _find_node(opt_state, "find_state()")
-    return node if isinstance(node, LossScaleOptimizerState) else LossScaleOptimizerState(None, node)
+    return _find(opt_state, "find_state()")
 
 
 def get_scaled_loss(loss: Any, state: Any) -> jax.Array:
     """``loss * S``, with ``S`` the scale in ``state`` (as :func:`find_state`), formed in float32, in ``loss``'s dtype.
 
-    Differentiate this, not ``loss``: the gradients are then ``S`` times the true ones, above float16's
-    underflow (about 6e-8). Cost: one scalar multiply. Raises TypeError for a loss that is not a floating-point
-    array, and :func:`find_state`'s errors.
+    Differentiate this: the gradients are ``S`` times the true ones, above float16's underflow. Cost: one scalar
+    multiply. Raises TypeError for a loss that is not a floating-point array, and :func:`find_state`'s errors.
 
     >>> import jax.numpy as jnp, optax, lossscale.jax as lsj
     >>> state = lsj.loss_scale_optimizer(optax.sgd(0.1), 1024).init(jnp.ones(2))
     >>> float(lsj.get_scaled_loss(jnp.float32(0.5), state))
     512.0
     """
-    scale = find_loss_scale_state(state, "get_scaled_loss()").loss_scale
+    scale = _find(state, "get_scaled_loss()").loss_scale
     dtype = getattr(loss, "dtype", None)
     if dtype is None or not jnp.issubdtype(dtype, jnp.floating):
         raise TypeError(
@@ -201,59 +180,47 @@ def get_scaled_loss(loss: Any, state: Any) -> jax.Array:
 def get_unscaled_gradients(grads: Any, state: Any) -> Any:
     """Each gradient times ``1/S`` (float32, correctly rounded), in its own dtype: one element-wise multiply.
 
-    ``update()`` unscales for you: use this to look at the true gradients, and pass the scaled ones to it.
+    ``update()`` unscales for you: use this to look at the true gradients; pass the scaled ones to ``update()``.
 
     >>> import jax.numpy as jnp, optax, lossscale.jax as lsj
     >>> state = lsj.loss_scale_optimizer(optax.sgd(0.1), 1024).init(jnp.ones(2))
     >>> lsj.get_unscaled_gradients({"w": jnp.array([512.0, 2048.0], jnp.float16)}, state)
     {'w': Array([0.5, 2. ], dtype=float16)}
     """
-    return unscale(grads, find_loss_scale_state(state, "get_unscaled_gradients()").loss_scale)
+    return unscale(grads, _find(state, "get_unscaled_gradients()").loss_scale)
 
 
 def value_and_grad(
     fun: Callable[..., Any], opt_state: Any = None, *, argnums: int | Sequence[int] = 0, has_aux: bool = False
 ) -> Callable[..., Any]:
-    """``jax.value_and_grad`` of ``fun``, with the loss scaled by the scale of the optimizer state.
+    """``jax.value_and_grad`` of ``fun``, with the loss scaled by the scale ``S`` of the optimizer state.
 
     The returned function takes ``fun``'s arguments and returns ``(loss, grads)`` (``((loss, aux), grads)``
     with ``has_aux``): ``fun``'s own loss ``L`` and ``d(S * L)/d(params)``, what ``update`` expects. ``S`` is
-    read at each call, from the keyword ``opt_state=`` (not passed to ``fun``) or else from the state given
-    here: a traced one (built inside the step) for any number of calls in its trace, a concrete one for one
-    call outside any trace (a later call would use an old ``S``). Cost: one scalar multiply more than
-    ``jax.value_and_grad``; it composes with ``jax.jit``, ``jax.pmap`` and ``jax.shard_map``.
+    read at each call from the keyword ``opt_state=`` (not passed to ``fun``), else from the state given here:
+    a traced one for any number of calls in its trace, a concrete one for one call outside any trace (a later
+    call would use an old ``S``). ``argnums`` and ``has_aux`` as in ``jax.value_and_grad``. Cost: one scalar
+    multiply more than ``jax.value_and_grad``; composes with ``jax.jit``, ``jax.pmap`` and ``jax.shard_map``.
 
     Args:
         fun: the loss function; returns a 0-d floating-point array (or ``(loss, aux)`` with ``has_aux``).
         opt_state: optional; anything :func:`find_state` takes.
-        argnums: as in ``jax.value_and_grad`` (indices into ``fun``'s arguments).
-        has_aux: as in ``jax.value_and_grad``.
 
     Raises:
-        TypeError: no loss scale in ``opt_state``; no state at all; ``fun`` returned something other than a
-            0-d floating-point array (or a pair with ``has_aux``).
-        ValueError: more than one loss scale, or an ``optax.chain`` that clips before the loss scale.
+        TypeError: no state at all, or ``fun`` returned no 0-d floating-point loss; and :func:`find_state`'s.
         RuntimeError: a function built with a concrete state called a second time, or inside a trace.
 
-    >>> import jax, jax.numpy as jnp, optax, lossscale.jax as lsj
-    >>> opt = lsj.loss_scale_optimizer(optax.sgd(0.1), 1024)
+    >>> import jax.numpy as jnp, optax, lossscale.jax as lsj
     >>> params = jnp.array([1.0, 2.0])
-    >>> state = opt.init(params)
+    >>> state = lsj.loss_scale_optimizer(optax.sgd(0.1), 1024).init(params)
     >>> grad_fn = lsj.value_and_grad(lambda p: jnp.sum(p**2))
     >>> loss, grads = grad_fn(params, opt_state=state)
     >>> float(loss), grads.tolist()                  # true loss, gradients of 1024 * loss
     (5.0, [2048.0, 4096.0])
-    >>> built = lsj.value_and_grad(lambda p: jnp.sum(p**2), state)  # a concrete state: one call
-    >>> built(params)[1].tolist()
-    [2048.0, 4096.0]
-    >>> built(params)  # doctest: +ELLIPSIS
-    Traceback (most recent call last):
-    ...
-    RuntimeError: value_and_grad(fun, opt_state) was built with a concrete optimizer state ...
     """
     if not callable(fun):
         raise TypeError(f"value_and_grad() needs a callable loss function, got {type(fun).__name__}.")
-    bound = None if opt_state is None else find_loss_scale_state(opt_state, "value_and_grad()")
+    bound = None if opt_state is None else _find(opt_state, "value_and_grad()")
 
     def scaled(scale: jax.Array, *args: Any, **kwargs: Any) -> tuple[jax.Array, Any]:
         out = fun(*args, **kwargs)
@@ -272,24 +239,21 @@ def value_and_grad(
         return scale_loss(loss, scale), (loss, aux)
 
     # The scale is argument 0 of ``scaled``, so fun's argnums shift by one; it is never differentiated.
-    def shift(a: Any) -> Any:
-        return a + 1 if isinstance(a, int) and a >= 0 else a
-
-    shifted = shift(argnums) if isinstance(argnums, int) else tuple(shift(a) for a in argnums)
+    shifted = jax.tree_util.tree_map(lambda a: a + 1 if isinstance(a, int) and a >= 0 else a, argnums)
     grad_fn = jax.value_and_grad(scaled, argnums=shifted, has_aux=True)
 
     # A concrete state given here allows one call, outside any trace; the lock makes the flag's test-and-set
     # atomic, so two threads cannot both make the one call.
-    once = None if bound is None or is_tracer(jnp.asarray(bound.loss_scale)) else threading.Lock()
+    once = None if bound is None or is_tracer(bound.loss_scale) else threading.Lock()
     used = False
 
     @functools.wraps(fun)
     def wrapped(*args: Any, opt_state: Any = None, **kwargs: Any) -> tuple[Any, Any]:
         nonlocal used
         if opt_state is not None:
-            scale_state = find_loss_scale_state(opt_state, "value_and_grad()")
+            found = _find(opt_state, "value_and_grad()")
         elif bound is not None:
-            scale_state = bound
+            found = bound
             if once is not None:
                 with once:
                     again, used = used, True
@@ -301,21 +265,21 @@ def value_and_grad(
                 "value_and_grad(fun) reads the loss scale when it is called: pass the current optimizer state, "
                 "grad_fn(params, ..., opt_state=state), or build it inside the step as value_and_grad(fun, state)."
             )
-        (scaled_loss, (loss, aux)), grads = grad_fn(jnp.asarray(scale_state.loss_scale), *args, **kwargs)
+        (scaled_loss, (loss, aux)), grads = grad_fn(found.loss_scale, *args, **kwargs)
         if once is not None and opt_state is None and is_tracer(scaled_loss):
             # Under jit/pmap/scan every op is staged out, so the scaled loss is a tracer even when every input
             # is a constant: the compiled step would keep this state's scale as a constant.
-            raise _reuse_error(scale_state, "called inside a traced function (jit, pmap, scan, vmap): the "
+            raise _reuse_error(found, "called inside a traced function (jit, pmap, scan, vmap): the "
                                "compiled step would keep that state's loss scale as a constant")
         return ((loss, aux) if has_aux else loss), grads
 
     return wrapped
 
 
-def _reuse_error(bound: LossScaleState, what: str) -> RuntimeError:
+def _reuse_error(bound: LossScaleOptimizerState, what: str) -> RuntimeError:
     return RuntimeError(
         f"value_and_grad(fun, opt_state) was built with a concrete optimizer state and {what} "
-        f"({float(jnp.asarray(bound.loss_scale)):g}). A function built with a concrete state may be called once, "
+        f"({float(bound.loss_scale):g}). A function built with a concrete state may be called once, "
         "outside any trace. Build it once without the state and pass the current one at each call: "
         "grad_fn = lsj.value_and_grad(loss_fn); loss, grads = grad_fn(params, batch, opt_state=state)."
     )
@@ -349,9 +313,8 @@ def _chosen(finite: jax.Array, update: Callable, operands: Any, olds: Any) -> An
     """``update(*operands)`` where ``finite``, else ``olds`` (None: zeros shaped like that output), leaf by leaf.
 
     Each output is chosen with ``jnp.where`` as soon as it is computed (:func:`eval_jaxpr_choosing`), so later
-    equations (Adam's parameter update reading its new moments) read the chosen value: XLA fuses each choice
-    into the kernel that computes it, in place when donated, and the skip costs no pass. (A choice at the end
-    makes XLA copy the donated moments; a ``lax.cond`` copies its operands, or its results when donated.)
+    equations read the chosen value and XLA fuses each choice into the kernel that computes it, in place when
+    donated: the skip costs no pass (a choice at the end, or a ``lax.cond``, makes XLA copy; docs/jax.md#cost).
     """
     flat, in_tree = jax.tree_util.tree_flatten(operands)
     closed, shapes = jax.make_jaxpr(
@@ -397,10 +360,10 @@ def loss_scale_optimizer(
     history: Any = None, axis_name: str | tuple[str, ...] | None = None, clip_by_global_norm: float | None = None,
     stats_every: int | None = None,
 ) -> optax.GradientTransformationExtraArgs:
-    """Wraps ``inner`` in loss scaling; TF's ``LossScaleOptimizer`` for optax.
+    """Wraps ``inner`` in loss scaling; TF's ``LossScaleOptimizer`` for optax (docs/jax.md).
 
-    ``update(grads, state, params)`` takes ``g``, the gradients of the **scaled** loss (:func:`value_and_grad`,
-    or ``jax.grad`` of :func:`get_scaled_loss`; never gradients you unscaled already), and computes::
+    ``update(grads, state, params)`` takes ``g``, the gradients of the **scaled** loss (:func:`value_and_grad`),
+    and computes::
 
         finite = all(isfinite(g))              # NaN and +-Inf alike (of g / S when S may be < 1)
         u = g * (1 / S)                        # each leaf in its own dtype
@@ -410,46 +373,34 @@ def loss_scale_optimizer(
         inner_state = where(finite, new_inner, inner_state)
         S, counters = lossscale.next_state(policy, S, counters, finite)
 
-    A non-finite step is skipped with every policy (``loss_scale=1``: skip only, e.g. for bfloat16). Cost
-    under ``jit``: one read pass over the gradients (:func:`all_finite`); the ``1/S`` multiply and the skip
-    fuse into ``inner``'s kernels, so the step makes plain optax's passes over the state plus that read
-    (``benchmarks/bench_jax.py --passes-only``); no host sync.
+    Every policy skips a non-finite step (``loss_scale=1``: skip only). Cost under ``jit``: plain optax's passes
+    plus one read of the gradients; the ``1/S`` multiply and the skip fuse into ``inner``'s kernels; no host sync.
 
     Args:
-        inner: the optax transformation that receives the unscaled gradients, e.g. ``optax.adamw(1e-3)``;
-            a clip goes *inside* it (``optax.chain(optax.clip_by_global_norm(1.0), ...)``).
-        loss_scale: the experimental form: a number (fixed), ``"dynamic"``, any :class:`lossscale.LossScale`
-            (managers included) or its ``lossscale.serialize`` dict.
+        inner: the optax transformation given the unscaled gradients; a clip goes *inside* it.
+        loss_scale: a number (fixed), ``"dynamic"``, a :class:`lossscale.LossScale` or its ``serialize`` dict.
         dynamic: the stable form (default True).
-        initial_scale: the initial (or, when ``dynamic=False``, fixed) scale; default 2**15.
+        initial_scale: the initial (``dynamic=False``: fixed) scale; default 2**15.
         dynamic_growth_steps: finite steps before the scale doubles; default 2000.
         min_loss_scale: the floor of a dynamic scale (default 1).
         max_loss_scale: the ceiling of a dynamic scale (default None: none).
-        hysteresis: non-finite steps before a dynamic scale backs off (default 1). These three refine the
-            stable form's dynamic scale or ``"dynamic"``; a policy object carries its own.
-        max_consecutive_skips: raise :class:`lossscale.LossScaleError` from the step that skips for the
-            ``N``-th time in a row (default None: never); no host code on the other steps.
-        history: a :class:`lossscale.History` that gets one row per step (the loss as NaN): one
-            ``jax.debug.callback`` per step (0.4-1.7 ms on CPU).
-        axis_name: under ``jax.pmap``/``jax.shard_map``, the axis name(s) over which the finite flag is
-            ``lax.pmin``-ed, so that every device skips or steps together. Not needed under ``jit``.
-        clip_by_global_norm: clip the true gradients to this global norm; the norm is also the finite check
-            and its factor joins the ``1/S`` multiply: no extra pass.
-        stats_every: measure the scaled gradients every ``N``-th update (default None; 16 with
-            ``loss_scale="auto"``) into ``state.gradient_stats``, which ``lossscale.AutoLossScale`` reads:
-            about one read pass on a sampled step (1.03x the step at ``N=16``: docs/gradient_stats.md).
+        hysteresis: non-finite steps before a dynamic scale backs off (default 1).
+        max_consecutive_skips: raise :class:`lossscale.LossScaleError` at the ``N``-th skip in a row (default None).
+        history: a :class:`lossscale.History` given one row per step: a ``jax.debug.callback`` (0.4-1.7 ms on CPU).
+        axis_name: under ``pmap``/``shard_map``, the axes over which the finite flag is ``lax.pmin``-ed.
+        clip_by_global_norm: clip the true gradients to this global norm, also the finite check: no extra pass.
+        stats_every: measure the scaled gradients every ``N``-th update into ``state.gradient_stats`` (default
+            None; 16 with ``loss_scale="auto"``): about one read pass on a sampled step.
 
     Returns:
-        An ``optax.GradientTransformationExtraArgs`` whose state is a :class:`LossScaleOptimizerState`;
-        extra keyword arguments of ``update`` go to ``inner``. Bad arguments raise TypeError or ValueError
-        (the scale's as in ``lossscale.torch.LossScaleOptimizer``).
+        An ``optax.GradientTransformationExtraArgs`` with :class:`LossScaleOptimizerState`; ``update``'s extra
+        keyword arguments go to ``inner``. Bad arguments raise TypeError or ValueError.
 
     >>> import jax, jax.numpy as jnp, optax, lossscale.jax as lsj
     >>> params = {"w": jnp.array([1.0, -2.0])}
     >>> opt = lsj.loss_scale_optimizer(optax.sgd(0.5), "dynamic")
     >>> state = opt.init(params)
-    >>> loss = lambda p: jnp.sum(p["w"] ** 2)
-    >>> grads = jax.grad(lambda p: lsj.get_scaled_loss(loss(p), state))(params)
+    >>> grads = jax.grad(lambda p: lsj.get_scaled_loss(jnp.sum(p["w"] ** 2), state))(params)
     >>> updates, state = jax.jit(opt.update)(grads, state, params)
     >>> optax.apply_updates(params, updates)["w"]
     Array([0., 0.], dtype=float32)
@@ -470,7 +421,7 @@ def loss_scale_optimizer(
     axes = _axis_names(axis_name)
     max_norm = _check_max_norm(clip_by_global_norm)
     limit = check_limit(max_consecutive_skips)
-    recorder = recorder_for(history)
+    recorder = None if history is None or history is False else StepRecorder(history)
     every = check_stats_every(stats_every, policy)
     inner = optax.with_extra_args_support(inner)
 
@@ -491,11 +442,9 @@ def loss_scale_optimizer(
                 f"{type(state).__name__}. Pass this transformation's own state, not the inner optimizer's."
             )
         leaves = check_gradients(grads)
-        scale_state = state.loss_scale_state
-        scale = jnp.asarray(scale_state.loss_scale)
+        scale = state.loss_scale
         # With S >= 1 (the policy's floor) g / S is finite exactly when g is: the check reads the scaled g.
-        factor: Any = None
-        sample: Any = None
+        factor = sample = None
         if max_norm is None and every == 1 and state.stats is not None and rule.min_scale >= 1:
             sample = measure(leaves, jnp.asarray(state.stats.count), None)  # max |g| is the finite check too
             finite = jnp.isfinite(sample.amax)
@@ -508,7 +457,7 @@ def loss_scale_optimizer(
         if axes is not None:
             finite = lax.pmin(finite.astype(jnp.int32), axes) > 0
         new_scale_state, new_stats, sampled = step_scale(
-            policy, every, leaves, scale_state, state.stats, finite, axes, sample
+            policy, every, leaves, state.loss_scale_state, state.stats, finite, axes, sample
         )
         if recorder is not None:
             recorder.record(scale, finite, axes, None if new_stats is None else (sampled, new_stats.sample))
