@@ -61,9 +61,12 @@ def guard_restores(optimizer: Any, state: Sequence[Any]) -> None:
         return
     import tensorflow as tf
 
+    where = f"optimizer {optimizer.name!r}: its restored variables"
     for name, variable in zip(STATE_NAMES, state):
-        before_tf_restore(variable, lambda value, name=name: _check(
-            optimizer, {name: value}, f"optimizer {optimizer.name!r}: its restored variables"))
+        def check(value: Any, name: str = name) -> None:
+            _check(optimizer, {name: value}, where)
+
+        before_tf_restore(variable, check)
     if tf.executing_eagerly():  # a deferred restore ran when the variables were hung on the checkpoint node
         values = {name: variable.numpy() for name, variable in zip(STATE_NAMES, state)}
         _check(optimizer, values, f"optimizer {optimizer.name!r}: its variables after a deferred restore")
