@@ -1,24 +1,17 @@
 """Checkpoints and pickles of the torch binding: tensors <-> the core's one load rule, and the atomic inner load.
 
-A ``LossScaleOptimizer.state_dict()`` is the inner optimizer's state dict
-plus one ``"lossscale"`` entry (a ``SharedLossScale.state_dict()`` is its
-first two keys)::
+A ``LossScaleOptimizer.state_dict()`` is the inner optimizer's plus a ``"lossscale"`` entry (a
+``SharedLossScale.state_dict()`` is its first two keys)::
 
     {"policy": serialize(policy),                # ScaleRecord (older checkpoints: "loss_scale")
      "state": {"loss_scale": f32, "good_steps": i32, "bad_steps": i32,
                "skipped_steps": i32, "consecutive_skips": i32},
-     "optimizer": {"steps": int,                 # CounterRecord: this optimizer's own counters
-                   "skipped_steps": i32 | None,
-                   "consecutive_skips": i32 | None}}
+     "optimizer": {"steps": int, "skipped_steps": i32 | None, "consecutive_skips": i32 | None}}  # CounterRecord
 
-``lossscale.torch.GradScaler``'s is torch's five keys plus a ``"lossscale"``
-entry of plain values (:func:`gradscaler_state_dict`). Every reader checks
-*everything* by :mod:`lossscale._checkpoint` and copies every tensor (on the
-saved tensor's device) before anything is loaded; a malformed entry raises
-``ValueError`` and changes nothing. Pickling and ``deepcopy`` use the same
-records, the policy then travelling as the object itself. Cost: one
-``.item()`` and one 0-d copy per field (a host sync only for a tensor on an
-accelerator).
+GradScaler's is torch's five keys plus a ``"lossscale"`` entry of plain values. Every field is checked by
+:mod:`lossscale._checkpoint` and copied (on the saved tensor's device) before anything loads: a malformed entry
+raises ``ValueError`` and changes nothing. Pickles use the same records, with the policy object itself. Cost:
+one ``.item()`` and one 0-d copy per field.
 """
 
 from __future__ import annotations
@@ -37,17 +30,8 @@ from .._policy import DynamicLossScale, LossScale
 from .._resolve import built_in_names, serialize
 from .._rule import COUNTER_MAX, LossScaleState
 
-__all__ = [
-    "Checkpoint",
-    "CounterRecord",
-    "ScaleRecord",
-    "gradscaler_record",
-    "gradscaler_state_dict",
-    "load_inner",
-    "read_policy",
-    "replace_policy",
-    "with_torch_names",
-]
+__all__ = ["Checkpoint", "CounterRecord", "ScaleRecord", "gradscaler_record", "gradscaler_state_dict", "load_inner",
+           "read_policy", "replace_policy", "with_torch_names"]
 
 _NOT_OURS = "Not a lossscale state dict"
 
@@ -56,17 +40,12 @@ def _not_a_state_dict(detail: str) -> ValueError:
     return ValueError(f"{_NOT_OURS} ({detail}); pass what state_dict() returned.")
 
 
-def _device(value: Any) -> torch.device:
-    return value.device if isinstance(value, torch.Tensor) else torch.device("cpu")
-
-
 def _tensor(value: Any, saved: Any) -> torch.Tensor:
     """A new 0-d tensor of a checked numpy value, on the device of the saved value."""
-    return torch.tensor(value, device=_device(saved))
+    return torch.tensor(value, device=saved.device if isinstance(saved, torch.Tensor) else "cpu")
 
 
-def _refused(error: Exception) -> ValueError:
-    # LossScaleOptimizer and SharedLossScale document one error for a malformed checkpoint: ValueError.
+def _refused(error: Exception) -> ValueError:  # the one error documented for a malformed checkpoint
     return ValueError(f"{_NOT_OURS}: {error}")
 
 
@@ -113,11 +92,8 @@ class ScaleRecord:
 
 @dataclass(frozen=True)
 class CounterRecord:
-    """One optimizer's own counters: ``step()`` calls that stepped or skipped, its skips, its skip streak.
-
-    ``skipped_steps``/``consecutive_skips`` are None in checkpoints written
-    before they were kept per optimizer; the loader then takes the scale's.
-    """
+    """One optimizer's own counters: its ``step()`` calls, skips and skip streak (the last two None in older
+    checkpoints: the loader then takes the scale's)."""
 
     steps: int = 0
     skipped_steps: torch.Tensor | None = None
@@ -125,11 +101,8 @@ class CounterRecord:
 
     def to_dict(self) -> dict[str, Any]:
         copy = lambda t: None if t is None else t.detach().clone()
-        return {
-            "steps": self.steps,
-            "skipped_steps": copy(self.skipped_steps),
-            "consecutive_skips": copy(self.consecutive_skips),
-        }
+        return {"steps": self.steps, "skipped_steps": copy(self.skipped_steps),
+                "consecutive_skips": copy(self.consecutive_skips)}
 
     @classmethod
     def from_dict(cls, saved: Any) -> CounterRecord:
@@ -205,12 +178,8 @@ def with_torch_names(build: Any, *args: Any, **kwargs: Any) -> Any:
 
 
 def growth_interval(value: Any) -> int:
-    """torch's ``growth_interval``: any int >= 1, saturated at 2**31 - 1 (the growth counter is int32).
-
-    A counter that saturates at 2**31 - 1 cannot tell a longer interval from
-    that one, so nothing is lost: torch's "huge growth_interval" idiom for a
-    fixed scale keeps working.
-    """
+    """torch's ``growth_interval``: any int >= 1, saturated at 2**31 - 1 (the int32 growth counter cannot tell a
+    longer one apart, so torch's "huge growth_interval" idiom for a fixed scale keeps working)."""
     fix = "Pass a positive whole number of steps, for example growth_interval=2000 (torch's default)."
     if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_floating_point():
         value = int(value)
@@ -233,17 +202,10 @@ def gradscaler_state_dict(policy: DynamicLossScale, state: LossScaleState) -> di
     """The state dict of a GradScaler following ``policy`` with ``state`` (one host sync)."""
     scale, good, bad, skipped, streak = torch.stack([t.detach().double() for t in state]).tolist()
     return {
-        "scale": scale,
-        "growth_factor": policy.multiplier,
-        "backoff_factor": policy.backoff_factor,
-        "growth_interval": policy.increment_period,
-        "_growth_tracker": int(good),
-        "lossscale": {
-            "policy": serialize(policy),
-            "bad_steps": int(bad),
-            "skipped_steps": int(skipped),
-            "consecutive_skips": int(streak),
-        },
+        "scale": scale, "growth_factor": policy.multiplier, "backoff_factor": policy.backoff_factor,
+        "growth_interval": policy.increment_period, "_growth_tracker": int(good),
+        "lossscale": {"policy": serialize(policy), "bad_steps": int(bad), "skipped_steps": int(skipped),
+                      "consecutive_skips": int(streak)},
     }
 
 
@@ -365,16 +327,10 @@ def _check(inner: torch.optim.Optimizer) -> None:
 
 
 def load_inner(inner: torch.optim.Optimizer, saved: Mapping[str, Any]) -> None:
-    """``inner.load_state_dict(saved)``, all or nothing.
-
-    torch loads saved hyperparameters as they are (an SGD state dict into
-    AdamW: ``KeyError: 'betas'`` at the next step), and a failed load leaves
-    the optimizer half replaced. Here the current state dict (references) is
-    kept, the saved one loaded and checked (each group holds every key of
-    ``defaults``; each state tensor is shaped like its parameter), and on
-    failure the kept one is loaded back and a ValueError names the cause.
-    Cost: a walk over groups and shapes; one more load on failure.
-    """
+    """``inner.load_state_dict(saved)``, all or nothing: torch loads another optimizer's groups as they are (an SGD
+    state dict into AdamW fails at the next step) and leaves a failed load half done. Checked after loading: each
+    group holds every key of ``defaults``, each state tensor is shaped like its parameter; on failure the kept
+    state dict is loaded back and a ValueError names the cause. Cost: a walk over groups and shapes."""
     kept = inner.state_dict()
     try:
         inner.load_state_dict(dict(saved))

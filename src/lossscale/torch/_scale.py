@@ -1,9 +1,6 @@
-"""The loss scale's state as torch tensors (:class:`ScaleState`), and who advances it: the scale owners.
-
-A step (``_step.py``) ends with ``owner.add_step(found_inf, record)``: :class:`PrivateLossScale` (one
-``LossScaleOptimizer``'s) advances at once; :class:`SharedLossScale` keeps the MAX of its members' flags and
-advances once in ``update()``; :class:`IterationScale` is GradScaler's, which also takes a new scale or policy.
-"""
+"""The loss scale's state as torch tensors (:class:`ScaleState`), and its owners, which a step ends with
+``owner.add_step(found_inf, record)``: :class:`PrivateLossScale` advances at once, :class:`SharedLossScale`
+once per ``update()`` from the MAX of its members' flags, :class:`IterationScale` is GradScaler's."""
 
 from __future__ import annotations
 
@@ -33,10 +30,8 @@ __all__ = [
 class ScaleState:
     """A policy and its five live 0-d tensors (float32 scale, four int32 counters); the only code that changes them.
 
-    :meth:`advance` is the core rule ``state <- next_state(policy, state, found_inf == 0)`` in place (the
-    tensors keep their addresses): about 20 scalar ops on an accelerator or under ``torch.compile``; for CPU
-    state the same rule on the host, on numpy views of the tensors' memory (10 microseconds instead of 30).
-    No host sync either way: a CPU tensor has no queue to wait for.
+    :meth:`advance` is ``state <- next_state(policy, state, found_inf == 0)`` in place: about 20 scalar ops, or
+    for CPU state the rule on numpy views of the tensors (10 microseconds instead of 30). No host sync.
 
     >>> import torch, lossscale
     >>> s = ScaleState(lossscale.DynamicLossScale(8.0, 2))
@@ -50,20 +45,8 @@ class ScaleState:
         self._set_tensors(initial_state(policy, torch, device=device))
 
     @property
-    def policy(self) -> LossScale:
-        return self._policy
-
-    @property
-    def tensors(self) -> LossScaleState:
-        return self._tensors
-
-    @property
     def device(self) -> torch.device:
-        return self._tensors.loss_scale.device
-
-    @property
-    def can_go_below_one(self) -> bool:
-        return self._params.min_scale < 1
+        return self.tensors.loss_scale.device
 
     def inv_scale(self) -> torch.Tensor:
         """``1 / S`` in float32, computed in float64 (for CPU state on the host: one op instead of three)."""
@@ -71,39 +54,39 @@ class ScaleState:
         if views is not None:
             with np.errstate(over="ignore"):  # 1/S beyond float32 is inf, as on the device
                 return torch.from_numpy(np.asarray(1.0 / float(views.loss_scale), dtype=np.float32))
-        return reciprocal(self._tensors.loss_scale)
+        return reciprocal(self.tensors.loss_scale)
 
     def to_(self, device: torch.device) -> None:
         if self.device != device:
-            self._set_tensors(LossScaleState(*(t.to(device) for t in self._tensors)))
+            self._set_tensors(LossScaleState(*(t.to(device) for t in self.tensors)))
 
     def advance(self, found_inf: torch.Tensor) -> None:
-        if found_inf.device != self._tensors.loss_scale.device:
+        if found_inf.device != self.tensors.loss_scale.device:
             found_inf = move(found_inf, self.device)
         views = self._host_views_now()
         if views is not None:
             advance_in_place(self._params, views, float(found_inf.detach().numpy()) == 0.0)
             return
-        new = next_state(self._params, self._tensors, found_inf == 0, torch)
+        new = next_state(self._params, self.tensors, found_inf == 0, torch)
         with torch.no_grad():
-            foreach_copy_(list(self._tensors), new)
+            foreach_copy_(list(self.tensors), new)
 
     def assign(self, new: LossScaleState) -> None:
         with torch.no_grad():
-            foreach_copy_(list(self._tensors), list(new))
+            foreach_copy_(list(self.tensors), list(new))
 
     def set_scale(self, value: torch.Tensor, found_inf: torch.Tensor | None = None) -> None:
         """``S <- value`` in place, the growth counters kept; ``found_inf`` is counted in the skip counters as the
         core rule counts it for a fixed scale. About 5 scalar ops, no sync."""
-        tensors = list(self._tensors)
+        tensors = list(self.tensors)
         if found_inf is not None:
             finite = move(found_inf, self.device) == 0
-            tensors = list(next_state(replace(self._params, dynamic=False), self._tensors, finite, torch))
+            tensors = list(next_state(replace(self._params, dynamic=False), self.tensors, finite, torch))
         with torch.no_grad():
-            foreach_copy_(list(self._tensors), [move(value, self.device).reshape(()).float(), *tensors[1:]])
+            foreach_copy_(list(self.tensors), [move(value, self.device).reshape(()).float(), *tensors[1:]])
 
     def record(self) -> ScaleRecord:
-        return ScaleRecord(self._policy, LossScaleState(*(t.detach().clone() for t in self._tensors)))
+        return ScaleRecord(self.policy, LossScaleState(*(t.detach().clone() for t in self.tensors)))
 
     def load(self, record: ScaleRecord) -> None:
         self._set_policy(record.policy)
@@ -119,22 +102,21 @@ class ScaleState:
         self._set_tensors(LossScaleState(*(t.to(state["device"]) for t in record.state)))
 
     def _set_policy(self, policy: LossScale) -> None:
-        self._policy = policy
-        self._params = policy.rule_params()
+        self.policy, self._params = policy, policy.rule_params()
+        self.can_go_below_one = self._params.min_scale < 1
 
     def _set_tensors(self, tensors: LossScaleState) -> None:
-        self._tensors = tensors
+        self.tensors = tensors
         self._host_views: LossScaleState | None = None
         self._host_pointers: tuple[int, ...] = ()
 
     def _host_views_now(self) -> LossScaleState | None:
-        """Numpy views of the CPU tensors' memory (remade if a storage was swapped), or None off the CPU and under
-        ``torch.compile``."""
-        if self._tensors.loss_scale.device.type != "cpu" or torch.compiler.is_compiling():
+        """Numpy views of the CPU tensors' memory (remade if a storage was swapped); None off the CPU or compiling."""
+        if self.tensors.loss_scale.device.type != "cpu" or torch.compiler.is_compiling():
             return None
-        pointers = tuple(t.data_ptr() for t in self._tensors)
+        pointers = tuple(t.data_ptr() for t in self.tensors)
         if self._host_views is None or pointers != self._host_pointers:
-            self._host_views = LossScaleState(*(t.detach().numpy() for t in self._tensors))
+            self._host_views = LossScaleState(*(t.detach().numpy() for t in self.tensors))
             self._host_pointers = pointers
         return self._host_views
 
@@ -169,11 +151,6 @@ class ScaleOwner:
     @property
     def device(self) -> torch.device:
         return self._scale.device
-
-    @property
-    def can_go_below_one(self) -> bool:
-        """Whether the policy lets the scale fall below 1 (``min_loss_scale < 1``)."""
-        return self._scale.can_go_below_one
 
     @property
     def loss_scale(self) -> torch.Tensor:
@@ -372,20 +349,6 @@ def scale_owner_for(optimizer: torch.optim.Optimizer, loss_scale: Any, **stable:
     return PrivateLossScale(policy, device)
 
 
-def new_scale_tensor(new_scale: Any) -> torch.Tensor:
-    """``update(new_scale=...)``'s value as a 0-d float32 copy: a positive finite number, or a 1-element tensor
-    that does not require grad (not read: no sync)."""
-    fix = "new_scale should be a float or a 1-element tensor with requires_grad=False"
-    if isinstance(new_scale, torch.Tensor):
-        if new_scale.numel() != 1 or new_scale.requires_grad:
-            raise ValueError(f"{fix}; got a tensor of shape {tuple(new_scale.shape)} "
-                             f"(requires_grad={new_scale.requires_grad}).")
-        return new_scale.detach().reshape(()).to(torch.float32, copy=True)
-    if isinstance(new_scale, bool) or not isinstance(new_scale, Real) or not 0 < new_scale < math.inf:
-        raise ValueError(f"{fix}, positive and finite; got {new_scale!r}.")
-    return torch.tensor(float(new_scale), dtype=torch.float32)
-
-
 class IterationScale(SharedLossScale):
     """GradScaler's scale: a :class:`SharedLossScale` advanced once per ``update()``; also takes a new scale or policy."""
 
@@ -403,12 +366,21 @@ class IterationScale(SharedLossScale):
         return self._pending
 
     def update(self, new_scale: Any = None) -> None:  # type: ignore[override]
-        """Advances the scale once from this iteration's flags, or sets ``new_scale`` (the growth counter stays;
-        the iteration's skip is still counted). No sync."""
+        """Advances the scale once from this iteration's flags, or sets ``new_scale`` (a positive finite number or
+        a 1-element tensor not requiring grad, not read; the growth counter stays, the skip is counted). No sync."""
         if new_scale is None:
             super().update()
             return
-        value = new_scale_tensor(new_scale)
+        fix = "new_scale should be a float or a 1-element tensor with requires_grad=False"
+        if isinstance(new_scale, torch.Tensor):
+            if new_scale.numel() != 1 or new_scale.requires_grad:
+                raise ValueError(f"{fix}; got a tensor of shape {tuple(new_scale.shape)} "
+                                 f"(requires_grad={new_scale.requires_grad}).")
+            value = new_scale.detach().reshape(()).to(torch.float32, copy=True)
+        elif isinstance(new_scale, bool) or not isinstance(new_scale, Real) or not 0 < new_scale < math.inf:
+            raise ValueError(f"{fix}, positive and finite; got {new_scale!r}.")
+        else:
+            value = torch.tensor(float(new_scale), dtype=torch.float32)
         self._scale.set_scale(value, self._close())
 
     def overwrite(self, *, scale: float | None = None, growth_tracker: int | None = None) -> None:
