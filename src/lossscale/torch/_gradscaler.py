@@ -1,6 +1,5 @@
-"""``lossscale.torch.GradScaler``: a drop-in for ``torch.amp.GradScaler`` on lossscale's state and rule: one
-:class:`~lossscale.torch._scale.IterationScale` and, keyed weakly by optimizer (torch's
-``per_optimizer_states``), one :class:`~lossscale.torch._step.OptimizerStep` each."""
+"""``lossscale.torch.GradScaler``: ``torch.amp.GradScaler``'s interface over one ``IterationScale`` and, keyed
+weakly by optimizer (torch's ``per_optimizer_states``), one ``OptimizerStep`` each."""
 
 from __future__ import annotations
 
@@ -33,9 +32,7 @@ def torch_policy(
     max_loss_scale: Any = None,
     hysteresis: Any = 1,
 ) -> DynamicLossScale:
-    """The :class:`~lossscale.DynamicLossScale` of torch GradScaler's arguments (validated; errors in torch's names):
-    ``init_scale -> initial_loss_scale``, ``growth_interval -> increment_period`` (saturated at 2**31 - 1),
-    ``growth_factor -> multiplier``, ``backoff_factor``.
+    """The :class:`~lossscale.DynamicLossScale` of torch GradScaler's arguments, validated (errors in torch's names).
 
     >>> torch_policy(2.0**16, 2.0, 0.5, 2000).get_config()
     {'initial_loss_scale': 65536.0, 'increment_period': 2000, 'multiplier': 2.0, 'backoff_factor': 0.5}
@@ -56,29 +53,25 @@ class GradScaler:
     """``torch.amp.GradScaler``'s interface over lossscale's dynamic loss scale.
 
     Cost per ``step(optimizer)``, as ``LossScaleOptimizer.step()``: one unscale+check pass (R+W; fused float16:
-    a check only); host syncs: unfused 1, fused 0 (the kernel skips; 1 when a parameter gets its state, or
-    with ``sync_skips=True``). ``scale()`` and ``update()`` add none; ``get_scale()`` and ``state_dict()`` one.
+    a check only); host syncs: unfused 1, fused 0 (1 when a parameter gets its state, or with
+    ``sync_skips=True``). ``scale()`` and ``update()`` add none; ``get_scale()`` and ``state_dict()`` one.
 
-    Two deliberate differences from torch: TF's floor (the scale never backs off below ``min_loss_scale=1``;
-    torch's can reach 0, pytorch #101569) and growth only while ``S * growth_factor`` stays finite (and under
-    ``max_loss_scale``). A ``step()`` that finds no gradient, or an ``update()`` with no step, is a no-op
-    (torch asserts).
+    Differences from torch: TF's floor (the scale never backs off below ``min_loss_scale=1``; torch's can reach
+    0, pytorch #101569), growth only while ``S * growth_factor`` stays finite (and under ``max_loss_scale``), and
+    a ``step()`` without gradients or an ``update()`` without a step is a no-op (torch asserts).
 
     Args:
-        device, init_scale, growth_factor, backoff_factor, growth_interval, enabled: as
-            ``torch.amp.GradScaler`` (``device="cuda"`` without CUDA warns and disables, as torch does); a
-            ``growth_interval`` above 2**31 - 1 saturates there (the growth counter is int32).
+        device, init_scale, growth_factor, backoff_factor, growth_interval, enabled: as ``torch.amp.GradScaler``
+            (``device="cuda"`` without CUDA warns and disables); ``growth_interval`` saturates at 2**31 - 1.
         min_loss_scale, max_loss_scale, hysteresis: the rest of the policy (see :class:`lossscale.DynamicLossScale`).
         max_consecutive_skips, overflow_report, named_parameters: as :class:`LossScaleOptimizer` (per optimizer).
         history: True or a :class:`lossscale.History`: one row per ``update()`` (scale used, skipped, the loss
             given to ``scale()``).
-        sync_skips: decide a fused optimizer's skip on the host (one sync per step), so that a skipped step does
-            not call ``optimizer.step`` at all: integrations that learn of a skip that way (accelerate, the
-            transformers Trainer) need it; ``integrations.accelerate.attach`` sets it. Default False, as torch.
-        stats_every: measure the scaled gradients every ``N``-th iteration (default None); the latest sample,
-            over every optimizer stepped, is :attr:`gradient_stats` (and history columns). Cost as in
-            :class:`LossScaleOptimizer`. ``scale()`` calls since the last ``update()`` count the micro-batches.
-            (``AutoLossScale`` needs ``LossScaleOptimizer``.)
+        sync_skips: decide a fused optimizer's skip on the host (one sync per step), so that a skip calls no
+            ``optimizer.step`` (accelerate and the Trainer learn of skips that way; ``attach`` sets it). Default False.
+        stats_every: measure the scaled gradients every ``N``-th iteration (default None): :attr:`gradient_stats`,
+            over every optimizer stepped; ``scale()`` calls count the micro-batches (``AutoLossScale`` needs
+            ``LossScaleOptimizer``).
 
     >>> import torch
     >>> w = torch.nn.Parameter(torch.tensor([1.0]))
@@ -176,11 +169,8 @@ class GradScaler:
         slot.unscale_(optimizer)
 
     def step(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
-        """Unscales and checks ``optimizer``'s gradients (unless ``unscale_`` did), then steps or skips.
-
-        Returns ``optimizer.step(*args, **kwargs)``'s result (the attribute of the object passed in: a patched
-        ``step`` runs); a skip decided on the host does not call it and returns None.
-        """
+        """Unscales and checks ``optimizer``'s gradients (unless ``unscale_`` did), then steps or skips; returns
+        ``optimizer.step(*args, **kwargs)``'s result (a patched ``step`` runs), None on a skip decided on the host."""
         if not self._enabled:
             return optimizer.step(*args, **kwargs)
         if "closure" in kwargs:
@@ -212,9 +202,8 @@ class GradScaler:
 
     def update(self, new_scale: float | torch.Tensor | None = None) -> None:
         """Advances the scale once for this iteration: backs off if any optimizer overflowed (one unscaled but not
-        stepped too, as in torch), else maybe grows. ``new_scale`` (a float or a 1-element tensor) sets the scale
-        instead and keeps the growth counter. No sync.
-        """
+        stepped too, as in torch), else maybe grows; ``new_scale`` (a float or a 1-element tensor) sets it instead,
+        keeping the growth counter. No sync."""
         if not self._enabled:
             return
         recorder, owner = self._recorder, self._owner
@@ -232,11 +221,8 @@ class GradScaler:
 
     @property
     def gradient_stats(self) -> dict[str, Any] | None:
-        """The latest ``stats_every`` sample (tensors; ``docs/gradient_stats.md``), None when off or before one.
-
-        It covers every optimizer stepped (or unscaled) in its iteration: per-tensor names start with
-        ``opt{k}.``, ``k`` counting the optimizers in the order this scaler first saw them.
-        """
+        """The latest ``stats_every`` sample (tensors; ``docs/gradient_stats.md``), None when off or before one; over
+        every optimizer stepped, per-tensor names prefixed ``opt{k}.`` in the order this scaler first saw them."""
         return None if self._sampler is None else self._sampler.gradient_stats
 
     def _stats_progress(self) -> tuple[int, int] | None:
@@ -248,11 +234,8 @@ class GradScaler:
         return gradscaler_state_dict(self._owner.policy, self._owner.state) if self._enabled else {}
 
     def load_state_dict(self, state_dict: dict[str, Any], custom_objects: Mapping[str, type] | None = None) -> None:
-        """Restores ours or ``torch.amp.GradScaler``'s state dict (see ``_checkpoint.py``); validated first.
-
-        A policy class of your own is rebuilt from ``custom_objects`` (or is
-        the class already in use); nothing is imported by name.
-        """
+        """Restores ours or ``torch.amp.GradScaler``'s state dict, validated first; a policy class of your own comes
+        from ``custom_objects`` (or is the one in use), nothing is imported by name."""
         if not self._enabled:
             return
         self._owner.load_record(gradscaler_record(state_dict, self._owner.policy, self._owner.state, custom_objects))
@@ -260,8 +243,6 @@ class GradScaler:
             step.reset()
         if self._sampler is not None:  # the iteration's measurements go with it
             self._sampler.forget()
-
-    # ------------------------------------------------------------ torch's accessors (a Python number: one sync)
 
     def get_scale(self) -> float:
         """The current scale as a Python float (1.0 when disabled). One host sync."""
@@ -305,8 +286,6 @@ class GradScaler:
     def is_enabled(self) -> bool:
         return self._enabled
 
-    # ------------------------------------------------------------ lossscale's attributes (no sync)
-
     @property
     def loss_scale(self) -> torch.Tensor:
         """The current scale, a 0-d float32 tensor (a copy; 1.0 when disabled)."""
@@ -346,14 +325,9 @@ class GradScaler:
         reporter = self._diagnostics.reporter
         return None if reporter is None else reporter.last
 
-    # ------------------------------------------------------------ pickling: the scale's record, plus settings
-
     def __getstate__(self) -> dict[str, Any]:
-        """The scale (pickled through its checkpoint record, policy object included) and the settings; nothing else.
-
-        Built field by field, so live objects (the stall guard's CUDA event,
-        per-optimizer records, parameter names) are never pickled.
-        """
+        """The scale (through its checkpoint record) and the settings, field by field: no live object (CUDA
+        event, per-optimizer records, parameter names) is pickled."""
         if any(step.record.stage is not Stage.READY for step in self._steps.values()):
             raise RuntimeError(
                 "A GradScaler may be pickled only between iterations (before scale() or after update())."

@@ -496,7 +496,7 @@ class OptimizerStep:
             "shared": shared,
             "scale": None if shared is not None else self.owner.record().to_dict(policy_object=True),
             "optimizer": self.counters.record().to_dict(),
-            "diagnostics": self.diagnostics,  # pickles its settings only (see Diagnostics.settings)
+            "diagnostics": self.diagnostics,  # pickles its settings only
         }
 
     @classmethod

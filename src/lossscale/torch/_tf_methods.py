@@ -1,9 +1,5 @@
-"""TF v1's optimizer methods for ``LossScaleOptimizer`` (gradients as values, slots, variables, config), as a
-mixin over its public surface and its ``_steps`` (:class:`~lossscale.torch._step.OptimizerStep`).
-
-``from_config`` builds ``torch.optim`` classes only and imports no module a config names (a config from an
-untrusted checkpoint must not run imports); any other class comes through ``custom_objects``.
-"""
+"""TF v1's optimizer methods for ``LossScaleOptimizer`` (gradients as values, slots, variables, config), a mixin
+over its public surface and its ``OptimizerStep``."""
 
 from __future__ import annotations
 
@@ -75,12 +71,9 @@ class TFv1Methods:
         grads_and_vars: Iterable[tuple[torch.Tensor | None, torch.Tensor]],
         global_step: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Applies *unscaled* gradients if all are finite; updates the scale either way.
-
-        A non-finite gradient means no update at all (``global_step``, a tensor incremented in place, included);
-        the parameters' ``.grad`` stay as they were. Returns a 0-d bool tensor, True if applied. Cost: one R+W
-        check (values unchanged), syncs as ``step()``; a sampled step measures the gradients times ``S`` (R).
-        """
+        """Applies *unscaled* gradients if all are finite (else nothing, ``global_step`` included, a tensor
+        incremented in place); updates the scale either way; ``.grad`` stays. Returns a 0-d bool tensor, True if
+        applied. Cost: one R+W check, syncs as ``step()``; a sampled step measures the gradients times ``S``."""
         pairs = list(grads_and_vars)
         if global_step is not None and not isinstance(global_step, torch.Tensor):
             raise TypeError(
@@ -95,28 +88,21 @@ class TFv1Methods:
                     f"A variable of shape {tuple(var.shape)} is not a parameter of the inner optimizer; "
                     "add it with add_param_group() first."
                 )
-        given = [g for g, _ in pairs if g is not None]
+        given = [(index[id(v)], v, g) for g, v in pairs if g is not None]
         if not given:
             raise ValueError("No gradients provided for any variable: every gradient in grads_and_vars is None.")
         owner = self.shared_loss_scale  # type: ignore[attr-defined]
-        owner.to_(given[0].device)
-        # the sample of a sampled step: the given gradients times S, the scaled values (R, no change to them)
-        measured = [(index[id(v)], v, g) for g, v in pairs if g is not None]
-        self._steps.measure(self.inner_optimizer, measured, owner.state.loss_scale)  # type: ignore[attr-defined]
-        found_inf = check_finite(GradGroups(given), out_device=owner.device)
+        owner.to_(given[0][2].device)
+        self._steps.measure(self.inner_optimizer, given, owner.state.loss_scale)  # type: ignore[attr-defined]  # as scaled: times S
+        found_inf = check_finite(GradGroups([g for _, _, g in given]), out_device=owner.device)
         reporter = self._steps.diagnostics.reporter
-        named = (
-            [(reporter.name_of(v, *index[id(v)]), grad) for grad, v in pairs if grad is not None]
-            if reporter is not None
-            else ()
-        )
+        named = () if reporter is None else [(reporter.name_of(v, *w), g) for w, v, g in given]
         saved = [p.grad for p in params]
         try:
             for p in params:
                 p.grad = None
-            for grad, var in pairs:
-                if grad is not None:
-                    var.grad = grad
+            for _, var, grad in given:
+                var.grad = grad
             found_inf = self._steps.apply(self.inner_optimizer, found_inf, None, named_grads=named)[0]  # type: ignore[attr-defined]
         finally:
             for p, grad in zip(params, saved):
@@ -167,7 +153,8 @@ class TFv1Methods:
         custom_objects: Mapping[str, type] | None = None,
     ) -> Any:
         """Rebuilds from :meth:`get_config` (torch optimizers need their ``params``); the inner class and a policy
-        class of your own come from ``custom_objects``, else ``torch.optim``. No module is imported by name."""
+        class of your own come from ``custom_objects``, else ``torch.optim``: no module a config names is imported
+        (a config from an untrusted checkpoint must not run imports)."""
         spec = config["inner_optimizer"]
         opt_cls = optimizer_class(spec, custom_objects)
         inner = opt_cls(params, **_constructor_kwargs(opt_cls, spec["config"]))
