@@ -1,12 +1,5 @@
-"""One skip decision for every rank: the found-inf flag MAX-all-reduced before the decision, and a debug check
-that the replicated scale state agrees.
-
-Plain DDP needs nothing (its gradients are all-reduced before ``step()``). Sharded setups (FSDP2, ZeRO-style
-optimizers, tensor/pipeline parallelism) check different gradients per rank. The group: the given
-``process_group`` (a ``DeviceMesh``: all of its ranks); else the parameters' DTensor meshes (the world group
-when a mesh spans every rank, else one group per mesh dimension); else none. ``torch.distributed.tensor`` is
-never imported here: a process without DTensors pays nothing.
-"""
+"""One skip decision for every rank: the found-inf flag MAX-all-reduced before the decision (sharded setups check
+different gradients per rank; plain DDP needs nothing), and a debug check that the replicated state agrees."""
 
 from __future__ import annotations
 
@@ -25,13 +18,7 @@ from .._resolve import serialize
 from .._rule import LossScaleState
 from .._torch_kernels import dtensor_type
 
-__all__ = [
-    "FlagAgreement",
-    "agreement_groups",
-    "all_reduce_max",
-    "check_replicas_agree",
-    "validate_process_group",
-]
+__all__ = ["FlagAgreement", "agreement_groups", "all_reduce_max", "check_replicas_agree", "validate_process_group"]
 
 
 def device_mesh_type() -> type | None:
@@ -89,8 +76,8 @@ def _mesh_groups(mesh: Any) -> list[Any]:
 
 
 def agreement_groups(process_group: Any, params: Iterable[torch.Tensor]) -> list[Any]:
-    """The groups the found-inf flag is MAX-reduced over, in order; empty when none is needed. Cost: an
-    ``isinstance`` per parameter when no group was given."""
+    """The groups the found-inf flag is MAX-reduced over, in order: ``process_group`` (a ``DeviceMesh``: all its
+    ranks), else the parameters' DTensor meshes, else none. Cost: an ``isinstance`` per parameter."""
     if process_group is not None:
         mesh_type = device_mesh_type()
         if mesh_type is not None and isinstance(process_group, mesh_type):
@@ -175,18 +162,14 @@ def check_replicas_agree(state: LossScaleState, policy: LossScale, groups: Seque
         rows = [g.tolist() for g in gathered]  # the host sync
         ranks = dist.get_process_group_ranks(group)
         problems = []
-        for i, name in enumerate(list(_FIELDS) + ["policy"]):
+        for i, name in enumerate([*_FIELDS, "policy"]):
             values = [row[i] for row in rows]
-            if any(v != values[0] for v in values[1:]):
-                if name == "policy":
-                    detail = "the loss scale policies (their configs) differ"
-                else:
-                    shown = ", ".join(
-                        f"rank {r}: {v:g}" if name == "loss_scale" else f"rank {r}: {int(v)}"
-                        for r, v in zip(ranks, values)
-                    )
-                    detail = f"{name} differs ({shown})"
-                problems.append(detail)
+            if name == "policy" and len(set(values)) > 1:
+                problems.append("the loss scale policies (their configs) differ")
+            elif len(set(values)) > 1:
+                shown = ", ".join(f"rank {r}: {v:g}" if name == "loss_scale" else f"rank {r}: {int(v)}"
+                                  for r, v in zip(ranks, values))
+                problems.append(f"{name} differs ({shown})")
         if problems:
             raise LossScaleError(
                 "The loss scale has drifted apart across ranks: "

@@ -14,7 +14,6 @@ from .._policy import DynamicLossScale
 from ._checkpoint import gradscaler_record, gradscaler_state_dict, growth_interval, replace_policy, with_torch_names
 from ._diagnostics import Diagnostics, OverflowReport, StepRecorder
 from ._distributed import FlagAgreement
-from ._legacy_pickles import gradscaler_from_0_1, is_gradscaler_0_1
 from ._scale import IterationScale
 from ._stats import StatsSampler, check_stats_every
 from ._step import OptimizerStep, Stage
@@ -340,8 +339,12 @@ class GradScaler:
                 "updates": self._updates, "sampler": self._sampler}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        if is_gradscaler_0_1(state):
-            state = gradscaler_from_0_1(state)
+        if "_owner" in state:  # 0.1: its __dict__
+            recorder = state.get("_recorder")
+            state = {"device": state["_device"], "enabled": state["_enabled"], "placed": state["_placed"],
+                     "scale": state["_owner"], "diagnostics": state["_diagnostics"],
+                     "history": None if recorder is None else recorder.history,
+                     "sync_skips": state.get("sync_skips", False), "updates": state.get("_updates", 0)}
         if not isinstance(state["scale"], IterationScale):
             raise TypeError(f"Not a pickled GradScaler: its scale is a {type(state['scale']).__name__}.")
         self._device, self._enabled, self._placed = state["device"], bool(state["enabled"]), bool(state["placed"])

@@ -15,8 +15,7 @@ from ._checkpoint import Checkpoint, load_inner
 from ._diagnostics import Diagnostics, OverflowReport
 from ._distributed import FlagAgreement, agreement_groups, validate_process_group
 from ._distributed import check_replicas_agree as _check_replicas_agree
-from ._legacy_pickles import is_optimizer_0_1, optimizer_from_0_1
-from ._scale import ScaleOwner, require_own_scale, scale_owner_for
+from ._scale import ScaleOwner, SharedLossScale, require_own_scale, scale_owner_for
 from ._stats import StatsSampler, check_stats_every
 from ._step import OptimizerStep
 from ._tf_methods import TFv1Methods
@@ -352,8 +351,13 @@ class LossScaleOptimizer(TFv1Methods, torch.optim.Optimizer):
         return {"inner": self._inner, **self._steps.pickled(), "sampler": self._sampler}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        if is_optimizer_0_1(state):
-            state = optimizer_from_0_1(state)
+        if "overflow_report" in state and "diagnostics" not in state:  # 0.1: the scale object beside the settings
+            owner = state["scale"]
+            shared = owner if isinstance(owner, SharedLossScale) else None
+            state = {"inner": state["inner"], "shared": shared, "optimizer": state["optimizer"],
+                     "scale": None if shared is not None else owner.record().to_dict(policy_object=True),
+                     "diagnostics": Diagnostics(state.get("max_consecutive_skips"),
+                                                bool(state.get("overflow_report", False)), None, state.get("history"))}
         self._inner = state["inner"]
         self._steps = OptimizerStep.unpickled(state, FlagAgreement(None, self._params))
         self._sampler = self._steps.sampler = state.get("sampler")
