@@ -231,10 +231,8 @@ def _sparse_values(grad: torch.Tensor) -> torch.Tensor:
     """The stored values of a sparse COO gradient; float16 ones coalesced first (duplicates could overflow when
     summed), as GradScaler's."""
     if grad.layout != torch.sparse_coo:
-        raise TypeError(
-            f"lossscale supports dense (strided) and sparse COO gradients, got layout {grad.layout}. "
-            "Convert the gradient with .to_dense() or .to_sparse() before step()."
-        )
+        raise TypeError(f"lossscale supports dense (strided) and sparse COO gradients, got layout {grad.layout}. "
+                        "Convert the gradient with .to_dense() or .to_sparse() before step().")
     if grad.dtype == torch.float16 and not grad.is_coalesced():
         grad.data = grad.coalesce()
     return sparse_values(grad)

@@ -120,10 +120,8 @@ class OverflowReporter:
         if named_parameters is not None:
             for name, param in named_parameters:
                 if not isinstance(param, torch.Tensor):
-                    raise TypeError(
-                        "named_parameters must yield (name, tensor) pairs, e.g. model.named_parameters(); "
-                        f"got a {type(param).__name__} for {name!r}."
-                    )
+                    raise TypeError("named_parameters must yield (name, tensor) pairs, e.g. model.named_parameters(); "
+                                    f"got a {type(param).__name__} for {name!r}.")
                 self._names[id(param)] = name
         self.last: OverflowReport | None = None
 

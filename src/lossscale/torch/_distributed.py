@@ -32,19 +32,15 @@ def validate_process_group(process_group: Any) -> Any:
     if process_group is None:
         return None
     if not torch.distributed.is_available():
-        raise RuntimeError(
-            "process_group was given but this torch build has no torch.distributed; "
-            "drop process_group, or install a torch build with distributed support."
-        )
+        raise RuntimeError("process_group was given but this torch build has no torch.distributed; "
+                           "drop process_group, or install a torch build with distributed support.")
     mesh_type = device_mesh_type()
     if isinstance(process_group, torch.distributed.ProcessGroup) or (
         mesh_type is not None and isinstance(process_group, mesh_type)
     ):
         return process_group
-    raise TypeError(
-        f"process_group must be a torch.distributed.ProcessGroup (e.g. dist.new_group(ranks) or "
-        f"dist.group.WORLD) or a DeviceMesh, got {type(process_group).__name__}."
-    )
+    raise TypeError(f"process_group must be a torch.distributed.ProcessGroup (e.g. dist.new_group(ranks) or "
+                    f"dist.group.WORLD) or a DeviceMesh, got {type(process_group).__name__}.")
 
 
 def _require_initialized() -> None:
@@ -145,10 +141,8 @@ def check_replicas_agree(state: LossScaleState, policy: LossScale, groups: Seque
     """Raises :class:`~lossscale.LossScaleError` unless every rank of ``groups`` (empty: the world) holds the same
     scale, counters and policy (a checksum of its config). Cost: an all-gather of 6 float64 per group, one sync."""
     if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-        raise RuntimeError(
-            "check_replicas_agree() compares ranks, but torch.distributed is not initialized. "
-            "Call torch.distributed.init_process_group(...) first."
-        )
+        raise RuntimeError("check_replicas_agree() compares ranks, but torch.distributed is not initialized. "
+                           "Call torch.distributed.init_process_group(...) first.")
     dist = torch.distributed
     if not groups:
         groups = [dist.group.WORLD]

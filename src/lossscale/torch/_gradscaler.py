@@ -22,14 +22,8 @@ __all__ = ["GradScaler", "torch_policy"]
 
 
 def torch_policy(
-    init_scale: Any,
-    growth_factor: Any,
-    backoff_factor: Any,
-    growth_interval_: Any,
-    *,
-    min_loss_scale: Any = 1.0,
-    max_loss_scale: Any = None,
-    hysteresis: Any = 1,
+    init_scale: Any, growth_factor: Any, backoff_factor: Any, growth_interval_: Any, *, min_loss_scale: Any = 1.0,
+    max_loss_scale: Any = None, hysteresis: Any = 1,
 ) -> DynamicLossScale:
     """The :class:`~lossscale.DynamicLossScale` of torch GradScaler's arguments, validated (errors in torch's names).
 
@@ -82,23 +76,12 @@ class GradScaler:
     """
 
     def __init__(
-        self,
-        device: str = "cuda",
-        init_scale: float = 2.0**16,
-        growth_factor: float = 2.0,
-        backoff_factor: float = 0.5,
-        growth_interval: int = 2000,
-        enabled: bool = True,
-        *,
-        min_loss_scale: float | None = 1.0,
-        max_loss_scale: float | None = None,
-        hysteresis: int | None = 1,
-        max_consecutive_skips: int | None = None,
-        overflow_report: bool = False,
-        named_parameters: Iterable[tuple[str, torch.Tensor]] | None = None,
-        history: Any = None,
-        sync_skips: bool = False,
-        stats_every: int | None = None,
+        self, device: str = "cuda", init_scale: float = 2.0**16, growth_factor: float = 2.0,
+        backoff_factor: float = 0.5, growth_interval: int = 2000, enabled: bool = True, *,
+        min_loss_scale: float | None = 1.0, max_loss_scale: float | None = None, hysteresis: int | None = 1,
+        max_consecutive_skips: int | None = None, overflow_report: bool = False,
+        named_parameters: Iterable[tuple[str, torch.Tensor]] | None = None, history: Any = None,
+        sync_skips: bool = False, stats_every: int | None = None,
     ) -> None:
         self._device = str(device)
         self._enabled = bool(enabled)
@@ -131,10 +114,8 @@ class GradScaler:
 
     def _scaled(self, tensor: torch.Tensor) -> torch.Tensor:
         if not tensor.is_floating_point():
-            raise TypeError(
-                f"GradScaler.scale() needs floating-point outputs, got a tensor of dtype {tensor.dtype}. "
-                "Pass the loss as computed by the model (e.g. scaler.scale(loss.float()))."
-            )
+            raise TypeError(f"GradScaler.scale() needs floating-point outputs, got a tensor of dtype {tensor.dtype}. "
+                            "Pass the loss as computed by the model (e.g. scaler.scale(loss.float())).")
         if not self._placed:
             self._lazy_init_scale_growth_tracker(tensor.device)
         return self._owner.get_scaled_loss(tensor)
@@ -159,10 +140,8 @@ class GradScaler:
             return
         slot = self._step_of(optimizer)
         if slot.record.stage is Stage.UNSCALED:
-            raise RuntimeError(
-                "unscale_() has already been called on this optimizer since the last update(). "
-                "Unscale once per iteration, between backward() and step()."
-            )
+            raise RuntimeError("unscale_() has already been called on this optimizer since the last update(). "
+                               "Unscale once per iteration, between backward() and step().")
         if slot.record.stage is Stage.STEPPED:
             raise RuntimeError("unscale_() is being called after step(). Call it before step(), or after update().")
         slot.unscale_(optimizer)

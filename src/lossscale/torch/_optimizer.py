@@ -33,21 +33,15 @@ _WRAPPED: weakref.WeakKeyDictionary[torch.optim.Optimizer, weakref.ref] = weakre
 def _check_wrappable(optimizer: Any) -> None:
     """Refuses a non-optimizer, a wrapper, and an optimizer another live wrapper already wraps."""
     if isinstance(optimizer, LossScaleOptimizer):
-        raise TypeError(
-            "optimizer is already a LossScaleOptimizer; wrapping it again would scale twice. "
-            "Use it as it is, or wrap its inner_optimizer."
-        )
+        raise TypeError("optimizer is already a LossScaleOptimizer; wrapping it again would scale twice. "
+                        "Use it as it is, or wrap its inner_optimizer.")
     if not isinstance(optimizer, torch.optim.Optimizer):
-        raise TypeError(
-            f"optimizer must be a torch.optim.Optimizer instance, got {type(optimizer).__name__}. "
-            "Build the optimizer first, e.g. LossScaleOptimizer(torch.optim.AdamW(model.parameters()))."
-        )
+        raise TypeError(f"optimizer must be a torch.optim.Optimizer instance, got {type(optimizer).__name__}. "
+                        "Build the optimizer first, e.g. LossScaleOptimizer(torch.optim.AdamW(model.parameters())).")
     owner = _WRAPPED.get(optimizer)
     if owner is not None and owner() is not None:
-        raise ValueError(
-            "This optimizer is already wrapped by another LossScaleOptimizer; two wrappers would unscale "
-            "its gradients twice. Reuse the existing wrapper, or share one scale with SharedLossScale."
-        )
+        raise ValueError("This optimizer is already wrapped by another LossScaleOptimizer; two wrappers would unscale "
+                         "its gradients twice. Reuse the existing wrapper, or share one scale with SharedLossScale.")
 
 
 class LossScaleOptimizer(TFv1Methods, torch.optim.Optimizer):
@@ -113,23 +107,12 @@ class LossScaleOptimizer(TFv1Methods, torch.optim.Optimizer):
     """
 
     def __init__(
-        self,
-        optimizer: torch.optim.Optimizer,
-        loss_scale: Any = None,
-        *,
-        dynamic: bool | None = None,
-        initial_scale: float | None = None,
-        dynamic_growth_steps: int | None = None,
-        min_loss_scale: float | None = None,
-        max_loss_scale: float | None = None,
-        hysteresis: int | None = None,
-        max_consecutive_skips: int | None = None,
-        history: Any = None,
-        process_group: Any = None,
-        overflow_report: bool = False,
-        named_parameters: Iterable[tuple[str, torch.Tensor]] | None = None,
-        stats_every: int | None = None,
-        **removed: Any,
+        self, optimizer: torch.optim.Optimizer, loss_scale: Any = None, *, dynamic: bool | None = None,
+        initial_scale: float | None = None, dynamic_growth_steps: int | None = None,
+        min_loss_scale: float | None = None, max_loss_scale: float | None = None, hysteresis: int | None = None,
+        max_consecutive_skips: int | None = None, history: Any = None, process_group: Any = None,
+        overflow_report: bool = False, named_parameters: Iterable[tuple[str, torch.Tensor]] | None = None,
+        stats_every: int | None = None, **removed: Any,
     ) -> None:
         if "check" in removed:
             raise TypeError("LossScaleOptimizer's check argument was removed: step() always unscales and checks "

@@ -163,10 +163,8 @@ class ScaleOwner:
         if callable(loss) and not isinstance(loss, torch.Tensor):
             return lambda: self.get_scaled_loss(loss())
         if not isinstance(loss, torch.Tensor):
-            raise TypeError(
-                f"get_scaled_loss() takes a tensor or a zero-argument callable returning one, got "
-                f"{type(loss).__name__}. Compute the loss with torch before scaling it."
-            )
+            raise TypeError(f"get_scaled_loss() takes a tensor or a zero-argument callable returning one, got "
+                            f"{type(loss).__name__}. Compute the loss with torch before scaling it.")
         if not loss.is_floating_point():
             raise TypeError(f"get_scaled_loss() needs a floating-point loss, got dtype {loss.dtype}.")
         scale = self._scale.tensors.loss_scale
@@ -232,10 +230,8 @@ class PrivateLossScale(ScaleOwner):
         self._scale.advance(found_inf)
 
     def update(self) -> None:
-        raise RuntimeError(
-            "This loss scale belongs to one LossScaleOptimizer, whose step() updates it. "
-            "Only a SharedLossScale passed to several optimizers needs update()."
-        )
+        raise RuntimeError("This loss scale belongs to one LossScaleOptimizer, whose step() updates it. "
+                           "Only a SharedLossScale passed to several optimizers needs update().")
 
 
 class SharedLossScale(ScaleOwner):
@@ -261,16 +257,9 @@ class SharedLossScale(ScaleOwner):
     """
 
     def __init__(
-        self,
-        loss_scale: Any = None,
-        *,
-        dynamic: bool | None = None,
-        initial_scale: float | None = None,
-        dynamic_growth_steps: int | None = None,
-        min_loss_scale: float | None = None,
-        max_loss_scale: float | None = None,
-        hysteresis: int | None = None,
-        device: torch.device | str | None = None,
+        self, loss_scale: Any = None, *, dynamic: bool | None = None, initial_scale: float | None = None,
+        dynamic_growth_steps: int | None = None, min_loss_scale: float | None = None,
+        max_loss_scale: float | None = None, hysteresis: int | None = None, device: torch.device | str | None = None,
     ) -> None:
         policy = resolve_loss_scale(
             loss_scale, dynamic=dynamic, initial_scale=initial_scale, dynamic_growth_steps=dynamic_growth_steps,
@@ -339,10 +328,8 @@ def scale_owner_for(optimizer: torch.optim.Optimizer, loss_scale: Any, **stable:
     if isinstance(loss_scale, SharedLossScale):
         given = [k for k in _SCALE_KEYWORDS if stable.get(k) is not None]
         if given:
-            raise ValueError(
-                f"A SharedLossScale carries its own policy; drop {', '.join(f'{k}=' for k in given)} "
-                "or give them to SharedLossScale(...)."
-            )
+            raise ValueError(f"A SharedLossScale carries its own policy; drop {', '.join(f'{k}=' for k in given)} "
+                             "or give them to SharedLossScale(...).")
         return loss_scale
     policy = resolve_loss_scale(loss_scale, **stable)
     device = next((p.device for g in optimizer.param_groups for p in g["params"]), None)

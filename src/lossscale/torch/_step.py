@@ -229,13 +229,11 @@ def require_unscalable(grads: GradGroups, what: str) -> None:
         if fused_sgd_skips_half_on_cpu(torch.float16):
             broken = (f" (not SGD(fused=True) on CPU: torch {torch.__version__}'s kernel leaves float16 parameters "
                       "unchanged)")
-        raise ValueError(
-            f"Attempting to unscale FP16 gradients. {what} would unscale float16 gradients in float16, "
-            "flushing to zero the small values loss "
-            "scaling exists to keep. Keep float32 parameters and run the model under torch.autocast, "
-            "or use a fused inner optimizer (e.g. torch.optim.AdamW(..., fused=True))"
-            f"{broken} and call step() directly: it unscales inside its float32 kernel."
-        )
+        raise ValueError(f"Attempting to unscale FP16 gradients. {what} would unscale float16 gradients in float16, "
+                         "flushing to zero the small values loss "
+                         "scaling exists to keep. Keep float32 parameters and run the model under torch.autocast, "
+                         "or use a fused inner optimizer (e.g. torch.optim.AdamW(..., fused=True))"
+                         f"{broken} and call step() directly: it unscales inside its float32 kernel.")
 
 
 # ------------------------------------------------------------ the step

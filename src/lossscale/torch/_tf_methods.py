@@ -84,10 +84,8 @@ class TFv1Methods:
         index = {id(p): (g, i) for g, group in enumerate(self.param_groups) for i, p in enumerate(group["params"])}
         for _, var in pairs:
             if id(var) not in index:
-                raise ValueError(
-                    f"A variable of shape {tuple(var.shape)} is not a parameter of the inner optimizer; "
-                    "add it with add_param_group() first."
-                )
+                raise ValueError(f"A variable of shape {tuple(var.shape)} is not a parameter of the inner optimizer; "
+                                 "add it with add_param_group() first.")
         given = [(index[id(v)], v, g) for g, v in pairs if g is not None]
         if not given:
             raise ValueError("No gradients provided for any variable: every gradient in grads_and_vars is None.")
@@ -113,10 +111,7 @@ class TFv1Methods:
         return applied
 
     def minimize(
-        self,
-        loss: Any,
-        var_list: Iterable[torch.Tensor] | None = None,
-        global_step: torch.Tensor | None = None,
+        self, loss: Any, var_list: Iterable[torch.Tensor] | None = None, global_step: torch.Tensor | None = None,
         grad_loss: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """``apply_gradients(compute_gradients(loss, var_list, grad_loss), global_step)``."""
@@ -147,10 +142,7 @@ class TFv1Methods:
 
     @classmethod
     def from_config(
-        cls,
-        config: Mapping[str, Any],
-        params: Iterable[Any],
-        custom_objects: Mapping[str, type] | None = None,
+        cls, config: Mapping[str, Any], params: Iterable[Any], custom_objects: Mapping[str, type] | None = None,
     ) -> Any:
         """Rebuilds from :meth:`get_config` (torch optimizers need their ``params``); the inner class and a policy
         class of your own come from ``custom_objects``, else ``torch.optim``: no module a config names is imported

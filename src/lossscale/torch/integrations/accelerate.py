@@ -59,10 +59,8 @@ def attach(accelerator: Accelerator, scaler: Any, *, sync_skips: bool = True) ->
         raise TypeError(f"attach() takes an accelerate.Accelerator first, got {type(accelerator).__name__}.")
     missing = [name for name in _SCALER_METHODS if not callable(getattr(scaler, name, None))]
     if missing:
-        raise TypeError(
-            f"attach() needs a GradScaler (lossscale.torch.GradScaler or torch.amp.GradScaler); "
-            f"{type(scaler).__name__} has no {', '.join(missing)}."
-        )
+        raise TypeError(f"attach() needs a GradScaler (lossscale.torch.GradScaler or torch.amp.GradScaler); "
+                        f"{type(scaler).__name__} has no {', '.join(missing)}.")
     if accelerator.mixed_precision != "fp16":
         raise ValueError(
             f"attach() needs Accelerator(mixed_precision='fp16') (TrainingArguments(fp16=True) for the Trainer); "
@@ -74,10 +72,8 @@ def attach(accelerator: Accelerator, scaler: Any, *, sync_skips: bool = True) ->
             "attach() cannot replace it. Configure the loss scale there instead."
         )
     if accelerator.distributed_type == DistributedType.FSDP and not accelerator.is_fsdp2:
-        raise ValueError(
-            "FSDP (v1) needs torch's ShardedGradScaler, which attach() cannot replace; use FSDP2 "
-            "(fsdp_version=2), where accelerate drives a plain GradScaler."
-        )
+        raise ValueError("FSDP (v1) needs torch's ShardedGradScaler, which attach() cannot replace; use FSDP2 "
+                         "(fsdp_version=2), where accelerate drives a plain GradScaler.")
     if not isinstance(sync_skips, bool):
         raise TypeError(f"sync_skips must be True or False, got {sync_skips!r}.")
     if prepared_models(accelerator) and not accelerator.native_amp:
