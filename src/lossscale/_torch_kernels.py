@@ -203,10 +203,9 @@ def _sharded_norm(grads: Sequence[torch.Tensor], norm_type: float, out_device: t
             buckets.setdefault(("local",), (None, (), []))[2].append(grad)
             continue
         if any(p.is_partial() for p in grad.placements):
-            raise ValueError(
-                "A DTensor gradient has a Partial placement (not yet reduced), so its norm is not defined by its "
-                "shards. Reduce it first, e.g. grad.redistribute(placements=[Replicate()] * mesh.ndim)."
-            )
+            raise ValueError("A DTensor gradient has a Partial placement (not yet reduced), so its norm is not "
+                             "defined by its shards. Reduce it first, e.g. "
+                             "grad.redistribute(placements=[Replicate()] * mesh.ndim).")
         dims = tuple(i for i, p in enumerate(grad.placements) if p.is_shard())
         buckets.setdefault((id(grad.device_mesh), dims), (grad.device_mesh, dims, []))[2].append(grad)
     norms = []
@@ -247,11 +246,9 @@ def validated_norm_type(norm_type: Any) -> float:
             f"norm_type must be a number or 'inf', got {norm_type!r}. Use 2.0 for the Euclidean norm."
         ) from None
     if not p > 0:
-        raise ValueError(
-            f"norm_type must be positive, got {norm_type!r}: for p <= 0 (and -inf) the result is not a norm, "
-            "and it can be finite while a gradient is Inf, so the overflow check would miss it. "
-            "Use 2.0, 1.0 or float('inf')."
-        )
+        raise ValueError(f"norm_type must be positive, got {norm_type!r}: for p <= 0 (and -inf) the result is not a "
+                         "norm, and it can be finite while a gradient is Inf, so the overflow check would miss it. "
+                         "Use 2.0, 1.0 or float('inf').")
     return p
 
 

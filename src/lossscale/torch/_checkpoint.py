@@ -210,10 +210,8 @@ def gradscaler_state_dict(policy: DynamicLossScale, state: LossScaleState) -> di
 
 
 def _fail(detail: str) -> ValueError:
-    return ValueError(
-        f"Not a GradScaler state dict ({detail}). Pass what state_dict() of lossscale.torch.GradScaler or "
-        "torch.amp.GradScaler returned."
-    )
+    return ValueError(f"Not a GradScaler state dict ({detail}). Pass what state_dict() of lossscale.torch.GradScaler "
+                      "or torch.amp.GradScaler returned.")
 
 
 def _number(saved: Mapping, key: str, integral: bool = False) -> Any:
@@ -306,11 +304,9 @@ def _check_groups(inner: torch.optim.Optimizer, groups: Any) -> None:
     for index, group in enumerate(groups if isinstance(groups, (list, tuple)) else []):
         missing = sorted(needed - set(group)) if isinstance(group, Mapping) else []
         if missing:
-            raise ValueError(
-                f"the saved param_groups[{index}] lacks {missing}, which {name} needs: the state dict was saved from "
-                f"another kind of optimizer. Load a state dict saved from {name} (or build the optimizer it was "
-                "saved from); the optimizer is unchanged."
-            )
+            raise ValueError(f"the saved param_groups[{index}] lacks {missing}, which {name} needs: the state dict "
+                             f"was saved from another kind of optimizer. Load a state dict saved from {name} (or "
+                             "build the optimizer it was saved from); the optimizer is unchanged.")
 
 
 def _check(inner: torch.optim.Optimizer) -> None:
@@ -319,11 +315,9 @@ def _check(inner: torch.optim.Optimizer) -> None:
         for param in group["params"]:
             for key, value in inner.state.get(param, {}).items():
                 if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape != param.shape:
-                    raise ValueError(
-                        f"the saved state {key!r} of a parameter of shape {tuple(param.shape)} has shape "
-                        f"{tuple(value.shape)}: not this model's optimizer state. Load the state dict saved with "
-                        "this model."
-                    )
+                    raise ValueError(f"the saved state {key!r} of a parameter of shape {tuple(param.shape)} has "
+                                     f"shape {tuple(value.shape)}: not this model's optimizer state. Load the state "
+                                     "dict saved with this model.")
 
 
 def load_inner(inner: torch.optim.Optimizer, saved: Mapping[str, Any]) -> None:

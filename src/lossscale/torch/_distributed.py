@@ -45,10 +45,9 @@ def validate_process_group(process_group: Any) -> Any:
 
 def _require_initialized() -> None:
     if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-        raise RuntimeError(
-            "The found-inf flag must be agreed across ranks, but torch.distributed is not initialized. "
-            "Call torch.distributed.init_process_group(...) before the first step(), or drop process_group."
-        )
+        raise RuntimeError("The found-inf flag must be agreed across ranks, but torch.distributed is not "
+                           "initialized. Call torch.distributed.init_process_group(...) before the first step(), or "
+                           "drop process_group.")
 
 
 # DeviceMesh -> the groups its flag is reduced over (computed once per mesh).

@@ -152,16 +152,13 @@ class GradScaler:
         if not self._enabled:
             return optimizer.step(*args, **kwargs)
         if "closure" in kwargs:
-            raise RuntimeError(
-                "Closure use is not currently supported if GradScaler is enabled. For closure-based optimizers "
-                "(LBFGS) wrap them in lossscale.torch.LossScaleOptimizer, whose step(closure) checks every evaluation."
-            )
+            raise RuntimeError("Closure use is not currently supported if GradScaler is enabled. For closure-based "
+                               "optimizers (LBFGS) wrap them in lossscale.torch.LossScaleOptimizer, whose "
+                               "step(closure) checks every evaluation.")
         slot = self._step_of(optimizer)
         if slot.record.stage is Stage.STEPPED:
-            raise RuntimeError(
-                "step() has already been called since the last update(). Call update() once per iteration, "
-                "after every optimizer's step()."
-            )
+            raise RuntimeError("step() has already been called since the last update(). Call update() once per "
+                               "iteration, after every optimizer's step().")
         named = (lambda: self._diagnostics.named_grads(optimizer.param_groups)) if self._diagnostics.reporter else ()
         done = slot.step(optimizer, args, kwargs, on_host=self.sync_skips, named_grads=named)
         return None if done is None else done[2]

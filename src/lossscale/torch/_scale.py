@@ -313,10 +313,8 @@ class SharedLossScale(ScaleOwner):
 def require_own_scale(policy: LossScale, owner: ScaleOwner, fix: str) -> None:
     """Refuses ``AutoLossScale`` on a scale shared by several optimizers (at construction and at a load)."""
     if isinstance(policy, AutoLossScale) and not owner.advances_each_step:
-        raise ValueError(
-            "AutoLossScale sets the scale of one optimizer from its own gradients; a scale shared by several "
-            f"optimizers (SharedLossScale) is not supported yet. {fix}"
-        )
+        raise ValueError("AutoLossScale sets the scale of one optimizer from its own gradients; a scale shared by "
+                         f"several optimizers (SharedLossScale) is not supported yet. {fix}")
 
 
 _SCALE_KEYWORDS = ("dynamic", "initial_scale", "dynamic_growth_steps", "min_loss_scale", "max_loss_scale", "hysteresis")

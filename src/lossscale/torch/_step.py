@@ -214,12 +214,10 @@ def check_fused_kernels(inner: torch.optim.Optimizer) -> None:
         for p in group["params"]:
             half = p.dtype in (torch.float16, torch.bfloat16)
             if half and p.device.type == "cpu" and p.numel() >= 16 and fused_sgd_skips_half_on_cpu(p.dtype):
-                raise ValueError(
-                    f"torch {torch.__version__}'s fused SGD on CPU does not update {p.dtype} parameters of 16 or "
-                    "more elements (it leaves them unchanged, with or without loss scaling). Use "
-                    "torch.optim.SGD(..., foreach=True) with float32 parameters under torch.autocast, or "
-                    "torch.optim.AdamW(..., fused=True), whose CPU kernel works."
-                )
+                raise ValueError(f"torch {torch.__version__}'s fused SGD on CPU does not update {p.dtype} parameters "
+                                 "of 16 or more elements (it leaves them unchanged, with or without loss scaling). "
+                                 "Use torch.optim.SGD(..., foreach=True) with float32 parameters under "
+                                 "torch.autocast, or torch.optim.AdamW(..., fused=True), whose CPU kernel works.")
 
 
 def require_unscalable(grads: GradGroups, what: str) -> None:

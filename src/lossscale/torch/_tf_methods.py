@@ -76,10 +76,8 @@ class TFv1Methods:
         applied. Cost: one R+W check, syncs as ``step()``; a sampled step measures the gradients times ``S``."""
         pairs = list(grads_and_vars)
         if global_step is not None and not isinstance(global_step, torch.Tensor):
-            raise TypeError(
-                f"global_step must be a tensor to increment in place, e.g. torch.zeros((), dtype=torch.int64); "
-                f"got {type(global_step).__name__}."
-            )
+            raise TypeError("global_step must be a tensor to increment in place, e.g. torch.zeros((), "
+                            f"dtype=torch.int64); got {type(global_step).__name__}.")
         params = self._params()
         index = {id(p): (g, i) for g, group in enumerate(self.param_groups) for i, p in enumerate(group["params"])}
         for _, var in pairs:
@@ -170,11 +168,9 @@ def optimizer_class(spec: Mapping[str, Any], custom_objects: Mapping[str, type] 
     from_torch = isinstance(module, str) and (module == "torch.optim" or module.startswith("torch.optim."))
     if from_torch and isinstance(candidate, type) and issubclass(candidate, torch.optim.Optimizer):
         return candidate
-    raise ValueError(
-        f"Unknown optimizer class {name!r} (module {module!r}): from_config builds torch.optim's optimizers only, "
-        "and imports no module a config names (a config from an untrusted checkpoint could name any). "
-        f"Pass the class itself: custom_objects={{{name!r}: {name}}}."
-    )
+    raise ValueError(f"Unknown optimizer class {name!r} (module {module!r}): from_config builds torch.optim's "
+                     "optimizers only, and imports no module a config names (a config from an untrusted checkpoint "
+                     f"could name any). Pass the class itself: custom_objects={{{name!r}: {name}}}.")
 
 
 def _constructor_kwargs(opt_cls: type, defaults: Mapping[str, Any]) -> dict[str, Any]:

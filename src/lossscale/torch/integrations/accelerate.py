@@ -62,26 +62,22 @@ def attach(accelerator: Accelerator, scaler: Any, *, sync_skips: bool = True) ->
         raise TypeError(f"attach() needs a GradScaler (lossscale.torch.GradScaler or torch.amp.GradScaler); "
                         f"{type(scaler).__name__} has no {', '.join(missing)}.")
     if accelerator.mixed_precision != "fp16":
-        raise ValueError(
-            f"attach() needs Accelerator(mixed_precision='fp16') (TrainingArguments(fp16=True) for the Trainer); "
-            f"this accelerator uses mixed_precision={accelerator.mixed_precision!r}, which needs no loss scale."
-        )
+        raise ValueError("attach() needs Accelerator(mixed_precision='fp16') (TrainingArguments(fp16=True) for the "
+                         f"Trainer); this accelerator uses mixed_precision={accelerator.mixed_precision!r}, which "
+                         "needs no loss scale.")
     if accelerator.distributed_type in (DistributedType.DEEPSPEED, DistributedType.MEGATRON_LM):
-        raise ValueError(
-            f"{accelerator.distributed_type.value} scales the loss itself (its own loss scaler in its config); "
-            "attach() cannot replace it. Configure the loss scale there instead."
-        )
+        raise ValueError(f"{accelerator.distributed_type.value} scales the loss itself (its own loss scaler in its "
+                         "config); attach() cannot replace it. Configure the loss scale there instead.")
     if accelerator.distributed_type == DistributedType.FSDP and not accelerator.is_fsdp2:
         raise ValueError("FSDP (v1) needs torch's ShardedGradScaler, which attach() cannot replace; use FSDP2 "
                          "(fsdp_version=2), where accelerate drives a plain GradScaler.")
     if not isinstance(sync_skips, bool):
         raise TypeError(f"sync_skips must be True or False, got {sync_skips!r}.")
     if prepared_models(accelerator) and not accelerator.native_amp:
-        raise RuntimeError(
-            f"attach() came after accelerator.prepare(model): on {accelerator.device.type!r} accelerate runs no "
-            "float16 autocast by itself, and prepare() wraps model.forward in autocast only when it does. "
-            "Call attach(accelerator, scaler) right after creating the Accelerator (or the Trainer)."
-        )
+        raise RuntimeError(f"attach() came after accelerator.prepare(model): on {accelerator.device.type!r} "
+                           "accelerate runs no float16 autocast by itself, and prepare() wraps model.forward in "
+                           "autocast only when it does. Call attach(accelerator, scaler) right after creating the "
+                           "Accelerator (or the Trainer).")
 
     if hasattr(scaler, "sync_skips"):
         scaler.sync_skips = sync_skips  # see "Skips with fused optimizers" above

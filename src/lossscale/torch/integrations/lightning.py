@@ -53,12 +53,11 @@ class LossScaleMonitor(Callback):
             sources.append(scaler)
         sources.extend(opt for opt in trainer.optimizers if isinstance(opt, LossScaleOptimizer))
         if not sources:
-            raise RuntimeError(
-                "LossScaleMonitor found no lossscale loss scale to log. Train with "
-                "plugins=[MixedPrecision('16-mixed', device, scaler=lossscale.torch.GradScaler(device))], or return "
-                f"a lossscale.torch.LossScaleOptimizer from configure_optimizers (precision plugin scaler: "
-                f"{type(scaler).__name__})."
-            )
+            raise RuntimeError("LossScaleMonitor found no lossscale loss scale to log. Train with "
+                               "plugins=[MixedPrecision('16-mixed', device, "
+                               "scaler=lossscale.torch.GradScaler(device))], or return a "
+                               "lossscale.torch.LossScaleOptimizer from configure_optimizers (precision plugin "
+                               f"scaler: {type(scaler).__name__}).")
         self._sources = [("" if len(sources) == 1 else f"/optimizer_{i}", source) for i, source in enumerate(sources)]
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
