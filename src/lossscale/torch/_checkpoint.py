@@ -159,8 +159,6 @@ class Checkpoint:
         return state
 
 
-# ------------------------------------------------------------ GradScaler's record
-
 TORCH_KEYS = ("scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker")
 _COUNTERS = ("bad_steps", "skipped_steps", "consecutive_skips")
 
@@ -294,8 +292,6 @@ def gradscaler_record(
 def _count(value: int) -> torch.Tensor:
     return torch.tensor(value, dtype=torch.int32)
 
-
-# ------------------------------------------------------------ the inner optimizer's part, all or nothing
 
 
 def _check_groups(inner: torch.optim.Optimizer, groups: Any) -> None:

@@ -186,8 +186,6 @@ class LossScaleOptimizer(TFv1Methods, torch.optim.Optimizer):
         owner = self._steps.owner
         _check_replicas_agree(owner.state, owner.policy, agreement_groups(group, self._params()))
 
-    # ------------------------------------------------------------ attributes (TF's and Keras's names; no sync)
-
     @property
     def dynamic(self) -> bool:
         """Whether the loss scale is dynamic."""

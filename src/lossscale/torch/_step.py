@@ -140,8 +140,6 @@ class StepCounters:
         self._skipped, self._streak = (t.to(device=device, dtype=torch.int32, copy=True) for t in (skipped, streak))
 
 
-# ------------------------------------------------------------ fused inner optimizers
-
 _SETTING_TYPES = (bool, int, float, str, tuple, type(None))
 
 
@@ -234,8 +232,6 @@ def require_unscalable(grads: GradGroups, what: str) -> None:
                          f"{broken} and call step() directly: it unscales inside its float32 kernel.")
 
 
-# ------------------------------------------------------------ the step
-
 class OptimizerStep:
     """One optimizer's step over one scale owner; the torch optimizer is passed to each call. ``sampler``:
     ``stats_every``'s; ``slot`` None: this step's own, advanced by :meth:`finish`; an int: a GradScaler's, shared
@@ -282,8 +278,6 @@ class OptimizerStep:
         scale = self.owner.for_step(None)
         return unscale_and_check_(grads, scale.inv_scale, out_device=scale.device, recheck=scale.can_go_below_one)
 
-    # ------------------------------------------------------------ before the step
-
     def unscale_(self, inner: torch.optim.Optimizer) -> None:
         """READY -> UNSCALED (then a no-op); after a fused clip, applies its ``coef / S``. One R+W pass; no sync."""
         record = self.record
@@ -328,8 +322,6 @@ class OptimizerStep:
             foreach_mul_(grads.tensors, owner.inv_scale() * coef)
             record.checked(found_inf, clipped=True)
         return total
-
-    # ------------------------------------------------------------ the step
 
     def step(self, inner: torch.optim.Optimizer, args: tuple = (), kwargs: dict | None = None, *,
              on_host: bool = False, named_grads: Any = ()) -> tuple[torch.Tensor, bool | None, Any] | None:
@@ -455,8 +447,6 @@ class OptimizerStep:
             inner.load_state_dict(saved_state)
         self.finish(found_total, skipped, named_grads)
         return loss
-
-    # ------------------------------------------------------------ between iterations
 
     def forget(self) -> None:
         """``zero_grad()``: a pending check and sample are forgotten (not inside ``step(closure)``)."""
