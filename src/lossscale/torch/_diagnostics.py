@@ -183,7 +183,7 @@ class StepRecorder:
         has_loss = loss is not None and loss.numel() == 1
         self._has_loss |= has_loss
         stats = nan(3) if stats is None else stats.to(device=device, dtype=torch.float64)
-        loss_value = loss.reshape(()).to(device=device, dtype=torch.float64) if has_loss else nan()  # type: ignore[union-attr]
+        loss_value = loss.reshape(()).to(device, torch.float64) if has_loss else nan()  # type: ignore[union-attr]
         self._rows.append(torch.cat([torch.stack([loss_scale.double(), skipped.double(), loss_value]), stats]))
         self._steps.append(step)
         if len(self._rows) >= self.flush_every:

@@ -31,13 +31,9 @@ def torch_policy(
     {'initial_loss_scale': 65536.0, 'increment_period': 2000, 'multiplier': 2.0, 'backoff_factor': 0.5}
     """
     return with_torch_names(
-        DynamicLossScale,
-        initial_loss_scale=init_scale,
-        increment_period=growth_interval(growth_interval_),
-        multiplier=growth_factor,
-        backoff_factor=backoff_factor,
+        DynamicLossScale, initial_loss_scale=init_scale, increment_period=growth_interval(growth_interval_),
+        multiplier=growth_factor, backoff_factor=backoff_factor, max_loss_scale=max_loss_scale,
         min_loss_scale=1.0 if min_loss_scale is None else min_loss_scale,
-        max_loss_scale=max_loss_scale,
         hysteresis=1 if hysteresis is None else hysteresis,
     )
 
@@ -106,23 +102,18 @@ class GradScaler:
             return outputs
         if self._sampler is not None:  # a backward pass summed into the gradients (micro-batches, for the sample)
             self._sampler.backwards += 1
-        if isinstance(outputs, torch.Tensor):
-            if self._recorder is not None and outputs.numel() == 1:
-                self._recorder.note_loss(outputs)
-            return self._scaled(outputs)
+        if isinstance(outputs, torch.Tensor) and self._recorder is not None and outputs.numel() == 1:
+            self._recorder.note_loss(outputs)
         return self._scale_nested(outputs)
-
-    def _scaled(self, tensor: torch.Tensor) -> torch.Tensor:
-        if not tensor.is_floating_point():
-            raise TypeError(f"GradScaler.scale() needs floating-point outputs, got a tensor of dtype {tensor.dtype}. "
-                            "Pass the loss as computed by the model (e.g. scaler.scale(loss.float())).")
-        if not self._placed:
-            self._lazy_init_scale_growth_tracker(tensor.device)
-        return self._owner.get_scaled_loss(tensor)
 
     def _scale_nested(self, value: Any) -> Any:
         if isinstance(value, torch.Tensor):
-            return self._scaled(value)
+            if not value.is_floating_point():
+                raise TypeError(f"GradScaler.scale() needs floating-point outputs, got a tensor of dtype "
+                                f"{value.dtype}. Pass the loss as computed by the model (e.g. scaler.scale(loss.float())).")
+            if not self._placed:
+                self._lazy_init_scale_growth_tracker(value.device)
+            return self._owner.get_scaled_loss(value)
         if isinstance(value, Iterable):
             mapped = map(self._scale_nested, value)
             return type(value)(mapped) if isinstance(value, (list, tuple)) else mapped

@@ -89,7 +89,8 @@ class TFv1Methods:
             raise ValueError("No gradients provided for any variable: every gradient in grads_and_vars is None.")
         owner = self.shared_loss_scale  # type: ignore[attr-defined]
         owner.to_(given[0][2].device)
-        self._steps.measure(self.inner_optimizer, given, owner.state.loss_scale)  # type: ignore[attr-defined]  # as scaled: times S
+        # sampled as the scaled gradients: times S
+        self._steps.measure(self.inner_optimizer, given, owner.state.loss_scale)  # type: ignore[attr-defined]
         found_inf = check_finite(GradGroups([g for _, _, g in given]), out_device=owner.device)
         reporter = self._steps.diagnostics.reporter
         named = () if reporter is None else [(reporter.name_of(v, *w), g) for w, v, g in given]
