@@ -17,6 +17,7 @@ one ``.item()`` and one 0-d copy per field.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from numbers import Integral, Real
@@ -162,17 +163,10 @@ class Checkpoint:
 TORCH_KEYS = ("scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker")
 _COUNTERS = ("bad_steps", "skipped_steps", "consecutive_skips")
 
-# lossscale's argument names in validation errors, and torch's names for them.
-_TORCH_NAMES = (
-    ("initial_loss_scale", "init_scale"),
-    ("increment_period", "growth_interval"),
-    ("multiplier", "growth_factor"),
-)
-
-
-def with_torch_names(build: Any, *args: Any, **kwargs: Any) -> Any:
-    """``build(*args, **kwargs)``, with a validation error re-raised in ``torch.amp.GradScaler``'s argument names."""
-    return built_in_names(_TORCH_NAMES, build, *args, **kwargs)
+_TORCH_NAMES = (("initial_loss_scale", "init_scale"), ("increment_period", "growth_interval"),
+                ("multiplier", "growth_factor"))
+#: ``with_torch_names(build, *args, **kwargs)``: ``build(...)``, a validation error in torch GradScaler's names.
+with_torch_names = functools.partial(built_in_names, _TORCH_NAMES)
 
 
 def growth_interval(value: Any) -> int:

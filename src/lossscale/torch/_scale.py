@@ -206,12 +206,8 @@ class ScaleOwner:
         return self._scale.record().to_dict()
 
     def load_state_dict(self, state_dict: dict[str, Any], custom_objects: Mapping[str, type] | None = None) -> None:
-        """Restores :meth:`state_dict`'s output, policy included (checked first; nothing changes on error).
-
-        A policy of your own class is rebuilt from ``custom_objects``
-        (``{"MyLossScale": MyLossScale}``) or, when the saved class name is
-        the current policy's, from that class; nothing is imported by name.
-        """
+        """Restores :meth:`state_dict`'s output, policy included (checked first; nothing changes on error); a policy
+        class of your own comes from ``custom_objects`` or is the current one's, nothing is imported by name."""
         self.load_record(ScaleRecord.from_dict(state_dict, custom_objects, current=self.policy))
 
     def load_record(self, record: ScaleRecord) -> None:

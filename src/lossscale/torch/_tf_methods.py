@@ -98,8 +98,8 @@ class TFv1Methods:
         try:
             for p in params:
                 p.grad = None
-            for _, var, grad in given:
-                var.grad = grad
+            for _, var, g in given:
+                var.grad = g
             found_inf = self._steps.apply(self.inner_optimizer, found_inf, None, named_grads=named)[0]  # type: ignore[attr-defined]
         finally:
             for p, grad in zip(params, saved):
