@@ -257,12 +257,12 @@ class Diagnostics:
 class HostSyncCounter(TorchDispatchMode):
     """Counts host syncs inside a ``with`` block, to check that a training loop is sync-free.
 
-    With CUDA (``source == "cuda_sync_debug_mode"``) it counts what torch's sync debug mode reports: every
-    blocking CUDA call from any thread (``.item()``, ``.cpu()``, ``.tolist()``, boolean masks, ``nonzero``...).
+    With CUDA (``source == "cuda_sync_debug_mode"``) it counts what ``torch.cuda.set_sync_debug_mode("warn")``
+    reports: every blocking CUDA call from any thread (``.item()``, ``.cpu()``, ``.tolist()``, masks...).
     Without (``source == "scalar_reads"``) it counts ``aten._local_scalar_dense`` calls on the entering thread
-    (``.item()``, ``float(t)``, ``int(t)``, ``bool(t)``), not host copies (``.cpu()``, ``.numpy()``,
-    ``.tolist()``) nor value-dependent shapes (``nonzero``, masks): use a CUDA machine for the full count.
-    ``scalar_reads`` is always the dispatcher count.
+    (``.item()``, ``float(t)``, ``int(t)``, ``bool(t)``); it cannot see reads on other threads, host copies
+    (``.cpu()``, ``.numpy()``, ``.tolist()``) or value-dependent shapes (boolean-mask indexing, ``nonzero``): use
+    a CUDA machine for the full count. ``scalar_reads`` is always the dispatcher count.
 
     >>> import torch
     >>> with HostSyncCounter() as syncs:

@@ -160,10 +160,9 @@ class LossScaleOptimizer(TFv1Methods, torch.optim.Optimizer):
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
         """Clips the gradients' global norm to ``max_norm``, folding in the unscale; once per iteration.
 
-        Returns the *unscaled* gradients' norm (0-d, no sync), as ``torch.nn.utils.clip_grad_norm_``; a
-        non-finite one skips the step. Fused: the norm is the only pass (R) and ``S/coef`` goes into the
-        kernel; otherwise one more R+W applies ``coef/S``. ``norm_type``: any p > 0 or ``inf``.
-        """
+        Returns the *unscaled* gradients' norm (0-d, no sync), as ``torch.nn.utils.clip_grad_norm_``; a non-finite
+        one skips the step. Fused: the norm is the only pass (R), ``S/coef`` goes into the kernel; otherwise one
+        more R+W applies ``coef/S``. ``norm_type``: any p > 0 or ``inf``."""
         return self._steps.clip_grad_norm_(self._inner, max_norm, norm_type)
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]

@@ -297,8 +297,8 @@ class OptimizerStep:
         record.checked(self._unscale_and_check(grads))
 
     def clip_grad_norm_(self, inner: torch.optim.Optimizer, max_norm: Any, norm_type: Any = 2.0) -> torch.Tensor:
-        """``norm = ||g_scaled||_p / S`` (non-finite: the step is skipped), ``coef = min(1, max_norm / (norm +
-        1e-6))``; a fused ``inner`` gets ``grad_scale = S / coef`` (R), others ``g *= coef / S`` (R, R+W)."""
+        """``norm = ||g_scaled||_p / S``, ``coef = min(1, max_norm / (norm + 1e-6))``: ``g *= coef / S``, or for a
+        fused ``inner`` ``grad_scale = S / coef``."""
         norm_type = validated_norm_type(norm_type)
         validate_max_norm(max_norm)
         record, owner = self.record, self.owner
@@ -405,8 +405,8 @@ class OptimizerStep:
             diagnostics.guard.check(counters.consecutive_skips(found_inf.device), owner.state.loss_scale)
 
     def step_with_closure(self, inner: torch.optim.Optimizer, closure: Callable[[], Any], named_grads: Any = ()) -> Any:
-        """``inner.step(closure)`` with every evaluation unscaled and checked (LBFGS); an overflow restores weights
-        and inner state from copies. Cost: the copies, one R+W pass per evaluation, one host sync."""
+        """``inner.step(closure)``, every evaluation unscaled and checked (LBFGS). Cost: copies of the weights and
+        inner state (restored on an overflow), one R+W pass per evaluation, one host sync."""
         self.record.require("step")
         params = [p for g in inner.param_groups for p in g["params"]]
         saved_params = [p.detach().clone() for p in params]
