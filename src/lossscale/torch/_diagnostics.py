@@ -128,12 +128,15 @@ class OverflowReporter:
     def name_of(self, param: torch.Tensor, group: int, index: int) -> str:
         return self._names.get(id(param), f"param_groups[{group}]['params'][{index}] {tuple(param.shape)}")
 
-    def observe(
-        self, skipped: bool, named_grads: Iterable[tuple[str, torch.Tensor]], loss_scale: torch.Tensor, step: int
-    ) -> None:
+    def observe(self, step: int, found_inf: torch.Tensor, skipped: bool | None, loss_scale: torch.Tensor,
+                named_grads: Any) -> None:
+        """The report of a skipped step (``skipped`` None: decided on the device, read with one sync);
+        ``named_grads``: ``(name, grad)`` pairs, or a callable walking the parameters for them."""
+        if skipped is None:
+            skipped = bool(found_inf.item())  # the report's sync on the fused path
         if not skipped:
             return
-        named = list(named_grads)
+        named = list(named_grads() if callable(named_grads) else named_grads)
         flags = []
         for _, grad in named:
             values = sparse_values(grad) if grad.layout == torch.sparse_coo else grad
@@ -242,16 +245,6 @@ class Diagnostics:
             return []
         return [(reporter.name_of(p, g, i), p.grad) for g, group in enumerate(param_groups)
                 for i, p in enumerate(group["params"]) if p.grad is not None]
-
-    def report(self, step: int, found_inf: torch.Tensor, skipped: bool | None, scale_used: Any, named_grads: Any) -> None:
-        """Builds the overflow report of a skipped step; ``skipped`` None (decided on the device) costs one sync."""
-        if self.reporter is None:
-            return
-        if skipped is None:
-            skipped = bool(found_inf.item())  # the report's sync on the fused path
-        if callable(named_grads):  # named (a walk over the parameters) on a skipped step only
-            named_grads = named_grads() if skipped else ()
-        self.reporter.observe(skipped, named_grads, scale_used, step)
 
 
 class HostSyncCounter(TorchDispatchMode):

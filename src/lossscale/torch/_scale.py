@@ -333,9 +333,6 @@ def scale_owner_for(optimizer: torch.optim.Optimizer, loss_scale: Any, **stable:
 class IterationScale(SharedLossScale):
     """GradScaler's scale: a :class:`SharedLossScale` advanced once per ``update()``; also takes a new scale or policy."""
 
-    def __init__(self, policy: DynamicLossScale) -> None:
-        super().__init__(policy)
-
     @property
     def policy(self) -> DynamicLossScale:
         """GradScaler's policy is always a :class:`~lossscale.DynamicLossScale` (checked on load)."""

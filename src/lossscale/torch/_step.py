@@ -154,6 +154,9 @@ class FusedStateTracker:
     remembered per group settings (``lr`` aside). Cost once all have state: one comparison of counts per step."""
 
     def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
         self._stateless: set[tuple[int, tuple]] = set()
         self._all_stateful: tuple[Any, int] | None = None  # (state dict, parameter count)
         self._checked_count = -1
@@ -176,18 +179,12 @@ class FusedStateTracker:
         """After a host-decided step ran: parameters with a gradient still without state are stateless."""
         self._stateless.update(key for p, key in _params_without_state(inner) if p.grad is not None)
 
-    def reset(self) -> None:
-        self._stateless.clear()
-        self._all_stateful = None
-        self._checked_count = -1
-
 
 def _params_without_state(inner: torch.optim.Optimizer) -> Iterable[tuple[torch.Tensor, tuple[int, tuple]]]:
     state = inner.state
     for group in inner.param_groups:
-        settings = tuple(
-            sorted((k, v) for k, v in group.items() if k not in ("params", "lr") and isinstance(v, _SETTING_TYPES))
-        )
+        settings = tuple(sorted((k, v) for k, v in group.items()
+                                if k not in ("params", "lr") and isinstance(v, _SETTING_TYPES)))
         for p in group["params"]:
             if not state.get(p):
                 yield p, (id(p), settings)
@@ -387,7 +384,7 @@ class OptimizerStep:
         step = counters.steps
         scale_used = owner.state.loss_scale.clone() if diagnostics.wants_scale else None
         if diagnostics.reporter is not None:
-            diagnostics.report(step, found_inf, skipped, scale_used, named_grads)
+            diagnostics.reporter.observe(step, found_inf, skipped, scale_used, named_grads)
         counters.count(found_inf)
         if owner.advances_each_step:
             record.reset()
