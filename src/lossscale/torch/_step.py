@@ -384,7 +384,7 @@ class OptimizerStep:
         step = counters.steps
         scale_used = owner.state.loss_scale.clone() if diagnostics.wants_scale else None
         if diagnostics.reporter is not None:
-            diagnostics.reporter.observe(step, found_inf, skipped, scale_used, named_grads)
+            diagnostics.reporter.observe(step, found_inf, skipped, scale_used, named_grads)  # type: ignore[arg-type]
         counters.count(found_inf)
         if owner.advances_each_step:
             record.reset()
