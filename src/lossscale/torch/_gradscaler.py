@@ -204,7 +204,7 @@ class GradScaler:
         from ``custom_objects`` (or is the one in use), nothing is imported by name."""
         if not self._enabled:
             return
-        self._owner.load_record(gradscaler_record(state_dict, self._owner.policy, self._owner.state, custom_objects))
+        self._owner.load(gradscaler_record(state_dict, self._owner.policy, self._owner.state, custom_objects))
         for step in self._steps.values():
             step.reset()
         if self._sampler is not None:  # the iteration's measurements go with it

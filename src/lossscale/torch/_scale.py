@@ -45,6 +45,11 @@ class ScaleState:
         self._set_tensors(initial_state(policy, torch, device=device))
 
     @property
+    def policy(self) -> LossScale:
+        """The :class:`~lossscale.LossScale` this scale follows."""
+        return self._policy
+
+    @property
     def device(self) -> torch.device:
         return self.tensors.loss_scale.device
 
@@ -57,10 +62,12 @@ class ScaleState:
         return reciprocal(self.tensors.loss_scale)
 
     def to_(self, device: torch.device) -> None:
+        """Moves the state to ``device`` (done for you when gradients move)."""
         if self.device != device:
             self._set_tensors(LossScaleState(*(t.to(device) for t in self.tensors)))
 
     def advance(self, found_inf: torch.Tensor) -> None:
+        """The core rule once, in place; no sync."""
         if found_inf.device != self.tensors.loss_scale.device:
             found_inf = move(found_inf, self.device)
         views = self._host_views_now()
@@ -72,6 +79,7 @@ class ScaleState:
             foreach_copy_(list(self.tensors), new)
 
     def assign(self, new: LossScaleState) -> None:
+        """Writes a rule's new state in place (``AutoLossScale``'s, instead of the owner's rule)."""
         with torch.no_grad():
             foreach_copy_(list(self.tensors), list(new))
 
@@ -86,7 +94,7 @@ class ScaleState:
             foreach_copy_(list(self.tensors), [move(value, self.device).reshape(()).float(), *tensors[1:]])
 
     def record(self) -> ScaleRecord:
-        return ScaleRecord(self.policy, LossScaleState(*(t.detach().clone() for t in self.tensors)))
+        return ScaleRecord(self._policy, LossScaleState(*(t.detach().clone() for t in self.tensors)))
 
     def load(self, record: ScaleRecord) -> None:
         self._set_policy(record.policy)
@@ -102,7 +110,7 @@ class ScaleState:
         self._set_tensors(LossScaleState(*(t.to(state["device"]) for t in record.state)))
 
     def _set_policy(self, policy: LossScale) -> None:
-        self.policy, self._params = policy, policy.rule_params()
+        self._policy, self._params = policy, policy.rule_params()
         self.can_go_below_one = self._params.min_scale < 1
 
     def _set_tensors(self, tensors: LossScaleState) -> None:
@@ -130,32 +138,20 @@ class StepScale(NamedTuple):
     can_go_below_one: bool
 
 
-class ScaleOwner:
-    """What both owners share; ``advances_each_step``: whether :meth:`add_step` advances the scale at once."""
+class ScaleOwner(ScaleState):
+    """A :class:`ScaleState` that steps report to; ``advances_each_step``: whether :meth:`add_step` advances it."""
 
     advances_each_step = False
-
-    def __init__(self, policy: LossScale, device: torch.device | str | None = None) -> None:
-        self._scale = ScaleState(policy, device)
-
-    @property
-    def policy(self) -> LossScale:
-        """The :class:`~lossscale.LossScale` this scale follows."""
-        return self._scale.policy
 
     @property
     def state(self) -> LossScaleState:
         """The live state tensors (do not modify them)."""
-        return self._scale.tensors
-
-    @property
-    def device(self) -> torch.device:
-        return self._scale.device
+        return self.tensors
 
     @property
     def loss_scale(self) -> torch.Tensor:
         """The current scale, a 0-d float32 tensor (a copy; no host sync)."""
-        return self._scale.tensors.loss_scale.clone()
+        return self.tensors.loss_scale.clone()
 
     def get_scaled_loss(self, loss: Any) -> Any:
         """``loss * S``, formed in at least float32 and rounded once to ``loss``'s dtype; a callable gives a
@@ -167,51 +163,33 @@ class ScaleOwner:
                             f"{type(loss).__name__}. Compute the loss with torch before scaling it.")
         if not loss.is_floating_point():
             raise TypeError(f"get_scaled_loss() needs a floating-point loss, got dtype {loss.dtype}.")
-        scale = self._scale.tensors.loss_scale
+        scale = self.tensors.loss_scale
         if scale.device != loss.device:
             scale = move(scale, loss.device)
         return torch.mul(loss, scale).to(loss.dtype)
-
-    def inv_scale(self) -> torch.Tensor:
-        """``1 / S`` in float32, computed in float64; no sync."""
-        return self._scale.inv_scale()
-
-    def to_(self, device: torch.device) -> None:
-        """Moves the state to ``device`` (done for you when gradients move)."""
-        self._scale.to_(device)
 
     def for_step(self, device: torch.device | None) -> StepScale:
         """Moves the state to ``device`` (None: stays), then what a step's check needs of it."""
         if device is not None:
             self.to_(device)
-        scale = self._scale
-        return StepScale(scale.tensors.loss_scale, scale.inv_scale(), scale.device, scale.can_go_below_one)
-
-    def advance(self, found_inf: torch.Tensor) -> None:
-        """The core rule once, in place (see :class:`ScaleState`); no sync."""
-        self._scale.advance(found_inf)
+        return StepScale(self.tensors.loss_scale, self.inv_scale(), self.device, self.can_go_below_one)
 
     def add_step(self, found_inf: torch.Tensor, member: Any) -> None:
         raise NotImplementedError
 
-    def assign(self, new: LossScaleState) -> None:
-        """Writes a rule's new state in place (``AutoLossScale``'s, instead of :meth:`add_step`)."""
-        self._scale.assign(new)
-
-    def record(self) -> ScaleRecord:
-        return self._scale.record()
-
     def state_dict(self) -> dict[str, Any]:
         """The policy config and copies of the state tensors."""
-        return self._scale.record().to_dict()
+        return self.record().to_dict()
 
     def load_state_dict(self, state_dict: dict[str, Any], custom_objects: Mapping[str, type] | None = None) -> None:
         """Restores :meth:`state_dict`'s output, policy included (checked first; nothing changes on error); a policy
         class of your own comes from ``custom_objects`` or is the current one's, nothing is imported by name."""
-        self.load_record(ScaleRecord.from_dict(state_dict, custom_objects, current=self.policy))
+        self.load(ScaleRecord.from_dict(state_dict, custom_objects, current=self.policy))
 
-    def load_record(self, record: ScaleRecord) -> None:
-        self._scale.load(record)
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        if "_scale" in state:  # pickled when the owner held its ScaleState: {"_scale": ScaleState}
+            state = state["_scale"].__getstate__()
+        super().__setstate__(state)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.policy!r})"
@@ -223,7 +201,7 @@ class PrivateLossScale(ScaleOwner):
     advances_each_step = True
 
     def add_step(self, found_inf: torch.Tensor, member: Any) -> None:
-        self._scale.advance(found_inf)
+        self.advance(found_inf)
 
     def update(self) -> None:
         raise RuntimeError("This loss scale belongs to one LossScaleOptimizer, whose step() updates it. "
@@ -277,7 +255,7 @@ class SharedLossScale(ScaleOwner):
         non-finite step); with no step since the last update, nothing. No host sync."""
         pending = self._close()
         if pending is not None:
-            self._scale.advance(pending)
+            self.advance(pending)
 
     def _close(self) -> torch.Tensor | None:
         """Readies every member for the next iteration; this iteration's flag (None: no step)."""
@@ -292,16 +270,20 @@ class SharedLossScale(ScaleOwner):
         if self._pending is not None:
             self._pending = self._pending.to(device)
 
-    def load_record(self, record: ScaleRecord) -> None:
-        super().load_record(record)
+    def load(self, record: ScaleRecord) -> None:
+        super().load(record)
         self._close()
 
     def __getstate__(self) -> dict[str, Any]:
-        """The scale's record (see :meth:`ScaleState.__getstate__`); pending flags and members are not kept."""
-        return {"scale": self._scale}
+        """``{"scale": ScaleState}`` (pickled through its record); pending flags and members are not kept."""
+        scale = ScaleState(self.policy, self.device)
+        scale.assign(self.tensors)
+        return {"scale": scale}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self._scale = state["scale"]
+        scale = state["scale"]
+        self._set_policy(scale.policy)
+        self._set_tensors(scale.tensors)
         self._pending = None
         self._members = []
 
@@ -336,7 +318,7 @@ class IterationScale(SharedLossScale):
     @property
     def policy(self) -> DynamicLossScale:
         """GradScaler's policy is always a :class:`~lossscale.DynamicLossScale` (checked on load)."""
-        return cast(DynamicLossScale, self._scale.policy)
+        return cast(DynamicLossScale, self._policy)
 
     @property
     def pending(self) -> torch.Tensor | None:
@@ -359,16 +341,16 @@ class IterationScale(SharedLossScale):
             raise ValueError(f"{fix}, positive and finite; got {new_scale!r}.")
         else:
             value = torch.tensor(float(new_scale), dtype=torch.float32)
-        self._scale.set_scale(value, self._close())
+        self.set_scale(value, self._close())
 
     def overwrite(self, *, scale: float | None = None, growth_tracker: int | None = None) -> None:
         """Sets the scale and/or the growth counter in place (torch's ``_init_scale``/``_init_growth_tracker``)."""
         if scale is not None:
-            self._scale.set_scale(torch.tensor(float(scale)))
+            self.set_scale(torch.tensor(float(scale)))
         if growth_tracker is not None:
             with torch.no_grad():
                 self.state.good_steps.fill_(min(int(growth_tracker), 2**31 - 1))
 
     def set_policy(self, policy: DynamicLossScale) -> None:
         """Follows ``policy`` from the next update on; the scale and its counters stay."""
-        self._scale._set_policy(policy)
+        self._set_policy(policy)

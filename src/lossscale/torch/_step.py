@@ -459,7 +459,7 @@ class OptimizerStep:
     def load(self, checkpoint: Checkpoint) -> None:
         """Takes over a validated checkpoint's scale and counters (the inner optimizer is the caller's)."""
         if checkpoint.scale is not None:
-            self.owner.load_record(checkpoint.scale)
+            self.owner.load(checkpoint.scale)
             self._load_counters(checkpoint.counters or CounterRecord())
         self.reset()
 
@@ -489,7 +489,7 @@ class OptimizerStep:
         if owner is None:
             record = ScaleRecord.from_dict(state["scale"])
             owner = PrivateLossScale(record.policy, record.state.loss_scale.device)
-            owner.load_record(record)
+            owner.load(record)
         step = cls(owner, agree, state["diagnostics"])
         step._load_counters(CounterRecord.from_dict(state["optimizer"]))
         return step
