@@ -241,50 +241,37 @@ def gradscaler_record(
     if missing:
         raise _fail(f"missing {missing}")
     ours = saved.get("lossscale")
-    if ours is not None and not isinstance(ours, Mapping):
-        raise _fail(f"its 'lossscale' entry is a {type(ours).__name__}")
     if ours is not None:
+        if not isinstance(ours, Mapping):
+            raise _fail(f"its 'lossscale' entry is a {type(ours).__name__}")
         base = read_policy(ours.get("policy"), custom_objects, policy)
         if not isinstance(base, DynamicLossScale):
             raise _fail(f"its policy is {base!r}, not a DynamicLossScale")
         policy = base
-    policy = replace_policy(
-        policy,
-        growth_factor=_number(saved, "growth_factor"),
-        backoff_factor=_number(saved, "backoff_factor"),
-        growth_interval=_number(saved, "growth_interval", integral=True),
-    )
+    policy = replace_policy(policy, growth_factor=_number(saved, "growth_factor"),
+                            backoff_factor=_number(saved, "backoff_factor"),
+                            growth_interval=_number(saved, "growth_interval", integral=True))
     if ours is not None:
         refuse_extra(ours, ("policy", *_COUNTERS), "state_dict['lossscale']", f"{_NOT_OURS}: ")
+    ours = ours or {}
     # torch's scale can fall to 0 or below 1: a finite one is clamped into [min, max]; one not finite in float32
     # (NaN, inf, 1e39, 10**400) is refused. Counters: ints in [0, 2**31 - 1], refused otherwise (never wrapped).
     _number(saved, "_growth_tracker", integral=True)  # type errors in torch's words first
     for name in _COUNTERS:
-        if ours is not None and name in ours:
+        if name in ours:
             _number(ours, name, integral=True)
     try:
         scale = check_scale("state_dict['scale']", plain(saved["scale"]), policy, clamp=True)
         tracker = check_counter("state_dict['_growth_tracker']", plain(saved["_growth_tracker"]))
-        counts = {
-            name: check_counter(f"state_dict['lossscale'][{name!r}]", plain(ours[name]))
-            for name in _COUNTERS
-            if ours is not None and name in ours
-        }
+        counts = {name: check_counter(f"state_dict['lossscale'][{name!r}]", plain(ours[name]))
+                  for name in _COUNTERS if name in ours}
     except (TypeError, ValueError) as error:
         raise _fail(str(error)) from error
-    tensors = [torch.tensor(scale, dtype=torch.float32), _count(tracker)]
-    for index, name in enumerate(_COUNTERS, start=2):
-        if name in counts:
-            tensors.append(_count(counts[name]))
-        elif name == "bad_steps":
-            tensors.append(_count(0))  # torch keeps no overflow count: start afresh with torch's scale
-        else:
-            tensors.append(state[index].detach().clone())  # torch keeps no skip counts: ours go on
-    return ScaleRecord(policy, LossScaleState(*tensors))
-
-
-def _count(value: int) -> torch.Tensor:
-    return torch.tensor(value, dtype=torch.int32)
+    count = lambda value: torch.tensor(value, dtype=torch.int32)
+    # torch keeps no overflow or skip counts: the former starts afresh with torch's scale, ours go on
+    kept = [count(0), state.skipped_steps.detach().clone(), state.consecutive_skips.detach().clone()]
+    counters = [count(counts[name]) if name in counts else old for name, old in zip(_COUNTERS, kept)]
+    return ScaleRecord(policy, LossScaleState(torch.tensor(scale, dtype=torch.float32), count(tracker), *counters))
 
 
 
