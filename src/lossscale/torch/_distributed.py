@@ -43,13 +43,6 @@ def validate_process_group(process_group: Any) -> Any:
                     f"dist.group.WORLD) or a DeviceMesh, got {type(process_group).__name__}.")
 
 
-def _require_initialized() -> None:
-    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-        raise RuntimeError("The found-inf flag must be agreed across ranks, but torch.distributed is not "
-                           "initialized. Call torch.distributed.init_process_group(...) before the first step(), or "
-                           "drop process_group.")
-
-
 # DeviceMesh -> the groups its flag is reduced over (computed once per mesh).
 _MESH_GROUPS: weakref.WeakKeyDictionary[Any, list[Any]] = weakref.WeakKeyDictionary()
 
@@ -57,16 +50,12 @@ _MESH_GROUPS: weakref.WeakKeyDictionary[Any, list[Any]] = weakref.WeakKeyDiction
 def _mesh_groups(mesh: Any) -> list[Any]:
     """Groups whose successive MAX all-reduces cover ``mesh``: the world's when it spans every rank, else one
     per mesh dimension (each rank's line along every dimension)."""
-    cached = _MESH_GROUPS.get(mesh)
-    if cached is not None:
-        return cached
-    dist = torch.distributed
-    ranks = sorted(int(r) for r in mesh.mesh.flatten().tolist())
-    if ranks == list(range(dist.get_world_size())):
-        groups = [dist.group.WORLD]
-    else:
-        groups = [mesh.get_group(dim) for dim in range(mesh.ndim)]
-    _MESH_GROUPS[mesh] = groups
+    groups = _MESH_GROUPS.get(mesh)
+    if groups is None:
+        dist = torch.distributed
+        spans_world = sorted(int(r) for r in mesh.mesh.flatten().tolist()) == list(range(dist.get_world_size()))
+        groups = [dist.group.WORLD] if spans_world else [mesh.get_group(d) for d in range(mesh.ndim)]
+        _MESH_GROUPS[mesh] = groups
     return groups
 
 
@@ -90,12 +79,8 @@ def agreement_groups(process_group: Any, params: Iterable[torch.Tensor]) -> list
         for group in _mesh_groups(mesh):
             if not any(group is g for g in groups):
                 groups.append(group)
-    default = None
-    if len(groups) > 1 and torch.distributed.is_initialized():
-        default = torch.distributed.group.WORLD
-    if default is not None and any(g is default for g in groups):
-        return [default]
-    return groups
+    world = torch.distributed.group.WORLD if len(groups) > 1 and torch.distributed.is_initialized() else None
+    return [world] if world is not None and any(g is world for g in groups) else groups
 
 
 def all_reduce_max(flag: torch.Tensor, groups: Sequence[Any]) -> torch.Tensor:
@@ -103,7 +88,10 @@ def all_reduce_max(flag: torch.Tensor, groups: Sequence[Any]) -> torch.Tensor:
     (``async_op`` and waited on at once: on NCCL a stream wait, no host sync; on gloo the host blocks)."""
     if not groups:
         return flag
-    _require_initialized()
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        raise RuntimeError("The found-inf flag must be agreed across ranks, but torch.distributed is not "
+                           "initialized. Call torch.distributed.init_process_group(...) before the first step(), or "
+                           "drop process_group.")
     dist = torch.distributed
     agreed = flag.clone()
     for group in groups:
