@@ -15,7 +15,7 @@ from ._checkpoint import Checkpoint, load_inner
 from ._diagnostics import Diagnostics, OverflowReport
 from ._distributed import FlagAgreement, agreement_groups, validate_process_group
 from ._distributed import check_replicas_agree as _check_replicas_agree
-from ._scale import ScaleOwner, SharedLossScale, require_own_scale, scale_owner_for
+from ._scale import ScaleOwner, require_own_scale, scale_owner_for
 from ._stats import StatsSampler, check_stats_every
 from ._step import OptimizerStep
 from ._tf_methods import TFv1Methods
@@ -332,10 +332,7 @@ class LossScaleOptimizer(TFv1Methods, torch.optim.Optimizer):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         if "overflow_report" in state and "diagnostics" not in state:  # 0.1: the scale object beside the settings
-            owner = state["scale"]
-            shared = owner if isinstance(owner, SharedLossScale) else None
-            state = {"inner": state["inner"], "shared": shared, "optimizer": state["optimizer"],
-                     "scale": None if shared is not None else owner.record().to_dict(policy_object=True),
+            state = {"inner": state["inner"], "shared": state["scale"], "optimizer": state["optimizer"],  # its owner
                      "diagnostics": Diagnostics(state.get("max_consecutive_skips"),
                                                 bool(state.get("overflow_report", False)), None, state.get("history"))}
         self._inner = state["inner"]

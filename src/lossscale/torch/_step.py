@@ -484,7 +484,7 @@ class OptimizerStep:
 
     @classmethod
     def unpickled(cls, state: dict[str, Any], agree: FlagAgreement | None) -> OptimizerStep:
-        """The step object :meth:`pickled` describes, validated as a state dict is."""
+        """The step object :meth:`pickled` describes, validated as a state dict is (``"shared"``: any owner)."""
         owner = state["shared"]
         if owner is None:
             record = ScaleRecord.from_dict(state["scale"])
