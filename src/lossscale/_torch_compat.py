@@ -1,9 +1,5 @@
-"""Every private torch API that lossscale uses on torch (``lossscale.torch``, Keras on torch), in one place.
-
-None has a public replacement; ``torch.amp.GradScaler`` or ``torch.optim`` relies on each, which keeps them
-stable in practice. The kernels are bound to names here (no wrapper frame per call). Oldest torch: 2.5
-(fused Adagrad on CPU; DTensor public).
-"""
+"""Every private torch API lossscale uses (``lossscale.torch``, Keras on torch), bound to names here. None has a
+public replacement; ``torch.amp.GradScaler`` or ``torch.optim`` relies on each. Oldest torch: 2.5."""
 
 from __future__ import annotations
 
@@ -14,23 +10,11 @@ import torch
 from torch.utils._foreach_utils import _group_tensors_by_device_and_dtype
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = [
-    "AMP_SCALING",
-    "TorchDispatchMode",
-    "foreach_copy_",
-    "foreach_mul",
-    "foreach_mul_",
-    "foreach_norm",
-    "group_in_python",
-    "group_tensors_by_device_and_dtype",
-    "init_step_hooks",
-    "non_finite_check_and_unscale_",
-    "sparse_values",
-    "step_with_scale",
-]
+__all__ = ["AMP_SCALING", "TorchDispatchMode", "foreach_copy_", "foreach_mul", "foreach_mul_", "foreach_norm",
+           "group_in_python", "group_tensors_by_device_and_dtype", "init_step_hooks", "non_finite_check_and_unscale_",
+           "sparse_values", "step_with_scale"]
 
-# TorchDispatchMode: how torch's own debugging modes intercept ops; HostSyncCounter counts
-# ``aten._local_scalar_dense`` with it.
+# TorchDispatchMode: how torch's debugging modes intercept ops (HostSyncCounter counts scalar reads with it).
 
 #: ``{(device, dtype): (tensorlists, indices)}``, grouped in C++ (torch.optim's foreach and fused paths use it).
 group_tensors_by_device_and_dtype = _group_tensors_by_device_and_dtype
@@ -82,14 +66,9 @@ def step_with_scale(optimizer: Any, grad_scale: torch.Tensor | None, found_inf: 
         del optimizer.grad_scale, optimizer.found_inf
 
 
-_HOOK_DICTS = (
-    "_optimizer_step_pre_hooks",
-    "_optimizer_step_post_hooks",
-    "_optimizer_state_dict_pre_hooks",
-    "_optimizer_state_dict_post_hooks",
-    "_optimizer_load_state_dict_pre_hooks",
-    "_optimizer_load_state_dict_post_hooks",
-)
+_HOOK_DICTS = ("_optimizer_step_pre_hooks", "_optimizer_step_post_hooks", "_optimizer_state_dict_pre_hooks",
+               "_optimizer_state_dict_post_hooks", "_optimizer_load_state_dict_pre_hooks",
+               "_optimizer_load_state_dict_post_hooks")
 
 
 def init_step_hooks(optimizer: torch.optim.Optimizer) -> None:

@@ -1,18 +1,10 @@
 """The torch kernels, shared by ``lossscale.torch`` and Keras on torch: passes over gradients (unscale-and-check,
-check-only, copies, norms) and the statistics sums.
+check-only, copies, norms) and the statistics sums. Costs: passes (R: read every element, W: write); none syncs.
 
-Costs are in passes over the gradients (R: a read of every element, W: a write) and host syncs; none syncs.
-A found-inf flag is a 0-d float32 tensor, 1.0 if any element was NaN or +-Inf (what torch's fused optimizers
-read). Dense gradients go by (device, dtype) group through one multi-tensor kernel (GradScaler's, float32 math
-for half types); sparse COO ones one by one. DTensor gradients (FSDP2, tensor parallel) are handled on their
-local shards (views): no collective per kernel; the step agrees on the flag once (``torch/_distributed.py``),
-and :func:`scaled_norm` all-reduces one scalar over the sharded dimensions.
-
-Statistics: every per-tensor sum is arithmetic (torch's CPU comparisons ran 10-100x slower): ``max |g|``,
-``dot(|g|, |g|)``, non-zeros as ``sum(ceil(min(|g|, 2**-126) * 2**126))``, normals as ``sum(floor(min(|g| *
-2**14, 1)))``, then the core's :func:`lossscale._stats.summarize`. A sparse gradient counts as its dense form.
+A found-inf flag is a 0-d float32 tensor, 1.0 on any NaN or +-Inf (what torch's fused optimizers read). Dense
+gradients go by (device, dtype) group through one multi-tensor kernel (float32 math for half types); sparse COO
+ones one by one; DTensors (FSDP2, tensor parallel) as their local shards, with no collective per kernel.
 """
-
 
 from __future__ import annotations
 
@@ -32,25 +24,12 @@ from ._torch_compat import (
     sparse_values,
 )
 
-__all__ = [
-    "GradGroups",
-    "check_finite",
-    "check_param_grads_",
-    "combine_flags",
-    "dtensor_type",
-    "gradient_stats",
-    "move",
-    "reciprocal",
-    "scaled_norm",
-    "tensor_sums",
-    "unscale_and_check_",
-    "unscaled_copies",
-]
+__all__ = ["GradGroups", "check_finite", "check_param_grads_", "combine_flags", "dtensor_type", "gradient_stats",
+           "move", "reciprocal", "scaled_norm", "tensor_sums", "unscale_and_check_", "unscaled_copies"]
 
 
 def dtensor_type() -> type | None:
-    """``torch.distributed.tensor.DTensor`` if torch has imported it, else None (then none can exist): a process
-    that never built a DTensor pays nothing for the check."""
+    """``torch.distributed.tensor.DTensor`` if torch has imported it, else None (then none can exist)."""
     module = sys.modules.get("torch.distributed.tensor")
     return getattr(module, "DTensor", None) if module is not None else None
 
@@ -95,16 +74,6 @@ class GradGroups:
         return cls([p.grad for group in param_groups for p in group["params"] if p.grad is not None])
 
 
-
-def local_shards(grads: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """Each DTensor replaced by its local shard (a view: in-place ops reach the DTensor); others as they are."""
-    dtensor = dtensor_type()
-    if dtensor is None:
-        return list(grads)
-    with torch.no_grad():
-        return [g.to_local() if isinstance(g, dtensor) else g for g in grads]
-
-
 def move(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     """``tensor`` on ``device``; non-blocking unless the copy lands on the host, which may read it at once."""
     if tensor.device == device:
@@ -130,12 +99,8 @@ def combine_flags(flags: list[torch.Tensor], device: torch.device) -> torch.Tens
 
 def unscale_and_check_(grads: GradGroups, inv_scale: torch.Tensor, *, out_device: torch.device,
                        recheck: bool = False) -> torch.Tensor:
-    """``g *= inv_scale`` in place for every gradient; the found-inf flag on ``out_device``.
-
-    One R+W pass (one kernel per group; half types multiplied in float32 and rounded once), which checks the
-    values before the product. ``recheck`` (the scale may be below 1, so ``g / S`` can overflow a finite ``g``):
-    a second R+W pass checks the results.
-    """
+    """``g *= inv_scale`` in place for every gradient; the found-inf flag (of the values before) on ``out_device``.
+    One R+W pass; ``recheck`` (``S`` may be below 1, so ``g / S`` can overflow): a second R+W pass checks the results."""
     flags: list[torch.Tensor] = []
     for (device, _dtype), tensors in grads.dense.items():
         found = torch.zeros((), dtype=torch.float32, device=device)
@@ -153,11 +118,9 @@ def unscale_and_check_(grads: GradGroups, inv_scale: torch.Tensor, *, out_device
 
 def check_param_grads_(param_groups: Iterable[dict], inv_scale: torch.Tensor, *, fused: bool,
                        recheck: bool) -> tuple[GradGroups, torch.Tensor | None]:
-    """The ``.grad`` of ``param_groups``, grouped, unscaled and checked (:func:`unscale_and_check_`), and their
-    flag on the first gradient's device. float16 gradients are not unscaled: with ``fused`` they are only checked
-    (R+W, values unchanged: the kernel unscales in float32), otherwise the flag is None (for the caller to
-    refuse). No gradient: flag None. ``g / S`` overflows float32 only for ``S`` below about 2**-112: a fused
-    float16 check is not repeated.
+    """The ``.grad`` of ``param_groups``, grouped, unscaled and checked, and their flag (None: no gradient). float16
+    gradients are not unscaled: with ``fused`` only checked (the kernel unscales in float32; ``g / S`` overflows
+    float32 only for ``S`` below about 2**-112, so no recheck), otherwise the flag is None (for the caller to refuse).
     """
     grads = GradGroups.of(param_groups)
     device = grads.device
@@ -179,11 +142,9 @@ def check_finite(grads: GradGroups, *, out_device: torch.device) -> torch.Tensor
 def unscaled_copies(
     grads: Sequence[torch.Tensor | None], inv_scale: torch.Tensor, found_inf: list[torch.Tensor] | None = None
 ) -> list[torch.Tensor | None]:
-    """New tensors ``g * inv_scale`` in their gradient's dtype (None stays None); half types in float32,
-    rounded once, so a value ``1/S`` brings into float16's subnormal range survives. Cost: one R and one W pass
-    into new memory (+R+W for half types); no sync. With ``found_inf`` (a list), one flag per (device, dtype)
-    group is appended: half types' from their unscale kernel, the others' from one more R+W check.
-    """
+    """New tensors ``g * inv_scale`` in their gradient's dtype (None stays None), half types in float32 and rounded
+    once. Cost: one R and one W pass into new memory (+R+W for half types). With ``found_inf`` (a list), one flag
+    per (device, dtype) group is appended (from one more R+W check, except for half types)."""
     out: list[torch.Tensor | None] = list(grads)
     present = [i for i, g in enumerate(grads) if g is not None]
     dense = [i for i in present if grads[i].layout == torch.strided]  # type: ignore[union-attr]
@@ -215,9 +176,8 @@ def unscaled_copies(
 
 
 def scaled_norm(grads: GradGroups, norm_type: float, *, out_device: torch.device) -> torch.Tensor:
-    """The ``norm_type``-norm of all gradients together, in float32 (no float16 overflow): one R pass, no sync.
-    DTensor gradients: the unsharded norm, from the local shards and one scalar all-reduce per (mesh, sharded
-    dimensions) combination."""
+    """The ``norm_type``-norm of all gradients together, in float32: one R pass; DTensors: from the local shards
+    and one scalar all-reduce per (mesh, sharded dimensions)."""
     if grads.sharded is not None:
         return _sharded_norm(grads.sharded, norm_type, out_device)
     norms: list[torch.Tensor] = []
@@ -243,15 +203,16 @@ def _sharded_norm(grads: Sequence[torch.Tensor], norm_type: float, out_device: t
             buckets.setdefault(("local",), (None, (), []))[2].append(grad)
             continue
         if any(p.is_partial() for p in grad.placements):
-            raise ValueError(
-                "A DTensor gradient has a Partial placement (not yet reduced), so its norm is not defined by its "
-                "shards. Reduce it first, e.g. grad.redistribute(placements=[Replicate()] * mesh.ndim)."
-            )
+            raise ValueError("A DTensor gradient has a Partial placement (not yet reduced), so its norm is not "
+                             "defined by its shards. Reduce it first, e.g. "
+                             "grad.redistribute(placements=[Replicate()] * mesh.ndim).")
         dims = tuple(i for i, p in enumerate(grad.placements) if p.is_shard())
         buckets.setdefault((id(grad.device_mesh), dims), (grad.device_mesh, dims, []))[2].append(grad)
     norms = []
     for mesh, dims, members in buckets.values():
-        part = scaled_norm(GradGroups(local_shards(members)), norm_type, out_device=out_device)
+        local = GradGroups(members)
+        local.sharded = None  # the local shards' norm
+        part = scaled_norm(local, norm_type, out_device=out_device)
         if dims:
             if norm_type == float("inf"):
                 for dim in dims:
@@ -266,13 +227,11 @@ def _sharded_norm(grads: Sequence[torch.Tensor], norm_type: float, out_device: t
 
 
 def _sparse_values(grad: torch.Tensor) -> torch.Tensor:
-    """The stored values of a sparse COO gradient; float16 ones coalesced first (duplicates could overflow only
-    when summed: the check sees what the optimizer will, as GradScaler's)."""
+    """The stored values of a sparse COO gradient; float16 ones coalesced first (duplicates could overflow when
+    summed), as GradScaler's."""
     if grad.layout != torch.sparse_coo:
-        raise TypeError(
-            f"lossscale supports dense (strided) and sparse COO gradients, got layout {grad.layout}. "
-            "Convert the gradient with .to_dense() or .to_sparse() before step()."
-        )
+        raise TypeError(f"lossscale supports dense (strided) and sparse COO gradients, got layout {grad.layout}. "
+                        "Convert the gradient with .to_dense() or .to_sparse() before step().")
     if grad.dtype == torch.float16 and not grad.is_coalesced():
         grad.data = grad.coalesce()
     return sparse_values(grad)
@@ -287,11 +246,9 @@ def validated_norm_type(norm_type: Any) -> float:
             f"norm_type must be a number or 'inf', got {norm_type!r}. Use 2.0 for the Euclidean norm."
         ) from None
     if not p > 0:
-        raise ValueError(
-            f"norm_type must be positive, got {norm_type!r}: for p <= 0 (and -inf) the result is not a norm, "
-            "and it can be finite while a gradient is Inf, so the overflow check would miss it. "
-            "Use 2.0, 1.0 or float('inf')."
-        )
+        raise ValueError(f"norm_type must be positive, got {norm_type!r}: for p <= 0 (and -inf) the result is not a "
+                         "norm, and it can be finite while a gradient is Inf, so the overflow check would miss it. "
+                         "Use 2.0, 1.0 or float('inf').")
     return p
 
 
@@ -310,9 +267,9 @@ Sums = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 
 
 def tensor_sums(g: torch.Tensor, factor: torch.Tensor | None = None) -> Sums:
-    """``(max|g|, #zeros, #subnormals, sum g**2)`` of one gradient, 0-d float32 tensors (``factor``: multiplies
-    the values first). Cost: one float32 copy of ``|g|`` and four reads, about 8 kernels; a sparse gradient's
-    coalesce is one sync on CUDA."""
+    """``(max|g|, #zeros, #subnormals, sum g**2)`` of one gradient (times ``factor``), 0-d float32 tensors, all
+    arithmetic (torch's CPU comparisons ran 10-100x slower). Cost: one float32 copy of ``|g|``, about 8 kernels;
+    a sparse gradient's coalesce is one sync on CUDA."""
     n = g.numel()
     g = g.detach()
     if g.layout == torch.sparse_coo:

@@ -29,15 +29,5 @@ from ._gradscaler import GradScaler
 from ._optimizer import LossScaleOptimizer
 from ._scale import SharedLossScale
 
-__all__ = [
-    "DynamicLossScale",
-    "ExponentialUpdateLossScaleManager",
-    "FixedLossScale",
-    "FixedLossScaleManager",
-    "GradScaler",
-    "HostSyncCounter",
-    "LossScale",
-    "LossScaleError",
-    "LossScaleOptimizer",
-    "SharedLossScale",
-]
+__all__ = ["DynamicLossScale", "ExponentialUpdateLossScaleManager", "FixedLossScale", "FixedLossScaleManager",
+           "GradScaler", "HostSyncCounter", "LossScale", "LossScaleError", "LossScaleOptimizer", "SharedLossScale"]

@@ -1,29 +1,23 @@
 """Checkpoints and pickles of the torch binding: tensors <-> the core's one load rule, and the atomic inner load.
 
-A ``LossScaleOptimizer.state_dict()`` is the inner optimizer's state dict
-plus one ``"lossscale"`` entry (a ``SharedLossScale.state_dict()`` is its
-first two keys)::
+A ``LossScaleOptimizer.state_dict()`` is the inner optimizer's plus a ``"lossscale"`` entry (a
+``SharedLossScale.state_dict()`` is its first two keys)::
 
     {"policy": serialize(policy),                # ScaleRecord (older checkpoints: "loss_scale")
      "state": {"loss_scale": f32, "good_steps": i32, "bad_steps": i32,
                "skipped_steps": i32, "consecutive_skips": i32},
-     "optimizer": {"steps": int,                 # CounterRecord: this optimizer's own counters
-                   "skipped_steps": i32 | None,
-                   "consecutive_skips": i32 | None}}
+     "optimizer": {"steps": int, "skipped_steps": i32 | None, "consecutive_skips": i32 | None}}  # CounterRecord
 
-``lossscale.torch.GradScaler``'s is torch's five keys plus a ``"lossscale"``
-entry of plain values (:func:`gradscaler_state_dict`). Every reader checks
-*everything* by :mod:`lossscale._checkpoint` and copies every tensor (on the
-saved tensor's device) before anything is loaded; a malformed entry raises
-``ValueError`` and changes nothing. Pickling and ``deepcopy`` use the same
-records, the policy then travelling as the object itself. Cost: one
-``.item()`` and one 0-d copy per field (a host sync only for a tensor on an
-accelerator).
+GradScaler's is torch's five keys plus a ``"lossscale"`` entry of plain values. Every field is checked by
+:mod:`lossscale._checkpoint` and copied (on the saved tensor's device) before anything loads: a malformed entry
+raises ``ValueError`` and changes nothing. Pickles use the same records, with the policy object itself. Cost:
+one ``.item()`` and one 0-d copy per field.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from numbers import Integral, Real
@@ -37,17 +31,8 @@ from .._policy import DynamicLossScale, LossScale
 from .._resolve import built_in_names, serialize
 from .._rule import COUNTER_MAX, LossScaleState
 
-__all__ = [
-    "Checkpoint",
-    "CounterRecord",
-    "ScaleRecord",
-    "gradscaler_record",
-    "gradscaler_state_dict",
-    "load_inner",
-    "read_policy",
-    "replace_policy",
-    "with_torch_names",
-]
+__all__ = ["Checkpoint", "CounterRecord", "ScaleRecord", "gradscaler_record", "gradscaler_state_dict", "load_inner",
+           "read_policy", "replace_policy", "with_torch_names"]
 
 _NOT_OURS = "Not a lossscale state dict"
 
@@ -56,17 +41,12 @@ def _not_a_state_dict(detail: str) -> ValueError:
     return ValueError(f"{_NOT_OURS} ({detail}); pass what state_dict() returned.")
 
 
-def _device(value: Any) -> torch.device:
-    return value.device if isinstance(value, torch.Tensor) else torch.device("cpu")
-
-
 def _tensor(value: Any, saved: Any) -> torch.Tensor:
     """A new 0-d tensor of a checked numpy value, on the device of the saved value."""
-    return torch.tensor(value, device=_device(saved))
+    return torch.tensor(value, device=saved.device if isinstance(saved, torch.Tensor) else "cpu")
 
 
-def _refused(error: Exception) -> ValueError:
-    # LossScaleOptimizer and SharedLossScale document one error for a malformed checkpoint: ValueError.
+def _refused(error: Exception) -> ValueError:  # the one error documented for a malformed checkpoint
     return ValueError(f"{_NOT_OURS}: {error}")
 
 
@@ -113,11 +93,8 @@ class ScaleRecord:
 
 @dataclass(frozen=True)
 class CounterRecord:
-    """One optimizer's own counters: ``step()`` calls that stepped or skipped, its skips, its skip streak.
-
-    ``skipped_steps``/``consecutive_skips`` are None in checkpoints written
-    before they were kept per optimizer; the loader then takes the scale's.
-    """
+    """One optimizer's own counters: its ``step()`` calls, skips and skip streak (the last two None in older
+    checkpoints: the loader then takes the scale's)."""
 
     steps: int = 0
     skipped_steps: torch.Tensor | None = None
@@ -125,11 +102,8 @@ class CounterRecord:
 
     def to_dict(self) -> dict[str, Any]:
         copy = lambda t: None if t is None else t.detach().clone()
-        return {
-            "steps": self.steps,
-            "skipped_steps": copy(self.skipped_steps),
-            "consecutive_skips": copy(self.consecutive_skips),
-        }
+        return {"steps": self.steps, "skipped_steps": copy(self.skipped_steps),
+                "consecutive_skips": copy(self.consecutive_skips)}
 
     @classmethod
     def from_dict(cls, saved: Any) -> CounterRecord:
@@ -186,31 +160,18 @@ class Checkpoint:
         return state
 
 
-# ------------------------------------------------------------ GradScaler's record
-
 TORCH_KEYS = ("scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker")
 _COUNTERS = ("bad_steps", "skipped_steps", "consecutive_skips")
 
-# lossscale's argument names in validation errors, and torch's names for them.
-_TORCH_NAMES = (
-    ("initial_loss_scale", "init_scale"),
-    ("increment_period", "growth_interval"),
-    ("multiplier", "growth_factor"),
-)
-
-
-def with_torch_names(build: Any, *args: Any, **kwargs: Any) -> Any:
-    """``build(*args, **kwargs)``, with a validation error re-raised in ``torch.amp.GradScaler``'s argument names."""
-    return built_in_names(_TORCH_NAMES, build, *args, **kwargs)
+_TORCH_NAMES = (("initial_loss_scale", "init_scale"), ("increment_period", "growth_interval"),
+                ("multiplier", "growth_factor"))
+#: ``with_torch_names(build, *args, **kwargs)``: ``build(...)``, a validation error in torch GradScaler's names.
+with_torch_names = functools.partial(built_in_names, _TORCH_NAMES)
 
 
 def growth_interval(value: Any) -> int:
-    """torch's ``growth_interval``: any int >= 1, saturated at 2**31 - 1 (the growth counter is int32).
-
-    A counter that saturates at 2**31 - 1 cannot tell a longer interval from
-    that one, so nothing is lost: torch's "huge growth_interval" idiom for a
-    fixed scale keeps working.
-    """
+    """torch's ``growth_interval``: any int >= 1, saturated at 2**31 - 1 (the int32 growth counter cannot tell a
+    longer one apart, so torch's "huge growth_interval" idiom for a fixed scale keeps working)."""
     fix = "Pass a positive whole number of steps, for example growth_interval=2000 (torch's default)."
     if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_floating_point():
         value = int(value)
@@ -233,25 +194,16 @@ def gradscaler_state_dict(policy: DynamicLossScale, state: LossScaleState) -> di
     """The state dict of a GradScaler following ``policy`` with ``state`` (one host sync)."""
     scale, good, bad, skipped, streak = torch.stack([t.detach().double() for t in state]).tolist()
     return {
-        "scale": scale,
-        "growth_factor": policy.multiplier,
-        "backoff_factor": policy.backoff_factor,
-        "growth_interval": policy.increment_period,
-        "_growth_tracker": int(good),
-        "lossscale": {
-            "policy": serialize(policy),
-            "bad_steps": int(bad),
-            "skipped_steps": int(skipped),
-            "consecutive_skips": int(streak),
-        },
+        "scale": scale, "growth_factor": policy.multiplier, "backoff_factor": policy.backoff_factor,
+        "growth_interval": policy.increment_period, "_growth_tracker": int(good),
+        "lossscale": {"policy": serialize(policy), "bad_steps": int(bad), "skipped_steps": int(skipped),
+                      "consecutive_skips": int(streak)},
     }
 
 
 def _fail(detail: str) -> ValueError:
-    return ValueError(
-        f"Not a GradScaler state dict ({detail}). Pass what state_dict() of lossscale.torch.GradScaler or "
-        "torch.amp.GradScaler returned."
-    )
+    return ValueError(f"Not a GradScaler state dict ({detail}). Pass what state_dict() of lossscale.torch.GradScaler "
+                      "or torch.amp.GradScaler returned.")
 
 
 def _number(saved: Mapping, key: str, integral: bool = False) -> Any:
@@ -289,53 +241,38 @@ def gradscaler_record(
     if missing:
         raise _fail(f"missing {missing}")
     ours = saved.get("lossscale")
-    if ours is not None and not isinstance(ours, Mapping):
-        raise _fail(f"its 'lossscale' entry is a {type(ours).__name__}")
     if ours is not None:
+        if not isinstance(ours, Mapping):
+            raise _fail(f"its 'lossscale' entry is a {type(ours).__name__}")
         base = read_policy(ours.get("policy"), custom_objects, policy)
         if not isinstance(base, DynamicLossScale):
             raise _fail(f"its policy is {base!r}, not a DynamicLossScale")
         policy = base
-    policy = replace_policy(
-        policy,
-        growth_factor=_number(saved, "growth_factor"),
-        backoff_factor=_number(saved, "backoff_factor"),
-        growth_interval=_number(saved, "growth_interval", integral=True),
-    )
+    policy = replace_policy(policy, growth_factor=_number(saved, "growth_factor"),
+                            backoff_factor=_number(saved, "backoff_factor"),
+                            growth_interval=_number(saved, "growth_interval", integral=True))
     if ours is not None:
         refuse_extra(ours, ("policy", *_COUNTERS), "state_dict['lossscale']", f"{_NOT_OURS}: ")
+    ours = ours or {}
     # torch's scale can fall to 0 or below 1: a finite one is clamped into [min, max]; one not finite in float32
     # (NaN, inf, 1e39, 10**400) is refused. Counters: ints in [0, 2**31 - 1], refused otherwise (never wrapped).
     _number(saved, "_growth_tracker", integral=True)  # type errors in torch's words first
     for name in _COUNTERS:
-        if ours is not None and name in ours:
+        if name in ours:
             _number(ours, name, integral=True)
     try:
         scale = check_scale("state_dict['scale']", plain(saved["scale"]), policy, clamp=True)
         tracker = check_counter("state_dict['_growth_tracker']", plain(saved["_growth_tracker"]))
-        counts = {
-            name: check_counter(f"state_dict['lossscale'][{name!r}]", plain(ours[name]))
-            for name in _COUNTERS
-            if ours is not None and name in ours
-        }
+        counts = {name: check_counter(f"state_dict['lossscale'][{name!r}]", plain(ours[name]))
+                  for name in _COUNTERS if name in ours}
     except (TypeError, ValueError) as error:
         raise _fail(str(error)) from error
-    tensors = [torch.tensor(scale, dtype=torch.float32), _count(tracker)]
-    for index, name in enumerate(_COUNTERS, start=2):
-        if name in counts:
-            tensors.append(_count(counts[name]))
-        elif name == "bad_steps":
-            tensors.append(_count(0))  # torch keeps no overflow count: start afresh with torch's scale
-        else:
-            tensors.append(state[index].detach().clone())  # torch keeps no skip counts: ours go on
-    return ScaleRecord(policy, LossScaleState(*tensors))
+    count = lambda value: torch.tensor(value, dtype=torch.int32)
+    # torch keeps no overflow or skip counts: the former starts afresh with torch's scale, ours go on
+    kept = [count(0), state.skipped_steps.detach().clone(), state.consecutive_skips.detach().clone()]
+    counters = [count(counts[name]) if name in counts else old for name, old in zip(_COUNTERS, kept)]
+    return ScaleRecord(policy, LossScaleState(torch.tensor(scale, dtype=torch.float32), count(tracker), *counters))
 
-
-def _count(value: int) -> torch.Tensor:
-    return torch.tensor(value, dtype=torch.int32)
-
-
-# ------------------------------------------------------------ the inner optimizer's part, all or nothing
 
 
 def _check_groups(inner: torch.optim.Optimizer, groups: Any) -> None:
@@ -344,11 +281,9 @@ def _check_groups(inner: torch.optim.Optimizer, groups: Any) -> None:
     for index, group in enumerate(groups if isinstance(groups, (list, tuple)) else []):
         missing = sorted(needed - set(group)) if isinstance(group, Mapping) else []
         if missing:
-            raise ValueError(
-                f"the saved param_groups[{index}] lacks {missing}, which {name} needs: the state dict was saved from "
-                f"another kind of optimizer. Load a state dict saved from {name} (or build the optimizer it was "
-                "saved from); the optimizer is unchanged."
-            )
+            raise ValueError(f"the saved param_groups[{index}] lacks {missing}, which {name} needs: the state dict "
+                             f"was saved from another kind of optimizer. Load a state dict saved from {name} (or "
+                             "build the optimizer it was saved from); the optimizer is unchanged.")
 
 
 def _check(inner: torch.optim.Optimizer) -> None:
@@ -357,24 +292,16 @@ def _check(inner: torch.optim.Optimizer) -> None:
         for param in group["params"]:
             for key, value in inner.state.get(param, {}).items():
                 if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape != param.shape:
-                    raise ValueError(
-                        f"the saved state {key!r} of a parameter of shape {tuple(param.shape)} has shape "
-                        f"{tuple(value.shape)}: not this model's optimizer state. Load the state dict saved with "
-                        "this model."
-                    )
+                    raise ValueError(f"the saved state {key!r} of a parameter of shape {tuple(param.shape)} has "
+                                     f"shape {tuple(value.shape)}: not this model's optimizer state. Load the state "
+                                     "dict saved with this model.")
 
 
 def load_inner(inner: torch.optim.Optimizer, saved: Mapping[str, Any]) -> None:
-    """``inner.load_state_dict(saved)``, all or nothing.
-
-    torch loads saved hyperparameters as they are (an SGD state dict into
-    AdamW: ``KeyError: 'betas'`` at the next step), and a failed load leaves
-    the optimizer half replaced. Here the current state dict (references) is
-    kept, the saved one loaded and checked (each group holds every key of
-    ``defaults``; each state tensor is shaped like its parameter), and on
-    failure the kept one is loaded back and a ValueError names the cause.
-    Cost: a walk over groups and shapes; one more load on failure.
-    """
+    """``inner.load_state_dict(saved)``, all or nothing: torch loads another optimizer's groups as they are (an SGD
+    state dict into AdamW fails at the next step) and leaves a failed load half done. Checked after loading: each
+    group holds every key of ``defaults``, each state tensor is shaped like its parameter; on failure the kept
+    state dict is loaded back and a ValueError names the cause. Cost: a walk over groups and shapes."""
     kept = inner.state_dict()
     try:
         inner.load_state_dict(dict(saved))

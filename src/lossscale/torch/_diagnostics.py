@@ -1,6 +1,4 @@
-"""Opt-in diagnostics of a step, each free when off: the stall guard (:class:`SkipGuard`), the overflow report
-(:class:`OverflowReporter`), the history (:class:`StepRecorder`); and :class:`HostSyncCounter`.
-"""
+"""Opt-in diagnostics of a step, each free when off: stall guard, overflow report, history; and HostSyncCounter."""
 
 from __future__ import annotations
 
@@ -13,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .._errors import LossScaleError
+from .._history import STATS_COLUMNS, History
 from .._torch_compat import TorchDispatchMode, sparse_values
 
 if TYPE_CHECKING:  # typing.Self is Python 3.11+; the annotations are strings (from __future__ import annotations)
@@ -114,31 +113,30 @@ class OverflowReport:
 
 
 class OverflowReporter:
-    """Builds an :class:`OverflowReport` on a skipped step and logs it (logger ``lossscale``): one R pass over the
-    gradients and one sync for all their flags. Knowing the skip costs one sync per step on the fused path."""
+    """Builds and logs an :class:`OverflowReport` on a skipped step: one R pass and one sync for all the flags."""
 
     def __init__(self, named_parameters: Iterable[tuple[str, torch.Tensor]] | None) -> None:
         self._names: dict[int, str] = {}
         if named_parameters is not None:
             for name, param in named_parameters:
                 if not isinstance(param, torch.Tensor):
-                    raise TypeError(
-                        "named_parameters must yield (name, tensor) pairs, e.g. model.named_parameters(); "
-                        f"got a {type(param).__name__} for {name!r}."
-                    )
+                    raise TypeError("named_parameters must yield (name, tensor) pairs, e.g. model.named_parameters(); "
+                                    f"got a {type(param).__name__} for {name!r}.")
                 self._names[id(param)] = name
         self.last: OverflowReport | None = None
-        self.count = 0
 
     def name_of(self, param: torch.Tensor, group: int, index: int) -> str:
         return self._names.get(id(param), f"param_groups[{group}]['params'][{index}] {tuple(param.shape)}")
 
-    def observe(
-        self, skipped: bool, named_grads: Iterable[tuple[str, torch.Tensor]], loss_scale: torch.Tensor, step: int
-    ) -> None:
+    def observe(self, step: int, found_inf: torch.Tensor, skipped: bool | None, loss_scale: torch.Tensor,
+                named_grads: Any) -> None:
+        """The report of a skipped step (``skipped`` None: decided on the device, read with one sync);
+        ``named_grads``: ``(name, grad)`` pairs, or a callable walking the parameters for them."""
+        if skipped is None:
+            skipped = bool(found_inf.item())  # the report's sync on the fused path
         if not skipped:
             return
-        named = list(named_grads)
+        named = list(named_grads() if callable(named_grads) else named_grads)
         flags = []
         for _, grad in named:
             values = sparse_values(grad) if grad.layout == torch.sparse_coo else grad
@@ -152,7 +150,6 @@ class OverflowReporter:
             if nan or inf:
                 report.nonfinite.append((name, nan, inf))
         self.last = report
-        self.count += 1
         logger.warning("%s", report)
 
 
@@ -161,8 +158,6 @@ class StepRecorder:
     ``flush_every`` rows (one sync per flush)."""
 
     def __init__(self, history: Any = None, flush_every: int = 100) -> None:
-        from .._history import History  # framework-free; lazy only to keep this module light
-
         if isinstance(flush_every, bool) or not isinstance(flush_every, int) or flush_every < 1:
             raise ValueError(f"flush_every must be a positive int, got {flush_every!r}.")
         self.history = History() if history is None or history is True else history
@@ -184,18 +179,14 @@ class StepRecorder:
         self._stats = stats.detach()
 
     def record(self, step: int, loss_scale: torch.Tensor, skipped: torch.Tensor) -> None:
-        loss, stats = self._loss, self._stats
+        loss, stats, device = self._loss, self._stats, loss_scale.device
         self._loss = self._stats = None
-        if stats is not None:
-            self._has_stats = True
-            stats = stats.to(device=loss_scale.device, dtype=torch.float64)
-        else:
-            stats = torch.full((3,), float("nan"), dtype=torch.float64, device=loss_scale.device)
-        if loss is not None and loss.numel() == 1:
-            self._has_loss = True
-            loss_value = loss.reshape(()).to(device=loss_scale.device, dtype=torch.float64)
-        else:
-            loss_value = torch.full((), float("nan"), dtype=torch.float64, device=loss_scale.device)
+        nan = lambda *shape: torch.full(shape, float("nan"), dtype=torch.float64, device=device)
+        self._has_stats |= stats is not None
+        has_loss = loss is not None and loss.numel() == 1
+        self._has_loss |= has_loss
+        stats = nan(3) if stats is None else stats.to(device=device, dtype=torch.float64)
+        loss_value = loss.reshape(()).to(device, torch.float64) if has_loss else nan()  # type: ignore[union-attr]
         self._rows.append(torch.cat([torch.stack([loss_scale.double(), skipped.double(), loss_value]), stats]))
         self._steps.append(step)
         if len(self._rows) >= self.flush_every:
@@ -209,8 +200,6 @@ class StepRecorder:
         losses = rows[:, 2] if self._has_loss else None
         stats = None
         if self._has_stats:
-            from .._history import STATS_COLUMNS
-
             stats = {name: rows[:, 3 + i] for i, name in enumerate(STATS_COLUMNS)}
         self.history.extend(steps, rows[:, 0], rows[:, 1].astype(bool), losses, stats)
 
@@ -230,8 +219,8 @@ class Diagnostics:
         self.recorder = None if history is None or history is False else StepRecorder(history)
         self.wants_scale = self.reporter is not None or self.recorder is not None
 
-    def settings(self) -> dict[str, Any]:
-        """The constructor's settings (the history flushed first): what pickling keeps, no live object."""
+    def __getstate__(self) -> dict[str, Any]:
+        """The constructor's settings (the history flushed first), no live object."""
         recorder = self.recorder
         if recorder is not None:
             recorder.flush()
@@ -240,9 +229,6 @@ class Diagnostics:
             "overflow_report": self.reporter is not None,
             "history": None if recorder is None else recorder.history,
         }
-
-    def __getstate__(self) -> dict[str, Any]:
-        return self.settings()
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         if "max_consecutive_skips" not in state:  # a 0.1 pickle: its __dict__ (guard, reporter, recorder)
@@ -257,43 +243,19 @@ class Diagnostics:
         reporter = self.reporter
         if reporter is None:
             return []
-        return [
-            (reporter.name_of(p, g, i), p.grad)
-            for g, group in enumerate(param_groups)
-            for i, p in enumerate(group["params"])
-            if p.grad is not None
-        ]
-
-    def report(self, step: int, found_inf: torch.Tensor, skipped: bool | None, scale_used: Any, named_grads: Any) -> None:
-        """Builds the overflow report of a skipped step; ``skipped`` None (decided on the device) costs one sync."""
-        if self.reporter is None:
-            return
-        if skipped is None:
-            skipped = bool(found_inf.item())  # the report's sync on the fused path
-        if callable(named_grads):  # named (a walk over the parameters) on a skipped step only
-            named_grads = named_grads() if skipped else ()
-        self.reporter.observe(skipped, named_grads, scale_used, step)
+        return [(reporter.name_of(p, g, i), p.grad) for g, group in enumerate(param_groups)
+                for i, p in enumerate(group["params"]) if p.grad is not None]
 
 
 class HostSyncCounter(TorchDispatchMode):
     """Counts host syncs inside a ``with`` block, to check that a training loop is sync-free.
 
-    Where CUDA is available, it turns on torch's sync debug mode
-    (``torch.cuda.set_sync_debug_mode("warn")``) for the block and counts
-    the syncs torch reports: every blocking CUDA call, from any thread, as
-    torch sees them (``.item()``, ``.cpu()``, ``.tolist()``, boolean masks,
-    ``nonzero``...). ``source`` is then ``"cuda_sync_debug_mode"``.
-
-    Without CUDA (``source == "scalar_reads"``) it counts what would sync
-    on an accelerator as far as the dispatcher shows it: calls of
-    ``aten._local_scalar_dense``, i.e. ``.item()``, ``float(t)``,
-    ``int(t)`` and ``bool(t)``, made on the thread that entered the block.
-    It cannot see, and does not count: reads on other threads; copies to
-    the host (``.cpu()``, ``.to("cpu")``, ``.numpy()``, ``.tolist()``); ops whose output
-    size depends on values (boolean-mask indexing, ``nonzero``,
-    ``unique``). On a CPU tensor none of these waits for anything; use a
-    CUDA machine for the full count. ``scalar_reads`` is always the
-    dispatcher count.
+    With CUDA (``source == "cuda_sync_debug_mode"``) it counts what ``torch.cuda.set_sync_debug_mode("warn")``
+    reports: every blocking CUDA call from any thread (``.item()``, ``.cpu()``, ``.tolist()``, masks...).
+    Without (``source == "scalar_reads"``) it counts ``aten._local_scalar_dense`` calls on the entering thread
+    (``.item()``, ``float(t)``, ``int(t)``, ``bool(t)``); it cannot see reads on other threads, host copies
+    (``.cpu()``, ``.numpy()``, ``.tolist()``) or value-dependent shapes (boolean-mask indexing, ``nonzero``): use
+    a CUDA machine for the full count. ``scalar_reads`` is always the dispatcher count.
 
     >>> import torch
     >>> with HostSyncCounter() as syncs:

@@ -1,12 +1,5 @@
-"""One skip decision for every rank: the found-inf flag MAX-all-reduced before the decision, and a debug check
-that the replicated scale state agrees.
-
-Plain DDP needs nothing (its gradients are all-reduced before ``step()``). Sharded setups (FSDP2, ZeRO-style
-optimizers, tensor/pipeline parallelism) check different gradients per rank. The group: the given
-``process_group`` (a ``DeviceMesh``: all of its ranks); else the parameters' DTensor meshes (the world group
-when a mesh spans every rank, else one group per mesh dimension); else none. ``torch.distributed.tensor`` is
-never imported here: a process without DTensors pays nothing.
-"""
+"""One skip decision for every rank: the found-inf flag MAX-all-reduced before the decision (sharded setups check
+different gradients per rank; plain DDP needs nothing), and a debug check that the replicated state agrees."""
 
 from __future__ import annotations
 
@@ -25,13 +18,7 @@ from .._resolve import serialize
 from .._rule import LossScaleState
 from .._torch_kernels import dtensor_type
 
-__all__ = [
-    "FlagAgreement",
-    "agreement_groups",
-    "all_reduce_max",
-    "check_replicas_agree",
-    "validate_process_group",
-]
+__all__ = ["FlagAgreement", "agreement_groups", "all_reduce_max", "check_replicas_agree", "validate_process_group"]
 
 
 def device_mesh_type() -> type | None:
@@ -45,27 +32,15 @@ def validate_process_group(process_group: Any) -> Any:
     if process_group is None:
         return None
     if not torch.distributed.is_available():
-        raise RuntimeError(
-            "process_group was given but this torch build has no torch.distributed; "
-            "drop process_group, or install a torch build with distributed support."
-        )
+        raise RuntimeError("process_group was given but this torch build has no torch.distributed; "
+                           "drop process_group, or install a torch build with distributed support.")
     mesh_type = device_mesh_type()
     if isinstance(process_group, torch.distributed.ProcessGroup) or (
         mesh_type is not None and isinstance(process_group, mesh_type)
     ):
         return process_group
-    raise TypeError(
-        f"process_group must be a torch.distributed.ProcessGroup (e.g. dist.new_group(ranks) or "
-        f"dist.group.WORLD) or a DeviceMesh, got {type(process_group).__name__}."
-    )
-
-
-def _require_initialized() -> None:
-    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-        raise RuntimeError(
-            "The found-inf flag must be agreed across ranks, but torch.distributed is not initialized. "
-            "Call torch.distributed.init_process_group(...) before the first step(), or drop process_group."
-        )
+    raise TypeError(f"process_group must be a torch.distributed.ProcessGroup (e.g. dist.new_group(ranks) or "
+                    f"dist.group.WORLD) or a DeviceMesh, got {type(process_group).__name__}.")
 
 
 # DeviceMesh -> the groups its flag is reduced over (computed once per mesh).
@@ -75,22 +50,18 @@ _MESH_GROUPS: weakref.WeakKeyDictionary[Any, list[Any]] = weakref.WeakKeyDiction
 def _mesh_groups(mesh: Any) -> list[Any]:
     """Groups whose successive MAX all-reduces cover ``mesh``: the world's when it spans every rank, else one
     per mesh dimension (each rank's line along every dimension)."""
-    cached = _MESH_GROUPS.get(mesh)
-    if cached is not None:
-        return cached
-    dist = torch.distributed
-    ranks = sorted(int(r) for r in mesh.mesh.flatten().tolist())
-    if ranks == list(range(dist.get_world_size())):
-        groups = [dist.group.WORLD]
-    else:
-        groups = [mesh.get_group(dim) for dim in range(mesh.ndim)]
-    _MESH_GROUPS[mesh] = groups
+    groups = _MESH_GROUPS.get(mesh)
+    if groups is None:
+        dist = torch.distributed
+        spans_world = sorted(int(r) for r in mesh.mesh.flatten().tolist()) == list(range(dist.get_world_size()))
+        groups = [dist.group.WORLD] if spans_world else [mesh.get_group(d) for d in range(mesh.ndim)]
+        _MESH_GROUPS[mesh] = groups
     return groups
 
 
 def agreement_groups(process_group: Any, params: Iterable[torch.Tensor]) -> list[Any]:
-    """The groups the found-inf flag is MAX-reduced over, in order; empty when none is needed. Cost: an
-    ``isinstance`` per parameter when no group was given."""
+    """The groups the found-inf flag is MAX-reduced over, in order: ``process_group`` (a ``DeviceMesh``: all its
+    ranks), else the parameters' DTensor meshes, else none. Cost: an ``isinstance`` per parameter."""
     if process_group is not None:
         mesh_type = device_mesh_type()
         if mesh_type is not None and isinstance(process_group, mesh_type):
@@ -108,12 +79,8 @@ def agreement_groups(process_group: Any, params: Iterable[torch.Tensor]) -> list
         for group in _mesh_groups(mesh):
             if not any(group is g for g in groups):
                 groups.append(group)
-    default = None
-    if len(groups) > 1 and torch.distributed.is_initialized():
-        default = torch.distributed.group.WORLD
-    if default is not None and any(g is default for g in groups):
-        return [default]
-    return groups
+    world = torch.distributed.group.WORLD if len(groups) > 1 and torch.distributed.is_initialized() else None
+    return [world] if world is not None and any(g is world for g in groups) else groups
 
 
 def all_reduce_max(flag: torch.Tensor, groups: Sequence[Any]) -> torch.Tensor:
@@ -121,7 +88,10 @@ def all_reduce_max(flag: torch.Tensor, groups: Sequence[Any]) -> torch.Tensor:
     (``async_op`` and waited on at once: on NCCL a stream wait, no host sync; on gloo the host blocks)."""
     if not groups:
         return flag
-    _require_initialized()
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        raise RuntimeError("The found-inf flag must be agreed across ranks, but torch.distributed is not "
+                           "initialized. Call torch.distributed.init_process_group(...) before the first step(), or "
+                           "drop process_group.")
     dist = torch.distributed
     agreed = flag.clone()
     for group in groups:
@@ -158,10 +128,8 @@ def check_replicas_agree(state: LossScaleState, policy: LossScale, groups: Seque
     """Raises :class:`~lossscale.LossScaleError` unless every rank of ``groups`` (empty: the world) holds the same
     scale, counters and policy (a checksum of its config). Cost: an all-gather of 6 float64 per group, one sync."""
     if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-        raise RuntimeError(
-            "check_replicas_agree() compares ranks, but torch.distributed is not initialized. "
-            "Call torch.distributed.init_process_group(...) first."
-        )
+        raise RuntimeError("check_replicas_agree() compares ranks, but torch.distributed is not initialized. "
+                           "Call torch.distributed.init_process_group(...) first.")
     dist = torch.distributed
     if not groups:
         groups = [dist.group.WORLD]
@@ -175,18 +143,14 @@ def check_replicas_agree(state: LossScaleState, policy: LossScale, groups: Seque
         rows = [g.tolist() for g in gathered]  # the host sync
         ranks = dist.get_process_group_ranks(group)
         problems = []
-        for i, name in enumerate(list(_FIELDS) + ["policy"]):
+        for i, name in enumerate([*_FIELDS, "policy"]):
             values = [row[i] for row in rows]
-            if any(v != values[0] for v in values[1:]):
-                if name == "policy":
-                    detail = "the loss scale policies (their configs) differ"
-                else:
-                    shown = ", ".join(
-                        f"rank {r}: {v:g}" if name == "loss_scale" else f"rank {r}: {int(v)}"
-                        for r, v in zip(ranks, values)
-                    )
-                    detail = f"{name} differs ({shown})"
-                problems.append(detail)
+            if name == "policy" and len(set(values)) > 1:
+                problems.append("the loss scale policies (their configs) differ")
+            elif len(set(values)) > 1:
+                shown = ", ".join(f"rank {r}: {v:g}" if name == "loss_scale" else f"rank {r}: {int(v)}"
+                                  for r, v in zip(ranks, values))
+                problems.append(f"{name} differs ({shown})")
         if problems:
             raise LossScaleError(
                 "The loss scale has drifted apart across ranks: "

@@ -1,6 +1,5 @@
-"""``lossscale.torch.GradScaler``: a drop-in for ``torch.amp.GradScaler`` on lossscale's state and rule: one
-:class:`~lossscale.torch._scale.IterationScale` and, keyed weakly by optimizer (torch's
-``per_optimizer_states``), one :class:`~lossscale.torch._step.OptimizerStep` each."""
+"""``lossscale.torch.GradScaler``: ``torch.amp.GradScaler``'s interface over one ``IterationScale`` and, keyed
+weakly by optimizer (torch's ``per_optimizer_states``), one ``OptimizerStep`` each."""
 
 from __future__ import annotations
 
@@ -15,7 +14,6 @@ from .._policy import DynamicLossScale
 from ._checkpoint import gradscaler_record, gradscaler_state_dict, growth_interval, replace_policy, with_torch_names
 from ._diagnostics import Diagnostics, OverflowReport, StepRecorder
 from ._distributed import FlagAgreement
-from ._legacy_pickles import gradscaler_from_0_1, is_gradscaler_0_1
 from ._scale import IterationScale
 from ._stats import StatsSampler, check_stats_every
 from ._step import OptimizerStep, Stage
@@ -24,30 +22,18 @@ __all__ = ["GradScaler", "torch_policy"]
 
 
 def torch_policy(
-    init_scale: Any,
-    growth_factor: Any,
-    backoff_factor: Any,
-    growth_interval_: Any,
-    *,
-    min_loss_scale: Any = 1.0,
-    max_loss_scale: Any = None,
-    hysteresis: Any = 1,
+    init_scale: Any, growth_factor: Any, backoff_factor: Any, growth_interval_: Any, *, min_loss_scale: Any = 1.0,
+    max_loss_scale: Any = None, hysteresis: Any = 1,
 ) -> DynamicLossScale:
-    """The :class:`~lossscale.DynamicLossScale` of torch GradScaler's arguments (validated; errors in torch's names):
-    ``init_scale -> initial_loss_scale``, ``growth_interval -> increment_period`` (saturated at 2**31 - 1),
-    ``growth_factor -> multiplier``, ``backoff_factor``.
+    """The :class:`~lossscale.DynamicLossScale` of torch GradScaler's arguments, validated (errors in torch's names).
 
     >>> torch_policy(2.0**16, 2.0, 0.5, 2000).get_config()
     {'initial_loss_scale': 65536.0, 'increment_period': 2000, 'multiplier': 2.0, 'backoff_factor': 0.5}
     """
     return with_torch_names(
-        DynamicLossScale,
-        initial_loss_scale=init_scale,
-        increment_period=growth_interval(growth_interval_),
-        multiplier=growth_factor,
-        backoff_factor=backoff_factor,
+        DynamicLossScale, initial_loss_scale=init_scale, increment_period=growth_interval(growth_interval_),
+        multiplier=growth_factor, backoff_factor=backoff_factor, max_loss_scale=max_loss_scale,
         min_loss_scale=1.0 if min_loss_scale is None else min_loss_scale,
-        max_loss_scale=max_loss_scale,
         hysteresis=1 if hysteresis is None else hysteresis,
     )
 
@@ -56,29 +42,25 @@ class GradScaler:
     """``torch.amp.GradScaler``'s interface over lossscale's dynamic loss scale.
 
     Cost per ``step(optimizer)``, as ``LossScaleOptimizer.step()``: one unscale+check pass (R+W; fused float16:
-    a check only); host syncs: unfused 1, fused 0 (the kernel skips; 1 when a parameter gets its state, or
-    with ``sync_skips=True``). ``scale()`` and ``update()`` add none; ``get_scale()`` and ``state_dict()`` one.
+    a check only); host syncs: unfused 1, fused 0 (1 when a parameter gets its state, or with
+    ``sync_skips=True``). ``scale()`` and ``update()`` add none; ``get_scale()`` and ``state_dict()`` one.
 
-    Two deliberate differences from torch: TF's floor (the scale never backs off below ``min_loss_scale=1``;
-    torch's can reach 0, pytorch #101569) and growth only while ``S * growth_factor`` stays finite (and under
-    ``max_loss_scale``). A ``step()`` that finds no gradient, or an ``update()`` with no step, is a no-op
-    (torch asserts).
+    Differences from torch: TF's floor (the scale never backs off below ``min_loss_scale=1``; torch's can reach
+    0, pytorch #101569), growth only while ``S * growth_factor`` stays finite (and under ``max_loss_scale``), and
+    a ``step()`` without gradients or an ``update()`` without a step is a no-op (torch asserts).
 
     Args:
-        device, init_scale, growth_factor, backoff_factor, growth_interval, enabled: as
-            ``torch.amp.GradScaler`` (``device="cuda"`` without CUDA warns and disables, as torch does); a
-            ``growth_interval`` above 2**31 - 1 saturates there (the growth counter is int32).
+        device, init_scale, growth_factor, backoff_factor, growth_interval, enabled: as ``torch.amp.GradScaler``
+            (``device="cuda"`` without CUDA warns and disables); ``growth_interval`` saturates at 2**31 - 1.
         min_loss_scale, max_loss_scale, hysteresis: the rest of the policy (see :class:`lossscale.DynamicLossScale`).
         max_consecutive_skips, overflow_report, named_parameters: as :class:`LossScaleOptimizer` (per optimizer).
         history: True or a :class:`lossscale.History`: one row per ``update()`` (scale used, skipped, the loss
             given to ``scale()``).
-        sync_skips: decide a fused optimizer's skip on the host (one sync per step), so that a skipped step does
-            not call ``optimizer.step`` at all: integrations that learn of a skip that way (accelerate, the
-            transformers Trainer) need it; ``integrations.accelerate.attach`` sets it. Default False, as torch.
-        stats_every: measure the scaled gradients every ``N``-th iteration (default None); the latest sample,
-            over every optimizer stepped, is :attr:`gradient_stats` (and history columns). Cost as in
-            :class:`LossScaleOptimizer`. ``scale()`` calls since the last ``update()`` count the micro-batches.
-            (``AutoLossScale`` needs ``LossScaleOptimizer``.)
+        sync_skips: decide a fused optimizer's skip on the host (one sync per step), so that a skip calls no
+            ``optimizer.step`` (accelerate and the Trainer learn of skips that way; ``attach`` sets it). Default False.
+        stats_every: measure the scaled gradients every ``N``-th iteration (default None): :attr:`gradient_stats`,
+            over every optimizer stepped; ``scale()`` calls count the micro-batches (``AutoLossScale`` needs
+            ``LossScaleOptimizer``).
 
     >>> import torch
     >>> w = torch.nn.Parameter(torch.tensor([1.0]))
@@ -90,23 +72,12 @@ class GradScaler:
     """
 
     def __init__(
-        self,
-        device: str = "cuda",
-        init_scale: float = 2.0**16,
-        growth_factor: float = 2.0,
-        backoff_factor: float = 0.5,
-        growth_interval: int = 2000,
-        enabled: bool = True,
-        *,
-        min_loss_scale: float | None = 1.0,
-        max_loss_scale: float | None = None,
-        hysteresis: int | None = 1,
-        max_consecutive_skips: int | None = None,
-        overflow_report: bool = False,
-        named_parameters: Iterable[tuple[str, torch.Tensor]] | None = None,
-        history: Any = None,
-        sync_skips: bool = False,
-        stats_every: int | None = None,
+        self, device: str = "cuda", init_scale: float = 2.0**16, growth_factor: float = 2.0,
+        backoff_factor: float = 0.5, growth_interval: int = 2000, enabled: bool = True, *,
+        min_loss_scale: float | None = 1.0, max_loss_scale: float | None = None, hysteresis: int | None = 1,
+        max_consecutive_skips: int | None = None, overflow_report: bool = False,
+        named_parameters: Iterable[tuple[str, torch.Tensor]] | None = None, history: Any = None,
+        sync_skips: bool = False, stats_every: int | None = None,
     ) -> None:
         self._device = str(device)
         self._enabled = bool(enabled)
@@ -131,25 +102,18 @@ class GradScaler:
             return outputs
         if self._sampler is not None:  # a backward pass summed into the gradients (micro-batches, for the sample)
             self._sampler.backwards += 1
-        if isinstance(outputs, torch.Tensor):
-            if self._recorder is not None and outputs.numel() == 1:
-                self._recorder.note_loss(outputs)
-            return self._scaled(outputs)
+        if isinstance(outputs, torch.Tensor) and self._recorder is not None and outputs.numel() == 1:
+            self._recorder.note_loss(outputs)
         return self._scale_nested(outputs)
-
-    def _scaled(self, tensor: torch.Tensor) -> torch.Tensor:
-        if not tensor.is_floating_point():
-            raise TypeError(
-                f"GradScaler.scale() needs floating-point outputs, got a tensor of dtype {tensor.dtype}. "
-                "Pass the loss as computed by the model (e.g. scaler.scale(loss.float()))."
-            )
-        if not self._placed:
-            self._lazy_init_scale_growth_tracker(tensor.device)
-        return self._owner.get_scaled_loss(tensor)
 
     def _scale_nested(self, value: Any) -> Any:
         if isinstance(value, torch.Tensor):
-            return self._scaled(value)
+            if not value.is_floating_point():
+                raise TypeError(f"GradScaler.scale() needs floating-point outputs, got a tensor of dtype "
+                                f"{value.dtype}. Pass the loss as computed by the model (e.g. scaler.scale(loss.float())).")
+            if not self._placed:
+                self._lazy_init_scale_growth_tracker(value.device)
+            return self._owner.get_scaled_loss(value)
         if isinstance(value, Iterable):
             mapped = map(self._scale_nested, value)
             return type(value)(mapped) if isinstance(value, (list, tuple)) else mapped
@@ -167,33 +131,25 @@ class GradScaler:
             return
         slot = self._step_of(optimizer)
         if slot.record.stage is Stage.UNSCALED:
-            raise RuntimeError(
-                "unscale_() has already been called on this optimizer since the last update(). "
-                "Unscale once per iteration, between backward() and step()."
-            )
+            raise RuntimeError("unscale_() has already been called on this optimizer since the last update(). "
+                               "Unscale once per iteration, between backward() and step().")
         if slot.record.stage is Stage.STEPPED:
             raise RuntimeError("unscale_() is being called after step(). Call it before step(), or after update().")
         slot.unscale_(optimizer)
 
     def step(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
-        """Unscales and checks ``optimizer``'s gradients (unless ``unscale_`` did), then steps or skips.
-
-        Returns ``optimizer.step(*args, **kwargs)``'s result (the attribute of the object passed in: a patched
-        ``step`` runs); a skip decided on the host does not call it and returns None.
-        """
+        """Unscales and checks ``optimizer``'s gradients (unless ``unscale_`` did), then steps or skips; returns
+        ``optimizer.step(*args, **kwargs)``'s result (a patched ``step`` runs), None on a skip decided on the host."""
         if not self._enabled:
             return optimizer.step(*args, **kwargs)
         if "closure" in kwargs:
-            raise RuntimeError(
-                "Closure use is not currently supported if GradScaler is enabled. For closure-based optimizers "
-                "(LBFGS) wrap them in lossscale.torch.LossScaleOptimizer, whose step(closure) checks every evaluation."
-            )
+            raise RuntimeError("Closure use is not currently supported if GradScaler is enabled. For closure-based "
+                               "optimizers (LBFGS) wrap them in lossscale.torch.LossScaleOptimizer, whose "
+                               "step(closure) checks every evaluation.")
         slot = self._step_of(optimizer)
         if slot.record.stage is Stage.STEPPED:
-            raise RuntimeError(
-                "step() has already been called since the last update(). Call update() once per iteration, "
-                "after every optimizer's step()."
-            )
+            raise RuntimeError("step() has already been called since the last update(). Call update() once per "
+                               "iteration, after every optimizer's step().")
         named = (lambda: self._diagnostics.named_grads(optimizer.param_groups)) if self._diagnostics.reporter else ()
         done = slot.step(optimizer, args, kwargs, on_host=self.sync_skips, named_grads=named)
         return None if done is None else done[2]
@@ -212,9 +168,8 @@ class GradScaler:
 
     def update(self, new_scale: float | torch.Tensor | None = None) -> None:
         """Advances the scale once for this iteration: backs off if any optimizer overflowed (one unscaled but not
-        stepped too, as in torch), else maybe grows. ``new_scale`` (a float or a 1-element tensor) sets the scale
-        instead and keeps the growth counter. No sync.
-        """
+        stepped too, as in torch), else maybe grows; ``new_scale`` (a float or a 1-element tensor) sets it instead,
+        keeping the growth counter. No sync."""
         if not self._enabled:
             return
         recorder, owner = self._recorder, self._owner
@@ -232,11 +187,8 @@ class GradScaler:
 
     @property
     def gradient_stats(self) -> dict[str, Any] | None:
-        """The latest ``stats_every`` sample (tensors; ``docs/gradient_stats.md``), None when off or before one.
-
-        It covers every optimizer stepped (or unscaled) in its iteration: per-tensor names start with
-        ``opt{k}.``, ``k`` counting the optimizers in the order this scaler first saw them.
-        """
+        """The latest ``stats_every`` sample (tensors; ``docs/gradient_stats.md``), None when off or before one; over
+        every optimizer stepped, per-tensor names prefixed ``opt{k}.`` in the order this scaler first saw them."""
         return None if self._sampler is None else self._sampler.gradient_stats
 
     def _stats_progress(self) -> tuple[int, int] | None:
@@ -248,20 +200,15 @@ class GradScaler:
         return gradscaler_state_dict(self._owner.policy, self._owner.state) if self._enabled else {}
 
     def load_state_dict(self, state_dict: dict[str, Any], custom_objects: Mapping[str, type] | None = None) -> None:
-        """Restores ours or ``torch.amp.GradScaler``'s state dict (see ``_checkpoint.py``); validated first.
-
-        A policy class of your own is rebuilt from ``custom_objects`` (or is
-        the class already in use); nothing is imported by name.
-        """
+        """Restores ours or ``torch.amp.GradScaler``'s state dict, validated first; a policy class of your own comes
+        from ``custom_objects`` (or is the one in use), nothing is imported by name."""
         if not self._enabled:
             return
-        self._owner.load_record(gradscaler_record(state_dict, self._owner.policy, self._owner.state, custom_objects))
+        self._owner.load(gradscaler_record(state_dict, self._owner.policy, self._owner.state, custom_objects))
         for step in self._steps.values():
             step.reset()
         if self._sampler is not None:  # the iteration's measurements go with it
             self._sampler.forget()
-
-    # ------------------------------------------------------------ torch's accessors (a Python number: one sync)
 
     def get_scale(self) -> float:
         """The current scale as a Python float (1.0 when disabled). One host sync."""
@@ -305,8 +252,6 @@ class GradScaler:
     def is_enabled(self) -> bool:
         return self._enabled
 
-    # ------------------------------------------------------------ lossscale's attributes (no sync)
-
     @property
     def loss_scale(self) -> torch.Tensor:
         """The current scale, a 0-d float32 tensor (a copy; 1.0 when disabled)."""
@@ -346,14 +291,9 @@ class GradScaler:
         reporter = self._diagnostics.reporter
         return None if reporter is None else reporter.last
 
-    # ------------------------------------------------------------ pickling: the scale's record, plus settings
-
     def __getstate__(self) -> dict[str, Any]:
-        """The scale (pickled through its checkpoint record, policy object included) and the settings; nothing else.
-
-        Built field by field, so live objects (the stall guard's CUDA event,
-        per-optimizer records, parameter names) are never pickled.
-        """
+        """The scale (through its checkpoint record) and the settings, field by field: no live object (CUDA
+        event, per-optimizer records, parameter names) is pickled."""
         if any(step.record.stage is not Stage.READY for step in self._steps.values()):
             raise RuntimeError(
                 "A GradScaler may be pickled only between iterations (before scale() or after update())."
@@ -366,8 +306,12 @@ class GradScaler:
                 "updates": self._updates, "sampler": self._sampler}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        if is_gradscaler_0_1(state):
-            state = gradscaler_from_0_1(state)
+        if "_owner" in state:  # 0.1: its __dict__
+            recorder = state.get("_recorder")
+            state = {"device": state["_device"], "enabled": state["_enabled"], "placed": state["_placed"],
+                     "scale": state["_owner"], "diagnostics": state["_diagnostics"],
+                     "history": None if recorder is None else recorder.history,
+                     "sync_skips": state.get("sync_skips", False), "updates": state.get("_updates", 0)}
         if not isinstance(state["scale"], IterationScale):
             raise TypeError(f"Not a pickled GradScaler: its scale is a {type(state['scale']).__name__}.")
         self._device, self._enabled, self._placed = state["device"], bool(state["enabled"]), bool(state["placed"])

@@ -1,5 +1,4 @@
-"""Where lossscale 0.1 defined ``IterationScale``: its pickled ``GradScaler`` names this module (see
-``_legacy_pickles.py``)."""
+"""Where lossscale 0.1 defined ``IterationScale``: its pickled ``GradScaler`` names this module."""
 
 from ._scale import IterationScale
 

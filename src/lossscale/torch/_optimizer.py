@@ -1,5 +1,4 @@
-"""``LossScaleOptimizer``: TF's API over any ``torch.optim`` optimizer instance; it holds one scale owner
-(``_scale.py``) and one :class:`~lossscale.torch._step.OptimizerStep`, which ``step()`` runs."""
+"""``LossScaleOptimizer``: TF's API over any ``torch.optim`` optimizer; one scale owner and one ``OptimizerStep``."""
 
 from __future__ import annotations
 
@@ -16,7 +15,6 @@ from ._checkpoint import Checkpoint, load_inner
 from ._diagnostics import Diagnostics, OverflowReport
 from ._distributed import FlagAgreement, agreement_groups, validate_process_group
 from ._distributed import check_replicas_agree as _check_replicas_agree
-from ._legacy_pickles import is_optimizer_0_1, optimizer_from_0_1
 from ._scale import ScaleOwner, require_own_scale, scale_owner_for
 from ._stats import StatsSampler, check_stats_every
 from ._step import OptimizerStep
@@ -35,38 +33,25 @@ _WRAPPED: weakref.WeakKeyDictionary[torch.optim.Optimizer, weakref.ref] = weakre
 def _check_wrappable(optimizer: Any) -> None:
     """Refuses a non-optimizer, a wrapper, and an optimizer another live wrapper already wraps."""
     if isinstance(optimizer, LossScaleOptimizer):
-        raise TypeError(
-            "optimizer is already a LossScaleOptimizer; wrapping it again would scale twice. "
-            "Use it as it is, or wrap its inner_optimizer."
-        )
+        raise TypeError("optimizer is already a LossScaleOptimizer; wrapping it again would scale twice. "
+                        "Use it as it is, or wrap its inner_optimizer.")
     if not isinstance(optimizer, torch.optim.Optimizer):
-        raise TypeError(
-            f"optimizer must be a torch.optim.Optimizer instance, got {type(optimizer).__name__}. "
-            "Build the optimizer first, e.g. LossScaleOptimizer(torch.optim.AdamW(model.parameters()))."
-        )
+        raise TypeError(f"optimizer must be a torch.optim.Optimizer instance, got {type(optimizer).__name__}. "
+                        "Build the optimizer first, e.g. LossScaleOptimizer(torch.optim.AdamW(model.parameters())).")
     owner = _WRAPPED.get(optimizer)
     if owner is not None and owner() is not None:
-        raise ValueError(
-            "This optimizer is already wrapped by another LossScaleOptimizer; two wrappers would unscale "
-            "its gradients twice. Reuse the existing wrapper, or share one scale with SharedLossScale."
-        )
+        raise ValueError("This optimizer is already wrapped by another LossScaleOptimizer; two wrappers would unscale "
+                         "its gradients twice. Reuse the existing wrapper, or share one scale with SharedLossScale.")
 
 
 class LossScaleOptimizer(TFv1Methods, torch.optim.Optimizer):
-    """An optimizer that applies loss scaling; TF's ``LossScaleOptimizer`` for torch.
+    """An optimizer that applies loss scaling; TF's ``LossScaleOptimizer`` for torch (usage: ``docs/torch.md``).
 
     Loss scaling multiplies the loss by ``S`` before backprop and the gradients by ``1/S`` before the update,
     so that float16 gradients below about 6e-8 do not flush to zero (Micikevicius et al., 2018). A step whose
     gradients hold a NaN or an Inf is skipped (weights, inner state and step counts unchanged) in every mode,
     fixed included, and the scale is updated either way. The wrapper is itself a ``torch.optim.Optimizer``
-    whose ``param_groups``, ``state`` and ``defaults`` are the inner one's (LR schedulers reach it)::
-
-        opt = LossScaleOptimizer(torch.optim.AdamW(model.parameters(), fused=True))
-        opt.zero_grad()
-        with torch.autocast("cuda", dtype=torch.float16):
-            loss = loss_fn(model(x), y)
-        opt.get_scaled_loss(loss).backward()
-        opt.step()          # unscale, check, step or skip, update the scale
+    whose ``param_groups``, ``state`` and ``defaults`` are the inner one's (LR schedulers reach it).
 
     Cost per ``step()`` (R/W: a read/write pass over the gradients):
 
@@ -81,10 +66,9 @@ class LossScaleOptimizer(TFv1Methods, torch.optim.Optimizer):
     no gradient at all         none: a no-op (scale, counters unchanged)  0
     ========================== ========================================== ==========================
 
-    [*] 1 on a step in which a parameter gets its first gradient (its inner state is created then, which a
-    device-side skip would leave behind). The scale update adds no sync (about 20 scalar ops; for CPU state
-    on the host). Closure optimizers (LBFGS): the closure calls ``opt.get_scaled_loss(loss).backward()`` and
-    returns ``loss``; every evaluation is checked.
+    [*] 1 on a step in which a parameter gets its first gradient (a device-side skip would leave its new inner
+    state behind). The scale update adds no sync (about 20 scalar ops). Closure optimizers (LBFGS): the closure
+    calls ``opt.get_scaled_loss(loss).backward()`` and returns ``loss``; every evaluation is checked.
 
     Args:
         optimizer: the ``torch.optim.Optimizer`` instance to wrap.
@@ -96,26 +80,22 @@ class LossScaleOptimizer(TFv1Methods, torch.optim.Optimizer):
         min_loss_scale, max_loss_scale, hysteresis: refine the dynamic scale (defaults 1, none, 1; see
             :class:`lossscale.DynamicLossScale`).
         process_group: a ``torch.distributed`` group (a ``DeviceMesh``: all its ranks) over which the found-inf
-            flag is MAX-all-reduced before the decision, so that ranks holding different gradients (sharded
-            optimizers, model parallelism) skip together: one scalar all-reduce per step. Not needed with plain
-            DDP. None with DTensor parameters (FSDP2): their mesh. See ``docs/distributed.md``.
+            flag is MAX-all-reduced, so that ranks holding different gradients skip together: one scalar
+            all-reduce per step. Not needed with plain DDP; None with DTensor parameters (FSDP2): their mesh.
+            See ``docs/distributed.md``.
         max_consecutive_skips: raise :class:`lossscale.LossScaleError`, with likely causes and fixes, at the n-th
-            skipped ``step()`` in a row of *this* optimizer (default None: never). No sync (on CUDA the read is
-            deferred: it raises one step late).
-        overflow_report: on a skipped step, log (logger ``"lossscale"``) and keep in
-            :attr:`last_overflow_report` which gradients held NaN or Inf. Cost: one sync per step on the fused
-            path, one more on a skipped step.
+            skipped ``step()`` in a row of *this* optimizer (default None: never). No sync (on CUDA it raises one
+            step late).
+        overflow_report: on a skipped step, log (logger ``"lossscale"``) and keep in :attr:`last_overflow_report`
+            which gradients held NaN or Inf. Cost: one sync per step on the fused path, one more on a skip.
         named_parameters: names for that report, e.g. ``model.named_parameters()``.
         history: True or a :class:`lossscale.History`: each step's scale, skip flag and loss (the one given to
             :meth:`get_scaled_loss`), moved in batches, no per-step sync.
         stats_every: measure the *scaled* gradients every ``N``-th step (default None; 16 with
-            ``loss_scale="auto"``) before anything unscales them (``step()``, ``unscale_()``,
-            ``clip_grad_norm_()``, ``apply_gradients``); the latest sample is :attr:`gradient_stats`
-            (``docs/gradient_stats.md``). ``lossscale.AutoLossScale`` sets the scale from it, reading the
-            :meth:`get_scaled_loss` calls since the last step as micro-batches. Cost: an unsampled step, a
-            Python counter; a sampled one, one pass of about 8 kernels per gradient, no sync. Measured
-            (``benchmarks/bench_stats.py``, 2-core CPU, 1M-parameter MLP, fused AdamW): the step 1.04-1.06x at
-            ``N=1``, 1.003-1.008x at ``N=16``.
+            ``loss_scale="auto"``) before anything unscales them; the latest sample is :attr:`gradient_stats`
+            (``docs/gradient_stats.md``); ``lossscale.AutoLossScale`` sets the scale from it, reading the
+            :meth:`get_scaled_loss` calls since the last step as micro-batches. Cost: a sampled step, about 8
+            kernels per gradient, no sync (a step 1.04x at ``N=1``, 1.005x at ``N=16``, ``benchmarks/bench_stats.py``).
 
     >>> import torch
     >>> w = torch.nn.Parameter(torch.tensor([1.0]))
@@ -127,23 +107,12 @@ class LossScaleOptimizer(TFv1Methods, torch.optim.Optimizer):
     """
 
     def __init__(
-        self,
-        optimizer: torch.optim.Optimizer,
-        loss_scale: Any = None,
-        *,
-        dynamic: bool | None = None,
-        initial_scale: float | None = None,
-        dynamic_growth_steps: int | None = None,
-        min_loss_scale: float | None = None,
-        max_loss_scale: float | None = None,
-        hysteresis: int | None = None,
-        max_consecutive_skips: int | None = None,
-        history: Any = None,
-        process_group: Any = None,
-        overflow_report: bool = False,
-        named_parameters: Iterable[tuple[str, torch.Tensor]] | None = None,
-        stats_every: int | None = None,
-        **removed: Any,
+        self, optimizer: torch.optim.Optimizer, loss_scale: Any = None, *, dynamic: bool | None = None,
+        initial_scale: float | None = None, dynamic_growth_steps: int | None = None,
+        min_loss_scale: float | None = None, max_loss_scale: float | None = None, hysteresis: int | None = None,
+        max_consecutive_skips: int | None = None, history: Any = None, process_group: Any = None,
+        overflow_report: bool = False, named_parameters: Iterable[tuple[str, torch.Tensor]] | None = None,
+        stats_every: int | None = None, **removed: Any,
     ) -> None:
         if "check" in removed:
             raise TypeError("LossScaleOptimizer's check argument was removed: step() always unscales and checks "
@@ -184,28 +153,22 @@ class LossScaleOptimizer(TFv1Methods, torch.optim.Optimizer):
         self._steps.forget()
 
     def unscale_(self) -> None:
-        """Unscales the gradients in place now (to clip or inspect them); again before ``step()``, nothing.
-
-        After a fused :meth:`clip_grad_norm_` (gradients left scaled) it applies that clip's ``coef / S``.
-        Cost: one R+W pass; no sync.
-        """
+        """Unscales the gradients in place now (to clip or inspect them); again before ``step()``, nothing. After a
+        fused :meth:`clip_grad_norm_` it applies that clip's ``coef / S``. Cost: one R+W pass; no sync."""
         self._steps.unscale_(self._inner)
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
         """Clips the gradients' global norm to ``max_norm``, folding in the unscale; once per iteration.
 
-        Returns the *unscaled* gradients' norm (0-d, no sync), as ``torch.nn.utils.clip_grad_norm_``; a
-        non-finite one skips the step. Fused: the norm is the only pass (R) and ``S/coef`` goes into the
-        kernel; otherwise one more R+W applies ``coef/S``. ``norm_type``: any p > 0 or ``inf``.
-        """
+        Returns the *unscaled* gradients' norm (0-d, no sync), as ``torch.nn.utils.clip_grad_norm_``; a non-finite
+        one skips the step. Fused: the norm is the only pass (R), ``S/coef`` goes into the kernel; otherwise one
+        more R+W applies ``coef/S``. ``norm_type``: any p > 0 or ``inf``."""
         return self._steps.clip_grad_norm_(self._inner, max_norm, norm_type)
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
         """Unscales and checks the gradients, steps or skips, and updates the scale (costs: the class docstring).
-
-        With a closure, every evaluation's gradients are checked; on an overflow, weights and inner state are
-        restored from copies taken before. Returns the closure's loss.
-        """
+        With a closure, every evaluation is checked and an overflow restores weights and inner state; returns
+        the closure's loss."""
         if closure is not None:
             return self._steps.step_with_closure(self._inner, closure, self._named_grads)
         self._steps.step(self._inner, named_grads=self._named_grads)
@@ -221,8 +184,6 @@ class LossScaleOptimizer(TFv1Methods, torch.optim.Optimizer):
         group = agree.process_group if process_group is None else validate_process_group(process_group)  # type: ignore[union-attr]
         owner = self._steps.owner
         _check_replicas_agree(owner.state, owner.policy, agreement_groups(group, self._params()))
-
-    # ------------------------------------------------------------ attributes (TF's and Keras's names; no sync)
 
     @property
     def dynamic(self) -> bool:
@@ -320,12 +281,8 @@ class LossScaleOptimizer(TFv1Methods, torch.optim.Optimizer):
         return None if reporter is None else reporter.last
 
     def state_dict(self) -> dict[str, Any]:
-        """The inner optimizer's state dict plus a ``"lossscale"`` entry (see ``_checkpoint.py``).
-
-        That entry holds the policy (key ``"policy"``), the scale and its
-        counters, and this optimizer's own counters (steps, skipped steps,
-        skip streak).
-        """
+        """The inner optimizer's state dict plus a ``"lossscale"`` entry: the policy (key ``"policy"``), the scale
+        and its counters, and this optimizer's own counters (steps, skipped steps, skip streak)."""
         inner = dict(self._inner.state_dict())
         steps = self._steps
         state = Checkpoint(inner, steps.owner.record(), steps.counters.record()).to_state_dict()
@@ -336,15 +293,10 @@ class LossScaleOptimizer(TFv1Methods, torch.optim.Optimizer):
     def load_state_dict(self, state_dict: Any, custom_objects: Mapping[str, type] | None = None) -> None:
         """Restores :meth:`state_dict`'s output; the saved policy replaces the current one.
 
-        Everything is validated before anything is loaded: a malformed
-        ``"lossscale"`` entry raises ``ValueError`` and leaves the inner
-        optimizer, the scale and the counters as they were. A plain
-        inner-optimizer state dict restores the inner optimizer and keeps
-        the current scale. A history recorded past the restored step is cut
-        back to it. A policy class of your own is rebuilt from
-        ``custom_objects`` (``{"MyLossScale": MyLossScale}``) or, when the
-        saved class name is the current policy's, from that class; nothing is
-        imported by a name read from the checkpoint.
+        Everything is validated first: a malformed ``"lossscale"`` entry raises ``ValueError`` and changes
+        nothing. A plain inner state dict keeps the current scale. A history past the restored step is cut back
+        to it. A policy class of your own comes from ``custom_objects`` (``{"MyLossScale": MyLossScale}``) or is
+        the current policy's class; nothing is imported by a name read from the checkpoint.
         """
         record = None
         if isinstance(state_dict, Mapping) and "lossscale_stats" in state_dict:
@@ -361,10 +313,8 @@ class LossScaleOptimizer(TFv1Methods, torch.optim.Optimizer):
         self._sampler = self._steps.sampler = sampler
 
     def _sampler_for(self, policy: LossScale, record: Any) -> StatsSampler | None:
-        """The sampler after loading ``policy`` and a ``"lossscale_stats"`` ``record`` (None: none saved).
-
-        ``stats_every`` stays; an ``AutoLossScale`` loaded without one gets its default. Validated; no change.
-        """
+        """The sampler after loading ``policy`` and a ``"lossscale_stats"`` ``record`` (None: none saved), validated;
+        ``stats_every`` stays, an ``AutoLossScale`` loaded without one gets its default."""
         current = self._sampler
         every = check_stats_every(None, policy) if current is None else current.every
         if every is None:
@@ -376,15 +326,15 @@ class LossScaleOptimizer(TFv1Methods, torch.optim.Optimizer):
         return current.restored(record, policy)
 
     def __getstate__(self) -> dict[str, Any]:
-        """The inner optimizer and the step object's record (see ``OptimizerStep.pickled``); nothing else.
-
-        Parameter names and process groups do not survive pickling: pass them again.
-        """
+        """The inner optimizer and the step's record (``OptimizerStep.pickled``); parameter names and process
+        groups are not kept."""
         return {"inner": self._inner, **self._steps.pickled(), "sampler": self._sampler}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        if is_optimizer_0_1(state):
-            state = optimizer_from_0_1(state)
+        if "overflow_report" in state and "diagnostics" not in state:  # 0.1: the scale object beside the settings
+            state = {"inner": state["inner"], "shared": state["scale"], "optimizer": state["optimizer"],  # its owner
+                     "diagnostics": Diagnostics(state.get("max_consecutive_skips"),
+                                                bool(state.get("overflow_report", False)), None, state.get("history"))}
         self._inner = state["inner"]
         self._steps = OptimizerStep.unpickled(state, FlagAgreement(None, self._params))
         self._sampler = self._steps.sampler = state.get("sampler")

@@ -1,9 +1,6 @@
-"""The loss scale's state as torch tensors (:class:`ScaleState`), and who advances it: the scale owners.
-
-A step (``_step.py``) ends with ``owner.add_step(found_inf, record)``: :class:`PrivateLossScale` (one
-``LossScaleOptimizer``'s) advances at once; :class:`SharedLossScale` keeps the MAX of its members' flags and
-advances once in ``update()``; :class:`IterationScale` is GradScaler's, which also takes a new scale or policy.
-"""
+"""The loss scale's state as torch tensors (:class:`ScaleState`), and its owners, which a step ends with
+``owner.add_step(found_inf, record)``: :class:`PrivateLossScale` advances at once, :class:`SharedLossScale`
+once per ``update()`` from the MAX of its members' flags, :class:`IterationScale` is GradScaler's."""
 
 from __future__ import annotations
 
@@ -33,10 +30,8 @@ __all__ = [
 class ScaleState:
     """A policy and its five live 0-d tensors (float32 scale, four int32 counters); the only code that changes them.
 
-    :meth:`advance` is the core rule ``state <- next_state(policy, state, found_inf == 0)`` in place (the
-    tensors keep their addresses): about 20 scalar ops on an accelerator or under ``torch.compile``; for CPU
-    state the same rule on the host, on numpy views of the tensors' memory (10 microseconds instead of 30).
-    No host sync either way: a CPU tensor has no queue to wait for.
+    :meth:`advance` is ``state <- next_state(policy, state, found_inf == 0)`` in place: about 20 scalar ops, or
+    for CPU state the rule on numpy views of the tensors (10 microseconds instead of 30). No host sync.
 
     >>> import torch, lossscale
     >>> s = ScaleState(lossscale.DynamicLossScale(8.0, 2))
@@ -51,19 +46,12 @@ class ScaleState:
 
     @property
     def policy(self) -> LossScale:
+        """The :class:`~lossscale.LossScale` this scale follows."""
         return self._policy
 
     @property
-    def tensors(self) -> LossScaleState:
-        return self._tensors
-
-    @property
     def device(self) -> torch.device:
-        return self._tensors.loss_scale.device
-
-    @property
-    def can_go_below_one(self) -> bool:
-        return self._params.min_scale < 1
+        return self.tensors.loss_scale.device
 
     def inv_scale(self) -> torch.Tensor:
         """``1 / S`` in float32, computed in float64 (for CPU state on the host: one op instead of three)."""
@@ -71,39 +59,42 @@ class ScaleState:
         if views is not None:
             with np.errstate(over="ignore"):  # 1/S beyond float32 is inf, as on the device
                 return torch.from_numpy(np.asarray(1.0 / float(views.loss_scale), dtype=np.float32))
-        return reciprocal(self._tensors.loss_scale)
+        return reciprocal(self.tensors.loss_scale)
 
     def to_(self, device: torch.device) -> None:
+        """Moves the state to ``device`` (done for you when gradients move)."""
         if self.device != device:
-            self._set_tensors(LossScaleState(*(t.to(device) for t in self._tensors)))
+            self._set_tensors(LossScaleState(*(t.to(device) for t in self.tensors)))
 
     def advance(self, found_inf: torch.Tensor) -> None:
-        if found_inf.device != self._tensors.loss_scale.device:
+        """The core rule once, in place; no sync."""
+        if found_inf.device != self.tensors.loss_scale.device:
             found_inf = move(found_inf, self.device)
         views = self._host_views_now()
         if views is not None:
             advance_in_place(self._params, views, float(found_inf.detach().numpy()) == 0.0)
             return
-        new = next_state(self._params, self._tensors, found_inf == 0, torch)
+        new = next_state(self._params, self.tensors, found_inf == 0, torch)
         with torch.no_grad():
-            foreach_copy_(list(self._tensors), new)
+            foreach_copy_(list(self.tensors), new)
 
     def assign(self, new: LossScaleState) -> None:
+        """Writes a rule's new state in place (``AutoLossScale``'s, instead of the owner's rule)."""
         with torch.no_grad():
-            foreach_copy_(list(self._tensors), list(new))
+            foreach_copy_(list(self.tensors), list(new))
 
     def set_scale(self, value: torch.Tensor, found_inf: torch.Tensor | None = None) -> None:
         """``S <- value`` in place, the growth counters kept; ``found_inf`` is counted in the skip counters as the
         core rule counts it for a fixed scale. About 5 scalar ops, no sync."""
-        tensors = list(self._tensors)
+        tensors = list(self.tensors)
         if found_inf is not None:
             finite = move(found_inf, self.device) == 0
-            tensors = list(next_state(replace(self._params, dynamic=False), self._tensors, finite, torch))
+            tensors = list(next_state(replace(self._params, dynamic=False), self.tensors, finite, torch))
         with torch.no_grad():
-            foreach_copy_(list(self._tensors), [move(value, self.device).reshape(()).float(), *tensors[1:]])
+            foreach_copy_(list(self.tensors), [move(value, self.device).reshape(()).float(), *tensors[1:]])
 
     def record(self) -> ScaleRecord:
-        return ScaleRecord(self._policy, LossScaleState(*(t.detach().clone() for t in self._tensors)))
+        return ScaleRecord(self._policy, LossScaleState(*(t.detach().clone() for t in self.tensors)))
 
     def load(self, record: ScaleRecord) -> None:
         self._set_policy(record.policy)
@@ -119,22 +110,21 @@ class ScaleState:
         self._set_tensors(LossScaleState(*(t.to(state["device"]) for t in record.state)))
 
     def _set_policy(self, policy: LossScale) -> None:
-        self._policy = policy
-        self._params = policy.rule_params()
+        self._policy, self._params = policy, policy.rule_params()
+        self.can_go_below_one = self._params.min_scale < 1
 
     def _set_tensors(self, tensors: LossScaleState) -> None:
-        self._tensors = tensors
+        self.tensors = tensors
         self._host_views: LossScaleState | None = None
         self._host_pointers: tuple[int, ...] = ()
 
     def _host_views_now(self) -> LossScaleState | None:
-        """Numpy views of the CPU tensors' memory (remade if a storage was swapped), or None off the CPU and under
-        ``torch.compile``."""
-        if self._tensors.loss_scale.device.type != "cpu" or torch.compiler.is_compiling():
+        """Numpy views of the CPU tensors' memory (remade if a storage was swapped); None off the CPU or compiling."""
+        if self.tensors.loss_scale.device.type != "cpu" or torch.compiler.is_compiling():
             return None
-        pointers = tuple(t.data_ptr() for t in self._tensors)
+        pointers = tuple(t.data_ptr() for t in self.tensors)
         if self._host_views is None or pointers != self._host_pointers:
-            self._host_views = LossScaleState(*(t.detach().numpy() for t in self._tensors))
+            self._host_views = LossScaleState(*(t.detach().numpy() for t in self.tensors))
             self._host_pointers = pointers
         return self._host_views
 
@@ -148,37 +138,20 @@ class StepScale(NamedTuple):
     can_go_below_one: bool
 
 
-class ScaleOwner:
-    """What both owners share; ``advances_each_step``: whether :meth:`add_step` advances the scale at once."""
+class ScaleOwner(ScaleState):
+    """A :class:`ScaleState` that steps report to; ``advances_each_step``: whether :meth:`add_step` advances it."""
 
     advances_each_step = False
-
-    def __init__(self, policy: LossScale, device: torch.device | str | None = None) -> None:
-        self._scale = ScaleState(policy, device)
-
-    @property
-    def policy(self) -> LossScale:
-        """The :class:`~lossscale.LossScale` this scale follows."""
-        return self._scale.policy
 
     @property
     def state(self) -> LossScaleState:
         """The live state tensors (do not modify them)."""
-        return self._scale.tensors
-
-    @property
-    def device(self) -> torch.device:
-        return self._scale.device
-
-    @property
-    def can_go_below_one(self) -> bool:
-        """Whether the policy lets the scale fall below 1 (``min_loss_scale < 1``)."""
-        return self._scale.can_go_below_one
+        return self.tensors
 
     @property
     def loss_scale(self) -> torch.Tensor:
         """The current scale, a 0-d float32 tensor (a copy; no host sync)."""
-        return self._scale.tensors.loss_scale.clone()
+        return self.tensors.loss_scale.clone()
 
     def get_scaled_loss(self, loss: Any) -> Any:
         """``loss * S``, formed in at least float32 and rounded once to ``loss``'s dtype; a callable gives a
@@ -186,61 +159,37 @@ class ScaleOwner:
         if callable(loss) and not isinstance(loss, torch.Tensor):
             return lambda: self.get_scaled_loss(loss())
         if not isinstance(loss, torch.Tensor):
-            raise TypeError(
-                f"get_scaled_loss() takes a tensor or a zero-argument callable returning one, got "
-                f"{type(loss).__name__}. Compute the loss with torch before scaling it."
-            )
+            raise TypeError(f"get_scaled_loss() takes a tensor or a zero-argument callable returning one, got "
+                            f"{type(loss).__name__}. Compute the loss with torch before scaling it.")
         if not loss.is_floating_point():
             raise TypeError(f"get_scaled_loss() needs a floating-point loss, got dtype {loss.dtype}.")
-        scale = self._scale.tensors.loss_scale
+        scale = self.tensors.loss_scale
         if scale.device != loss.device:
             scale = move(scale, loss.device)
         return torch.mul(loss, scale).to(loss.dtype)
-
-    def inv_scale(self) -> torch.Tensor:
-        """``1 / S`` in float32, computed in float64; no sync."""
-        return self._scale.inv_scale()
-
-    def to_(self, device: torch.device) -> None:
-        """Moves the state to ``device`` (done for you when gradients move)."""
-        self._scale.to_(device)
 
     def for_step(self, device: torch.device | None) -> StepScale:
         """Moves the state to ``device`` (None: stays), then what a step's check needs of it."""
         if device is not None:
             self.to_(device)
-        scale = self._scale
-        return StepScale(scale.tensors.loss_scale, scale.inv_scale(), scale.device, scale.can_go_below_one)
-
-    def advance(self, found_inf: torch.Tensor) -> None:
-        """The core rule once, in place (see :class:`ScaleState`); no sync."""
-        self._scale.advance(found_inf)
+        return StepScale(self.tensors.loss_scale, self.inv_scale(), self.device, self.can_go_below_one)
 
     def add_step(self, found_inf: torch.Tensor, member: Any) -> None:
         raise NotImplementedError
 
-    def assign(self, new: LossScaleState) -> None:
-        """Writes a rule's new state in place (``AutoLossScale``'s, instead of :meth:`add_step`)."""
-        self._scale.assign(new)
-
-    def record(self) -> ScaleRecord:
-        return self._scale.record()
-
     def state_dict(self) -> dict[str, Any]:
         """The policy config and copies of the state tensors."""
-        return self._scale.record().to_dict()
+        return self.record().to_dict()
 
     def load_state_dict(self, state_dict: dict[str, Any], custom_objects: Mapping[str, type] | None = None) -> None:
-        """Restores :meth:`state_dict`'s output, policy included (checked first; nothing changes on error).
+        """Restores :meth:`state_dict`'s output, policy included (checked first; nothing changes on error); a policy
+        class of your own comes from ``custom_objects`` or is the current one's, nothing is imported by name."""
+        self.load(ScaleRecord.from_dict(state_dict, custom_objects, current=self.policy))
 
-        A policy of your own class is rebuilt from ``custom_objects``
-        (``{"MyLossScale": MyLossScale}``) or, when the saved class name is
-        the current policy's, from that class; nothing is imported by name.
-        """
-        self.load_record(ScaleRecord.from_dict(state_dict, custom_objects, current=self.policy))
-
-    def load_record(self, record: ScaleRecord) -> None:
-        self._scale.load(record)
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        if "_scale" in state:  # pickled when the owner held its ScaleState: {"_scale": ScaleState}
+            state = state["_scale"].__getstate__()
+        super().__setstate__(state)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.policy!r})"
@@ -252,13 +201,11 @@ class PrivateLossScale(ScaleOwner):
     advances_each_step = True
 
     def add_step(self, found_inf: torch.Tensor, member: Any) -> None:
-        self._scale.advance(found_inf)
+        self.advance(found_inf)
 
     def update(self) -> None:
-        raise RuntimeError(
-            "This loss scale belongs to one LossScaleOptimizer, whose step() updates it. "
-            "Only a SharedLossScale passed to several optimizers needs update()."
-        )
+        raise RuntimeError("This loss scale belongs to one LossScaleOptimizer, whose step() updates it. "
+                           "Only a SharedLossScale passed to several optimizers needs update().")
 
 
 class SharedLossScale(ScaleOwner):
@@ -284,16 +231,9 @@ class SharedLossScale(ScaleOwner):
     """
 
     def __init__(
-        self,
-        loss_scale: Any = None,
-        *,
-        dynamic: bool | None = None,
-        initial_scale: float | None = None,
-        dynamic_growth_steps: int | None = None,
-        min_loss_scale: float | None = None,
-        max_loss_scale: float | None = None,
-        hysteresis: int | None = None,
-        device: torch.device | str | None = None,
+        self, loss_scale: Any = None, *, dynamic: bool | None = None, initial_scale: float | None = None,
+        dynamic_growth_steps: int | None = None, min_loss_scale: float | None = None,
+        max_loss_scale: float | None = None, hysteresis: int | None = None, device: torch.device | str | None = None,
     ) -> None:
         policy = resolve_loss_scale(
             loss_scale, dynamic=dynamic, initial_scale=initial_scale, dynamic_growth_steps=dynamic_growth_steps,
@@ -315,7 +255,7 @@ class SharedLossScale(ScaleOwner):
         non-finite step); with no step since the last update, nothing. No host sync."""
         pending = self._close()
         if pending is not None:
-            self._scale.advance(pending)
+            self.advance(pending)
 
     def _close(self) -> torch.Tensor | None:
         """Readies every member for the next iteration; this iteration's flag (None: no step)."""
@@ -330,16 +270,20 @@ class SharedLossScale(ScaleOwner):
         if self._pending is not None:
             self._pending = self._pending.to(device)
 
-    def load_record(self, record: ScaleRecord) -> None:
-        super().load_record(record)
+    def load(self, record: ScaleRecord) -> None:
+        super().load(record)
         self._close()
 
     def __getstate__(self) -> dict[str, Any]:
-        """The scale's record (see :meth:`ScaleState.__getstate__`); pending flags and members are not kept."""
-        return {"scale": self._scale}
+        """``{"scale": ScaleState}`` (pickled through its record); pending flags and members are not kept."""
+        scale = ScaleState(self.policy, self.device)
+        scale.assign(self.tensors)
+        return {"scale": scale}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self._scale = state["scale"]
+        scale = state["scale"]
+        self._set_policy(scale.policy)
+        self._set_tensors(scale.tensors)
         self._pending = None
         self._members = []
 
@@ -347,10 +291,8 @@ class SharedLossScale(ScaleOwner):
 def require_own_scale(policy: LossScale, owner: ScaleOwner, fix: str) -> None:
     """Refuses ``AutoLossScale`` on a scale shared by several optimizers (at construction and at a load)."""
     if isinstance(policy, AutoLossScale) and not owner.advances_each_step:
-        raise ValueError(
-            "AutoLossScale sets the scale of one optimizer from its own gradients; a scale shared by several "
-            f"optimizers (SharedLossScale) is not supported yet. {fix}"
-        )
+        raise ValueError("AutoLossScale sets the scale of one optimizer from its own gradients; a scale shared by "
+                         f"several optimizers (SharedLossScale) is not supported yet. {fix}")
 
 
 _SCALE_KEYWORDS = ("dynamic", "initial_scale", "dynamic_growth_steps", "min_loss_scale", "max_loss_scale", "hysteresis")
@@ -362,40 +304,21 @@ def scale_owner_for(optimizer: torch.optim.Optimizer, loss_scale: Any, **stable:
     if isinstance(loss_scale, SharedLossScale):
         given = [k for k in _SCALE_KEYWORDS if stable.get(k) is not None]
         if given:
-            raise ValueError(
-                f"A SharedLossScale carries its own policy; drop {', '.join(f'{k}=' for k in given)} "
-                "or give them to SharedLossScale(...)."
-            )
+            raise ValueError(f"A SharedLossScale carries its own policy; drop {', '.join(f'{k}=' for k in given)} "
+                             "or give them to SharedLossScale(...).")
         return loss_scale
     policy = resolve_loss_scale(loss_scale, **stable)
     device = next((p.device for g in optimizer.param_groups for p in g["params"]), None)
     return PrivateLossScale(policy, device)
 
 
-def new_scale_tensor(new_scale: Any) -> torch.Tensor:
-    """``update(new_scale=...)``'s value as a 0-d float32 copy: a positive finite number, or a 1-element tensor
-    that does not require grad (not read: no sync)."""
-    fix = "new_scale should be a float or a 1-element tensor with requires_grad=False"
-    if isinstance(new_scale, torch.Tensor):
-        if new_scale.numel() != 1 or new_scale.requires_grad:
-            raise ValueError(f"{fix}; got a tensor of shape {tuple(new_scale.shape)} "
-                             f"(requires_grad={new_scale.requires_grad}).")
-        return new_scale.detach().reshape(()).to(torch.float32, copy=True)
-    if isinstance(new_scale, bool) or not isinstance(new_scale, Real) or not 0 < new_scale < math.inf:
-        raise ValueError(f"{fix}, positive and finite; got {new_scale!r}.")
-    return torch.tensor(float(new_scale), dtype=torch.float32)
-
-
 class IterationScale(SharedLossScale):
     """GradScaler's scale: a :class:`SharedLossScale` advanced once per ``update()``; also takes a new scale or policy."""
-
-    def __init__(self, policy: DynamicLossScale) -> None:
-        super().__init__(policy)
 
     @property
     def policy(self) -> DynamicLossScale:
         """GradScaler's policy is always a :class:`~lossscale.DynamicLossScale` (checked on load)."""
-        return cast(DynamicLossScale, self._scale.policy)
+        return cast(DynamicLossScale, self._policy)
 
     @property
     def pending(self) -> torch.Tensor | None:
@@ -403,22 +326,31 @@ class IterationScale(SharedLossScale):
         return self._pending
 
     def update(self, new_scale: Any = None) -> None:  # type: ignore[override]
-        """Advances the scale once from this iteration's flags, or sets ``new_scale`` (the growth counter stays;
-        the iteration's skip is still counted). No sync."""
+        """Advances the scale once from this iteration's flags, or sets ``new_scale`` (a positive finite number or
+        a 1-element tensor not requiring grad, not read; the growth counter stays, the skip is counted). No sync."""
         if new_scale is None:
             super().update()
             return
-        value = new_scale_tensor(new_scale)
-        self._scale.set_scale(value, self._close())
+        fix = "new_scale should be a float or a 1-element tensor with requires_grad=False"
+        if isinstance(new_scale, torch.Tensor):
+            if new_scale.numel() != 1 or new_scale.requires_grad:
+                raise ValueError(f"{fix}; got a tensor of shape {tuple(new_scale.shape)} "
+                                 f"(requires_grad={new_scale.requires_grad}).")
+            value = new_scale.detach().reshape(()).to(torch.float32, copy=True)
+        elif isinstance(new_scale, bool) or not isinstance(new_scale, Real) or not 0 < new_scale < math.inf:
+            raise ValueError(f"{fix}, positive and finite; got {new_scale!r}.")
+        else:
+            value = torch.tensor(float(new_scale), dtype=torch.float32)
+        self.set_scale(value, self._close())
 
     def overwrite(self, *, scale: float | None = None, growth_tracker: int | None = None) -> None:
         """Sets the scale and/or the growth counter in place (torch's ``_init_scale``/``_init_growth_tracker``)."""
         if scale is not None:
-            self._scale.set_scale(torch.tensor(float(scale)))
+            self.set_scale(torch.tensor(float(scale)))
         if growth_tracker is not None:
             with torch.no_grad():
                 self.state.good_steps.fill_(min(int(growth_tracker), 2**31 - 1))
 
     def set_policy(self, policy: DynamicLossScale) -> None:
         """Follows ``policy`` from the next update on; the scale and its counters stay."""
-        self._scale._set_policy(policy)
+        self._set_policy(policy)

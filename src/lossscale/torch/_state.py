@@ -1,4 +1,4 @@
-"""Where lossscale 0.1 defined ``ScaleState``: its pickles name this module (see ``_legacy_pickles.py``)."""
+"""Where lossscale 0.1 defined ``ScaleState``: its pickles name this module."""
 
 from ._scale import ScaleState
 

@@ -1,9 +1,6 @@
 """``stats_every`` for torch: measuring and keeping samples; the decisions are the core's :mod:`lossscale._sampler`.
-
-A due step (a Python count) measures per-tensor sums of each optimizer's scaled gradients (about 8 kernels per
-gradient); :meth:`StatsSampler.advance` makes them one sample (about 30 kernels on ``(T,)`` tensors) and, for
-``AutoLossScale``, the scale. No host sync; names and sizes are kept per parameter set.
-"""
+A due step measures each gradient's sums (about 8 kernels); :meth:`StatsSampler.advance` makes them one sample
+(about 30 kernels) and, for ``AutoLossScale``, the scale. No host sync."""
 
 from __future__ import annotations
 

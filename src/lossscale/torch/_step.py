@@ -1,16 +1,9 @@
-"""One optimizer's step: :class:`OptimizerStep`, its stage record, its own counters and the fused-state tracker.
+"""One optimizer's step (:class:`OptimizerStep`): its stage record, its own counters, the fused-state tracker.
 
-``LossScaleOptimizer`` keeps one per inner optimizer, ``GradScaler`` one per optimizer. A step: unscale-and-check
-(or take what ``unscale_()``/a clip checked), MAX the flag across ranks, ``inner.step()`` or skip (a fused
-kernel skips by itself), then report, count, advance the scale, record, guard.
-
-The stages are torch's ``OptState``: READY -> UNSCALED (the gradients were checked) -> STEPPED (a shared
-scale's step, until its ``update()``; a private scale advances at once and the record is READY again), plus
-a ``clipped`` flag. A fused clip leaves the gradients scaled and ``grad_scale = S/coef`` for the kernel.
-
-Cost (R/W: a read/write pass over the gradients): unscale-and-check R+W (twice if ``S`` may fall below 1);
-clip R (+R+W unless fused); a fused float16 step an R+W check. Host syncs: one where the decision is on the
-host (unfused; a fused step creating state), else none.
+A step: unscale-and-check (or take what ``unscale_()``/a clip checked), MAX the flag across ranks,
+``inner.step()`` or skip (a fused kernel skips by itself), then report, count, advance the scale, record, guard.
+The stages are torch's ``OptState`` (READY -> UNSCALED -> STEPPED, the last until a shared scale's
+``update()``) plus a ``clipped`` flag; a fused clip leaves the gradients scaled and ``grad_scale = S/coef``.
 """
 
 from __future__ import annotations
@@ -112,7 +105,7 @@ class StepCounters:
         self._streak: torch.Tensor | None = None
 
     def count(self, found_inf: torch.Tensor) -> None:
-        """Counts one step. CPU: on numpy views (no device ops, no sync); elsewhere three scalar ops."""
+        """Counts one step: on CPU on numpy views (no device op), elsewhere three scalar ops; no sync."""
         self.steps += 1
         device = found_inf.device
         if self._skipped is None:
@@ -130,36 +123,22 @@ class StepCounters:
         self._skipped, self._streak = next_skip_counters(self._skipped, self._streak, found_inf == 0, torch)
 
     def skipped_steps(self, device: torch.device) -> torch.Tensor:
-        return _copy_or_zero(self._skipped, device)
+        return torch.zeros((), dtype=torch.int32, device=device) if self._skipped is None else self._skipped.clone()
 
     def consecutive_skips(self, device: torch.device) -> torch.Tensor:
-        return _copy_or_zero(self._streak, device)
+        return torch.zeros((), dtype=torch.int32, device=device) if self._streak is None else self._streak.clone()
 
     def record(self) -> CounterRecord:
         return CounterRecord(self.steps, self._skipped, self._streak)
 
-    def load(self, record: CounterRecord, scale: LossScaleState | None = None) -> None:
-        """Takes over ``record``; counts it lacks (older checkpoints) come from ``scale``'s state, if given."""
+    def load(self, record: CounterRecord, scale: LossScaleState) -> None:
+        """Takes over ``record``; counts it lacks (older checkpoints) come from ``scale``'s state."""
         self.steps = record.steps
-        skipped, streak = record.skipped_steps, record.consecutive_skips
-        if skipped is None and scale is not None:
-            skipped = scale.skipped_steps
-        if streak is None and scale is not None:
-            streak = scale.consecutive_skips
-        device = None if scale is None else scale.loss_scale.device
-        to = lambda t: None if t is None else t.to(device=device, dtype=torch.int32, copy=True)
-        self._skipped, self._streak = to(skipped), to(streak)
-        if self._skipped is None and self._streak is not None:
-            self._skipped = torch.zeros_like(self._streak)
-        if self._streak is None and self._skipped is not None:
-            self._streak = torch.zeros_like(self._skipped)
+        skipped = scale.skipped_steps if record.skipped_steps is None else record.skipped_steps
+        streak = scale.consecutive_skips if record.consecutive_skips is None else record.consecutive_skips
+        device = scale.loss_scale.device
+        self._skipped, self._streak = (t.to(device=device, dtype=torch.int32, copy=True) for t in (skipped, streak))
 
-
-def _copy_or_zero(t: torch.Tensor | None, device: torch.device) -> torch.Tensor:
-    return torch.zeros((), dtype=torch.int32, device=device) if t is None else t.clone()
-
-
-# ------------------------------------------------------------ fused inner optimizers
 
 _SETTING_TYPES = (bool, int, float, str, tuple, type(None))
 
@@ -170,15 +149,14 @@ def is_fused(inner: torch.optim.Optimizer) -> bool:
 
 
 class FusedStateTracker:
-    """Which parameters of a fused optimizer still lack state: their step is decided on the host.
-
-    A fused kernel skips on the device, but a parameter's first step creates its state (SGD's momentum
-    buffer is ``empty_like``, filled by the kernel), which a skip would leave behind. Parameters a real step
-    left stateless are remembered per group settings (``lr`` aside). An empty state entry counts as none.
-    Cost: one comparison of counts per step once every parameter has state.
-    """
+    """Which parameters of a fused optimizer still lack state, so that their step is decided on the host: a
+    device-side skip would leave the state a first step creates behind. Parameters a real step left stateless are
+    remembered per group settings (``lr`` aside). Cost once all have state: one comparison of counts per step."""
 
     def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
         self._stateless: set[tuple[int, tuple]] = set()
         self._all_stateful: tuple[Any, int] | None = None  # (state dict, parameter count)
         self._checked_count = -1
@@ -201,18 +179,12 @@ class FusedStateTracker:
         """After a host-decided step ran: parameters with a gradient still without state are stateless."""
         self._stateless.update(key for p, key in _params_without_state(inner) if p.grad is not None)
 
-    def reset(self) -> None:
-        self._stateless.clear()
-        self._all_stateful = None
-        self._checked_count = -1
-
 
 def _params_without_state(inner: torch.optim.Optimizer) -> Iterable[tuple[torch.Tensor, tuple[int, tuple]]]:
     state = inner.state
     for group in inner.param_groups:
-        settings = tuple(
-            sorted((k, v) for k, v in group.items() if k not in ("params", "lr") and isinstance(v, _SETTING_TYPES))
-        )
+        settings = tuple(sorted((k, v) for k, v in group.items()
+                                if k not in ("params", "lr") and isinstance(v, _SETTING_TYPES)))
         for p in group["params"]:
             if not state.get(p):
                 yield p, (id(p), settings)
@@ -237,12 +209,10 @@ def check_fused_kernels(inner: torch.optim.Optimizer) -> None:
         for p in group["params"]:
             half = p.dtype in (torch.float16, torch.bfloat16)
             if half and p.device.type == "cpu" and p.numel() >= 16 and fused_sgd_skips_half_on_cpu(p.dtype):
-                raise ValueError(
-                    f"torch {torch.__version__}'s fused SGD on CPU does not update {p.dtype} parameters of 16 or "
-                    "more elements (it leaves them unchanged, with or without loss scaling). Use "
-                    "torch.optim.SGD(..., foreach=True) with float32 parameters under torch.autocast, or "
-                    "torch.optim.AdamW(..., fused=True), whose CPU kernel works."
-                )
+                raise ValueError(f"torch {torch.__version__}'s fused SGD on CPU does not update {p.dtype} parameters "
+                                 "of 16 or more elements (it leaves them unchanged, with or without loss scaling). "
+                                 "Use torch.optim.SGD(..., foreach=True) with float32 parameters under "
+                                 "torch.autocast, or torch.optim.AdamW(..., fused=True), whose CPU kernel works.")
 
 
 def require_unscalable(grads: GradGroups, what: str) -> None:
@@ -252,24 +222,17 @@ def require_unscalable(grads: GradGroups, what: str) -> None:
         if fused_sgd_skips_half_on_cpu(torch.float16):
             broken = (f" (not SGD(fused=True) on CPU: torch {torch.__version__}'s kernel leaves float16 parameters "
                       "unchanged)")
-        raise ValueError(
-            f"Attempting to unscale FP16 gradients. {what} would unscale float16 gradients in float16, "
-            "flushing to zero the small values loss "
-            "scaling exists to keep. Keep float32 parameters and run the model under torch.autocast, "
-            "or use a fused inner optimizer (e.g. torch.optim.AdamW(..., fused=True))"
-            f"{broken} and call step() directly: it unscales inside its float32 kernel."
-        )
+        raise ValueError(f"Attempting to unscale FP16 gradients. {what} would unscale float16 gradients in float16, "
+                         "flushing to zero the small values loss "
+                         "scaling exists to keep. Keep float32 parameters and run the model under torch.autocast, "
+                         "or use a fused inner optimizer (e.g. torch.optim.AdamW(..., fused=True))"
+                         f"{broken} and call step() directly: it unscales inside its float32 kernel.")
 
-
-# ------------------------------------------------------------ the step
 
 class OptimizerStep:
-    """One optimizer's step over one scale owner (``_scale.py``); the torch optimizer is passed to each call.
-
-    ``agree``: the :class:`FlagAgreement` across ranks (None: none). ``sampler``: ``stats_every``'s, measured
-    before anything unscales; ``slot`` None: this step's own, advanced by :meth:`finish`; an int: a
-    GradScaler's, shared by its optimizers (names prefixed ``opt{slot}.``) and advanced by ``update()``.
-    """
+    """One optimizer's step over one scale owner; the torch optimizer is passed to each call. ``sampler``:
+    ``stats_every``'s; ``slot`` None: this step's own, advanced by :meth:`finish`; an int: a GradScaler's, shared
+    by its optimizers (names prefixed ``opt{slot}.``) and advanced by ``update()``."""
 
     def __init__(self, owner: Any, agree: FlagAgreement | None = None, diagnostics: Diagnostics | None = None,
                  sampler: StatsSampler | None = None, slot: int | None = None) -> None:
@@ -283,11 +246,8 @@ class OptimizerStep:
         self._in_closure = False
 
     def measure(self, inner: torch.optim.Optimizer, pairs: Any = None, factor: torch.Tensor | None = None) -> None:
-        """On a sampled step, the sampler keeps the sums of the *scaled* gradients (``pairs``' times ``factor``).
-
-        ``pairs``: ``((group, index), parameter, gradient)``, by default every ``.grad``. An unsampled step
-        returns at once.
-        """
+        """On a sampled step, the sampler keeps the sums of the *scaled* gradients (``pairs``' times ``factor``);
+        ``pairs``: ``((group, index), parameter, gradient)``, by default every ``.grad``."""
         sampler = self.sampler
         if sampler is None or not sampler.due:
             return
@@ -315,11 +275,8 @@ class OptimizerStep:
         scale = self.owner.for_step(None)
         return unscale_and_check_(grads, scale.inv_scale, out_device=scale.device, recheck=scale.can_go_below_one)
 
-    # ------------------------------------------------------------ before the step
-
     def unscale_(self, inner: torch.optim.Optimizer) -> None:
-        """Unscales the gradients now (READY -> UNSCALED); once per iteration, then a no-op. After a fused
-        clip it applies that clip's ``coef / S``. Cost: one R+W pass; no sync."""
+        """READY -> UNSCALED (then a no-op); after a fused clip, applies its ``coef / S``. One R+W pass; no sync."""
         record = self.record
         record.require("unscale_")
         if record.stage is Stage.UNSCALED and record.grad_scale is None:
@@ -337,12 +294,8 @@ class OptimizerStep:
         record.checked(self._unscale_and_check(grads))
 
     def clip_grad_norm_(self, inner: torch.optim.Optimizer, max_norm: Any, norm_type: Any = 2.0) -> torch.Tensor:
-        """Clips the unscaled gradients' global norm to ``max_norm``; returns that norm (0-d, no sync).
-
-        ``norm = ||g_scaled||_p / S`` (float32; non-finite: the step is skipped), ``coef = min(1, max_norm /
-        (norm + 1e-6))``. From READY a fused ``inner`` keeps its gradients and gets ``grad_scale = S / coef``
-        (R only); otherwise they are multiplied by ``coef / S`` (R, then R+W). Once per iteration.
-        """
+        """``norm = ||g_scaled||_p / S``, ``coef = min(1, max_norm / (norm + 1e-6))``: ``g *= coef / S``, or for a
+        fused ``inner`` ``grad_scale = S / coef``."""
         norm_type = validated_norm_type(norm_type)
         validate_max_norm(max_norm)
         record, owner = self.record, self.owner
@@ -367,15 +320,11 @@ class OptimizerStep:
             record.checked(found_inf, clipped=True)
         return total
 
-    # ------------------------------------------------------------ the step
-
     def step(self, inner: torch.optim.Optimizer, args: tuple = (), kwargs: dict | None = None, *,
              on_host: bool = False, named_grads: Any = ()) -> tuple[torch.Tensor, bool | None, Any] | None:
-        """Checks (or takes what ``unscale_()``/a clip checked), agrees, applies or skips, finishes: ``(found_inf,
-        skipped, inner.step's result)``; None with no gradient at all. ``skipped`` is None where a fused kernel
-        decided on the device. A fused ``inner`` with float16 gradients gets a check only (R+W, values
-        unchanged) and ``grad_scale = S``: its kernel unscales in float32.
-        """
+        """Checks (or takes what ``unscale_()``/a clip checked), then :meth:`apply`: ``(found_inf, skipped,
+        inner.step's result)``, None with no gradient. A fused ``inner`` with float16 gradients gets a check only
+        and ``grad_scale = S`` (its kernel unscales in float32)."""
         record = self.record
         record.require("step")
         fused = is_fused(inner)
@@ -399,12 +348,9 @@ class OptimizerStep:
     def apply(self, inner: torch.optim.Optimizer, found_inf: torch.Tensor, grad_scale: torch.Tensor | None,
               args: tuple = (), kwargs: dict | None = None, *, on_host: bool = False, named_grads: Any = (),
               fused: bool | None = None) -> tuple[torch.Tensor, bool | None, Any]:
-        """Agrees on ``found_inf``, runs ``inner.step(*args, **kwargs)`` unless it is set, finishes the step.
-
-        Unfused: one host sync (``found_inf.item()``). Fused: the kernel gets ``grad_scale``/``found_inf`` and
-        skips by itself (no sync), unless a parameter lacks state or ``on_host`` asks (a caller that must see
-        the skip): then one sync, and a skip does not call ``inner.step`` at all.
-        """
+        """Agrees on ``found_inf``, runs ``inner.step(*args, **kwargs)`` unless set, finishes. Unfused, a parameter
+        without state, or ``on_host``: one sync, and a skip calls no ``inner.step``; else the fused kernel gets
+        ``grad_scale``/``found_inf`` and skips by itself (``skipped`` None)."""
         self.record.require("step")
         found_inf = self._agreed(found_inf)
         fused = is_fused(inner) if fused is None else fused
@@ -432,20 +378,18 @@ class OptimizerStep:
         return all_reduce_max(found_inf, groups) if groups else found_inf
 
     def finish(self, found_inf: torch.Tensor, skipped: bool | None, named_grads: Any = ()) -> None:
-        """Ends a step: overflow report, counters, the scale (now, or at a shared scale's ``update()``),
-        history, stall guard. The guard reads this optimizer's own streak, this step counted (on CUDA one
-        step late: the read is deferred)."""
+        """Ends a step: overflow report, counters, the scale (now, or at a shared scale's ``update()``), history,
+        stall guard (on this optimizer's own streak)."""
         diagnostics, counters, owner, record = self.diagnostics, self.counters, self.owner, self.record
         step = counters.steps
         scale_used = owner.state.loss_scale.clone() if diagnostics.wants_scale else None
         if diagnostics.reporter is not None:
-            diagnostics.report(step, found_inf, skipped, scale_used, named_grads)
+            diagnostics.reporter.observe(step, found_inf, skipped, scale_used, named_grads)  # type: ignore[arg-type]
         counters.count(found_inf)
         if owner.advances_each_step:
             record.reset()
         else:
             record.stepped()
-        # AutoLossScale: the core's sampler rule sets the scale; any other policy: the owner's rule.
         sampler = self.sampler if self.slot is None else None
         new = None if sampler is None else sampler.advance(owner.state, found_inf, diagnostics.recorder)
         if new is None:
@@ -458,11 +402,8 @@ class OptimizerStep:
             diagnostics.guard.check(counters.consecutive_skips(found_inf.device), owner.state.loss_scale)
 
     def step_with_closure(self, inner: torch.optim.Optimizer, closure: Callable[[], Any], named_grads: Any = ()) -> Any:
-        """``inner.step(closure)`` with every evaluation's gradients unscaled and checked (LBFGS); the loss.
-
-        On an overflow, weights and inner state are restored from copies taken before. Cost: those copies,
-        one R+W pass per evaluation, one host sync.
-        """
+        """``inner.step(closure)``, every evaluation unscaled and checked (LBFGS). Cost: copies of the weights and
+        inner state (restored on an overflow), one R+W pass per evaluation, one host sync."""
         self.record.require("step")
         params = [p for g in inner.param_groups for p in g["params"]]
         saved_params = [p.detach().clone() for p in params]
@@ -504,11 +445,8 @@ class OptimizerStep:
         self.finish(found_total, skipped, named_grads)
         return loss
 
-    # ------------------------------------------------------------ between iterations
-
     def forget(self) -> None:
-        """``zero_grad()``: a pending check and a pending sample are forgotten (not inside ``step(closure)``,
-        whose closure zeroes the gradients it computes)."""
+        """``zero_grad()``: a pending check and sample are forgotten (not inside ``step(closure)``)."""
         self.record.forget_check()
         if self.sampler is not None and self.slot is None and not self._in_closure:
             self.sampler.forget()
@@ -518,12 +456,10 @@ class OptimizerStep:
         self.tracker.reset()
         self.record.reset()
 
-    # ------------------------------------------------------------ checkpoints and pickling: one record
-
     def load(self, checkpoint: Checkpoint) -> None:
         """Takes over a validated checkpoint's scale and counters (the inner optimizer is the caller's)."""
         if checkpoint.scale is not None:
-            self.owner.load_record(checkpoint.scale)
+            self.owner.load(checkpoint.scale)
             self._load_counters(checkpoint.counters or CounterRecord())
         self.reset()
 
@@ -536,27 +472,24 @@ class OptimizerStep:
             recorder.history.truncate(record.steps)
 
     def pickled(self) -> dict[str, Any]:
-        """The ``state_dict`` records (the policy as an object) and the diagnostics' settings; nothing else.
-
-        A shared scale travels as itself (pickled through its own record), so
-        optimizers pickled together still share it.
-        """
+        """The ``state_dict`` records (the policy as an object) and the diagnostics' settings; a shared scale
+        travels as itself, so optimizers pickled together still share it."""
         shared = self.owner if isinstance(self.owner, SharedLossScale) else None
         return {
             "shared": shared,
             "scale": None if shared is not None else self.owner.record().to_dict(policy_object=True),
             "optimizer": self.counters.record().to_dict(),
-            "diagnostics": self.diagnostics,  # pickles its settings only (see Diagnostics.settings)
+            "diagnostics": self.diagnostics,  # pickles its settings only
         }
 
     @classmethod
     def unpickled(cls, state: dict[str, Any], agree: FlagAgreement | None) -> OptimizerStep:
-        """The step object :meth:`pickled` describes, validated as a state dict is."""
+        """The step object :meth:`pickled` describes, validated as a state dict is (``"shared"``: any owner)."""
         owner = state["shared"]
         if owner is None:
             record = ScaleRecord.from_dict(state["scale"])
             owner = PrivateLossScale(record.policy, record.state.loss_scale.device)
-            owner.load_record(record)
+            owner.load(record)
         step = cls(owner, agree, state["diagnostics"])
         step._load_counters(CounterRecord.from_dict(state["optimizer"]))
         return step

@@ -1,9 +1,5 @@
-"""TF v1's optimizer methods for ``LossScaleOptimizer`` (gradients as values, slots, variables, config), as a
-mixin over its public surface and its ``_steps`` (:class:`~lossscale.torch._step.OptimizerStep`).
-
-``from_config`` builds ``torch.optim`` classes only and imports no module a config names (a config from an
-untrusted checkpoint must not run imports); any other class comes through ``custom_objects``.
-"""
+"""TF v1's optimizer methods for ``LossScaleOptimizer`` (gradients as values, slots, variables, config), a mixin
+over its public surface and its ``OptimizerStep``."""
 
 from __future__ import annotations
 
@@ -75,48 +71,35 @@ class TFv1Methods:
         grads_and_vars: Iterable[tuple[torch.Tensor | None, torch.Tensor]],
         global_step: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Applies *unscaled* gradients if all are finite; updates the scale either way.
-
-        A non-finite gradient means no update at all (``global_step``, a tensor incremented in place, included);
-        the parameters' ``.grad`` stay as they were. Returns a 0-d bool tensor, True if applied. Cost: one R+W
-        check (values unchanged), syncs as ``step()``; a sampled step measures the gradients times ``S`` (R).
-        """
+        """Applies *unscaled* gradients if all are finite (else nothing, ``global_step`` included, a tensor
+        incremented in place); updates the scale either way; ``.grad`` stays. Returns a 0-d bool tensor, True if
+        applied. Cost: one R+W check, syncs as ``step()``; a sampled step measures the gradients times ``S``."""
         pairs = list(grads_and_vars)
         if global_step is not None and not isinstance(global_step, torch.Tensor):
-            raise TypeError(
-                f"global_step must be a tensor to increment in place, e.g. torch.zeros((), dtype=torch.int64); "
-                f"got {type(global_step).__name__}."
-            )
+            raise TypeError("global_step must be a tensor to increment in place, e.g. torch.zeros((), "
+                            f"dtype=torch.int64); got {type(global_step).__name__}.")
         params = self._params()
         index = {id(p): (g, i) for g, group in enumerate(self.param_groups) for i, p in enumerate(group["params"])}
         for _, var in pairs:
             if id(var) not in index:
-                raise ValueError(
-                    f"A variable of shape {tuple(var.shape)} is not a parameter of the inner optimizer; "
-                    "add it with add_param_group() first."
-                )
-        given = [g for g, _ in pairs if g is not None]
+                raise ValueError(f"A variable of shape {tuple(var.shape)} is not a parameter of the inner optimizer; "
+                                 "add it with add_param_group() first.")
+        given = [(index[id(v)], v, g) for g, v in pairs if g is not None]
         if not given:
             raise ValueError("No gradients provided for any variable: every gradient in grads_and_vars is None.")
         owner = self.shared_loss_scale  # type: ignore[attr-defined]
-        owner.to_(given[0].device)
-        # the sample of a sampled step: the given gradients times S, the scaled values (R, no change to them)
-        measured = [(index[id(v)], v, g) for g, v in pairs if g is not None]
-        self._steps.measure(self.inner_optimizer, measured, owner.state.loss_scale)  # type: ignore[attr-defined]
-        found_inf = check_finite(GradGroups(given), out_device=owner.device)
+        owner.to_(given[0][2].device)
+        # sampled as the scaled gradients: times S
+        self._steps.measure(self.inner_optimizer, given, owner.state.loss_scale)  # type: ignore[attr-defined]
+        found_inf = check_finite(GradGroups([g for _, _, g in given]), out_device=owner.device)
         reporter = self._steps.diagnostics.reporter
-        named = (
-            [(reporter.name_of(v, *index[id(v)]), grad) for grad, v in pairs if grad is not None]
-            if reporter is not None
-            else ()
-        )
+        named = () if reporter is None else [(reporter.name_of(v, *w), g) for w, v, g in given]
         saved = [p.grad for p in params]
         try:
             for p in params:
                 p.grad = None
-            for grad, var in pairs:
-                if grad is not None:
-                    var.grad = grad
+            for _, var, g in given:
+                var.grad = g
             found_inf = self._steps.apply(self.inner_optimizer, found_inf, None, named_grads=named)[0]  # type: ignore[attr-defined]
         finally:
             for p, grad in zip(params, saved):
@@ -127,10 +110,7 @@ class TFv1Methods:
         return applied
 
     def minimize(
-        self,
-        loss: Any,
-        var_list: Iterable[torch.Tensor] | None = None,
-        global_step: torch.Tensor | None = None,
+        self, loss: Any, var_list: Iterable[torch.Tensor] | None = None, global_step: torch.Tensor | None = None,
         grad_loss: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """``apply_gradients(compute_gradients(loss, var_list, grad_loss), global_step)``."""
@@ -161,13 +141,11 @@ class TFv1Methods:
 
     @classmethod
     def from_config(
-        cls,
-        config: Mapping[str, Any],
-        params: Iterable[Any],
-        custom_objects: Mapping[str, type] | None = None,
+        cls, config: Mapping[str, Any], params: Iterable[Any], custom_objects: Mapping[str, type] | None = None,
     ) -> Any:
         """Rebuilds from :meth:`get_config` (torch optimizers need their ``params``); the inner class and a policy
-        class of your own come from ``custom_objects``, else ``torch.optim``. No module is imported by name."""
+        class of your own come from ``custom_objects``, else ``torch.optim``: no module a config names is imported
+        (a config from an untrusted checkpoint must not run imports)."""
         spec = config["inner_optimizer"]
         opt_cls = optimizer_class(spec, custom_objects)
         inner = opt_cls(params, **_constructor_kwargs(opt_cls, spec["config"]))
@@ -191,11 +169,9 @@ def optimizer_class(spec: Mapping[str, Any], custom_objects: Mapping[str, type] 
     from_torch = isinstance(module, str) and (module == "torch.optim" or module.startswith("torch.optim."))
     if from_torch and isinstance(candidate, type) and issubclass(candidate, torch.optim.Optimizer):
         return candidate
-    raise ValueError(
-        f"Unknown optimizer class {name!r} (module {module!r}): from_config builds torch.optim's optimizers only, "
-        "and imports no module a config names (a config from an untrusted checkpoint could name any). "
-        f"Pass the class itself: custom_objects={{{name!r}: {name}}}."
-    )
+    raise ValueError(f"Unknown optimizer class {name!r} (module {module!r}): from_config builds torch.optim's "
+                     "optimizers only, and imports no module a config names (a config from an untrusted checkpoint "
+                     f"could name any). Pass the class itself: custom_objects={{{name!r}: {name}}}.")
 
 
 def _constructor_kwargs(opt_cls: type, defaults: Mapping[str, Any]) -> dict[str, Any]:

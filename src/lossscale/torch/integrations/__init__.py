@@ -1,11 +1,4 @@
-"""Helpers for training frameworks: a GradScaler where there is no public way to pass one, and logging.
-
-Each module imports its framework at the top; import only the one you use::
-
-    from lossscale.torch.integrations.accelerate import attach              # accelerate, transformers Trainer
-    from lossscale.torch.integrations.lightning import LossScaleMonitor     # log the scale in Lightning
-
-Lightning (``MixedPrecision(..., scaler=...)``) and timm (``NativeScaler``)
-take the scaler without a helper: see docs/how-to/trainers.md.
-Private framework names used here are all in ``_compat.py``.
+"""Helpers for training frameworks; import only the one you use: ``integrations.accelerate.attach`` (accelerate,
+the transformers Trainer), ``integrations.lightning.LossScaleMonitor``. Lightning and timm take a GradScaler
+without a helper (docs/how-to/trainers.md). Private framework names are all in ``_compat.py``.
 """

@@ -1,17 +1,7 @@
-"""Lightning: :class:`LossScaleMonitor`, a callback that logs the loss scale and the skipped steps.
-
-::
-
-    from lightning.pytorch.plugins import MixedPrecision
-    from lossscale.torch import GradScaler
-    from lossscale.torch.integrations.lightning import LossScaleMonitor
+"""Lightning: :class:`LossScaleMonitor`, a callback that logs the loss scale and the skipped steps::
 
     trainer = Trainer(plugins=[MixedPrecision("16-mixed", "cuda", scaler=GradScaler("cuda"))],
                       callbacks=[LossScaleMonitor()], logger=CSVLogger("logs"))
-
-It finds what to read in the Trainer: the precision plugin's scaler when it
-is a ``lossscale.torch.GradScaler``, and every ``LossScaleOptimizer`` that
-``configure_optimizers`` returned.
 """
 
 from __future__ import annotations
@@ -35,23 +25,18 @@ __all__ = ["LossScaleMonitor"]
 class LossScaleMonitor(Callback):
     """Logs ``{prefix}loss_scale`` and ``{prefix}skipped_steps`` after every optimizer step, to the Trainer's loggers.
 
-    Both values are logged as 0-d tensors with ``LightningModule.log``
-    (``on_step=True``, ``on_epoch=False``), so the callback adds no host sync
-    of its own: Lightning reads the tensors when it writes to its loggers
-    (every ``log_every_n_steps``). ``skipped_steps`` counts the iterations
-    in which a step was skipped (the scaler's) or this optimizer's skipped
-    steps (a ``LossScaleOptimizer``'s). With ``stats_every=N`` on the source
-    it also logs the latest sample's ``headroom_bits``, ``zero_fraction`` and
-    ``subnormal_fraction`` (on-device values, no extra sync). Several sources
-    get a suffix: ``loss_scale/optimizer_1``.
+    Sources: the precision plugin's scaler when it is a ``lossscale.torch.GradScaler``, and every
+    ``LossScaleOptimizer`` of ``configure_optimizers``; several get a suffix (``loss_scale/optimizer_1``). The
+    values are 0-d tensors logged with ``on_step=True``: no host sync of its own (Lightning reads them every
+    ``log_every_n_steps``). With ``stats_every=N`` it also logs the latest sample's ``headroom_bits``,
+    ``zero_fraction`` and ``subnormal_fraction``.
 
     Args:
         prefix: the metric name prefix (default ``"lossscale/"``).
         prog_bar: also show the scale in the progress bar.
 
     Raises:
-        RuntimeError: when training starts with neither a lossscale
-            GradScaler in the precision plugin nor a ``LossScaleOptimizer``.
+        RuntimeError: when training starts with no lossscale GradScaler or ``LossScaleOptimizer`` to read.
     """
 
     def __init__(self, prefix: str = "lossscale/", prog_bar: bool = False) -> None:
@@ -68,12 +53,11 @@ class LossScaleMonitor(Callback):
             sources.append(scaler)
         sources.extend(opt for opt in trainer.optimizers if isinstance(opt, LossScaleOptimizer))
         if not sources:
-            raise RuntimeError(
-                "LossScaleMonitor found no lossscale loss scale to log. Train with "
-                "plugins=[MixedPrecision('16-mixed', device, scaler=lossscale.torch.GradScaler(device))], or return "
-                f"a lossscale.torch.LossScaleOptimizer from configure_optimizers (precision plugin scaler: "
-                f"{type(scaler).__name__})."
-            )
+            raise RuntimeError("LossScaleMonitor found no lossscale loss scale to log. Train with "
+                               "plugins=[MixedPrecision('16-mixed', device, "
+                               "scaler=lossscale.torch.GradScaler(device))], or return a "
+                               "lossscale.torch.LossScaleOptimizer from configure_optimizers (precision plugin "
+                               f"scaler: {type(scaler).__name__}).")
         self._sources = [("" if len(sources) == 1 else f"/optimizer_{i}", source) for i, source in enumerate(sources)]
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
