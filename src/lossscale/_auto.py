@@ -1,10 +1,5 @@
-"""``AutoLossScale``: a scale set from measured gradient statistics, with the TF rule's safety.
-
-EXPERIMENTAL: the experiment in ``docs/gradient_stats.md`` (re-run for issue 28
-on this rule) did not make it the default. The policy and its rule are written once here; the update
-:func:`next_auto_state` runs over an array namespace ``xp`` (numpy, torch,
-jax.numpy) with arithmetic, comparisons and ``xp.where`` only, like
-:func:`lossscale.next_state`: no host sync, jittable.
+"""``AutoLossScale`` (EXPERIMENTAL): a scale set from measured gradient statistics, and its rule
+:func:`next_auto_state`, over an array namespace ``xp`` like :func:`lossscale.next_state` (no host sync, jittable).
 """
 
 from __future__ import annotations
@@ -14,8 +9,7 @@ from dataclasses import KW_ONLY, dataclass, fields
 from numbers import Integral
 from typing import Any, NamedTuple
 
-from . import _policy as _n
-from ._policy import LossScale, RuleParams, _set
+from ._policy import COUNTER_MAX, LossScale, RuleParams, _extensions, _set, count, scale_bounds
 from ._rule import LossScaleState, _finite_flag, count_up, next_skip_counters
 from ._stats import LOG2_FLOAT16_MAX, GradientStats
 
@@ -55,29 +49,10 @@ class AutoLossScale(LossScale):
         S = clamp(2**e, min, max)
         every relax_steps finite steps in a row:  m = max(m - 1, margin_bits)
 
-    The band ``[lo, hi]`` is the hysteresis: inside it the scale stays, so
-    the noise of the statistics does not move it; at the overflow side the
-    scale rises only to ``hi - 1`` and drops only below ``hi``, so a one-bit
-    wobble of ``hi`` moves nothing. A scale above "enough" changes no bit of
-    the unscaled gradient (powers of two only move exponents) and only spends
-    headroom against the next spike, so the rule does not climb to the edge as
-    the TF rule does.
-
-    Parameter gradients do not bound the spikes of the next batch or the
-    activation gradients inside the backward: an overflow can still happen. It
-    is skipped, and it measures the spike: the margin becomes at least the
-    spike's height over the window's typical gradient (one bit more than the
-    least height that overflows at ``e``), at least doubles, and relaxes by one bit per
-    ``relax_steps`` calm steps (2000: no faster than the TF rule grows), so
-    the next samples do not climb back and the same spike passes. The margin
-    is counted over the window's lowest sample and ``margin_bits`` over its
-    highest, so a sampled spike that did not overflow is not counted twice. ``hi`` wins
-    over ``lo``: where the gradients' spread leaves no scale both "enough"
-    and a remembered spike under overflow, the rule keeps the spike's room.
-
-    Without statistics (a binding that has none yet) it runs the TF rule from
-    :meth:`rule_params`: ``initial_loss_scale``, doubling after 2000 finite
-    steps, halving on overflow, within ``[min, max]``.
+    The band ``[lo, hi]`` is the hysteresis; ``hi`` wins over ``lo``. An
+    overflow is skipped as in the TF rule. Without statistics it runs the TF
+    rule of :meth:`rule_params` (doubling after 2000 finite steps, halving on
+    overflow, within ``[min, max]``). docs/gradient_stats.md explains the rule.
 
     Args:
         initial_loss_scale: the scale at step 0 (2**15).
@@ -92,8 +67,7 @@ class AutoLossScale(LossScale):
         search_bits: the jump when every sampled gradient is zero (12).
         max_jump_bits: the largest rise in one sample (16). Lowering is not capped.
         start_backoff_bits: the backoff on an overflow before the first
-            measured sample (16: a start up to 2**32 above an edge at 2**0
-            costs at most 2 skips).
+            measured sample (16).
 
     >>> AutoLossScale(margin_bits=6).get_config()
     {'initial_loss_scale': 32768.0, 'margin_bits': 6}
@@ -113,10 +87,10 @@ class AutoLossScale(LossScale):
     start_backoff_bits: int = 16
 
     def __post_init__(self) -> None:
-        initial, min_scale, max_scale = _n.scale_bounds(self.initial_loss_scale, self.min_loss_scale, self.max_loss_scale)
+        initial, min_scale, max_scale = scale_bounds(self.initial_loss_scale, self.min_loss_scale, self.max_loss_scale)
         if initial > 2.0**_MAX_EXPONENT:  # the auto rule's exponent arithmetic stops at 2**126
             raise ValueError(f"initial_loss_scale={initial!r} is above 2**{_MAX_EXPONENT}; pick a smaller initial scale.")
-        counts = {f.name: _n.count(f.name, getattr(self, f.name)) for f in fields(self) if f.name.endswith(("bits", "window", "steps"))}
+        counts = {f.name: count(f.name, getattr(self, f.name)) for f in fields(self) if f.name.endswith(("bits", "window", "steps"))}
         if counts["max_margin_bits"] < counts["margin_bits"]:
             raise ValueError(
                 f"max_margin_bits={counts['max_margin_bits']} is below margin_bits={counts['margin_bits']}; "
@@ -150,11 +124,7 @@ class AutoLossScale(LossScale):
         )
 
     def get_config(self) -> dict[str, Any]:
-        config: dict[str, Any] = {"initial_loss_scale": self.initial_loss_scale}
-        for f in fields(self):
-            if f.kw_only and getattr(self, f.name) != f.default:
-                config[f.name] = getattr(self, f.name)
-        return config
+        return {"initial_loss_scale": self.initial_loss_scale, **_extensions(self)}
 
 
 class AutoState(NamedTuple):
@@ -172,8 +142,6 @@ class AutoState(NamedTuple):
             one: an overflow then backs off by ``start_backoff_bits``):
             ``hi < lo`` means the gradients span more than float16's range at
             any single scale, or the remembered spike leaves no room for "enough".
-
-    A 0.2.0 checkpoint loads as it is: the fields, dtypes and shapes are unchanged.
     """
 
     margin: Any
@@ -212,22 +180,14 @@ def _window_range(window: Any, xp: Any) -> tuple[Any, Any]:
 
 def _overflow_bound(policy: AutoLossScale, m: Any, top: Any, low: Any, xp: Any) -> Any:
     """``hi = floor(F - max(m + low, margin_bits + top))``: the remembered spike ``m`` bits over the window's
-    typical (lowest) gradient, and every sampled gradient at least ``margin_bits`` under overflow.
-
-    With ``m = margin_bits`` this is ``floor(F - m - top)``. A spike that did not overflow and was sampled
-    raises ``top`` only, so it is not counted twice (once in ``m``, once in the window).
-    """
+    typical (lowest) gradient, and every sampled gradient at least ``margin_bits`` under overflow."""
     need = xp.where(m + low > policy.margin_bits + top, m + low, policy.margin_bits + top)
     return xp.floor(LOG2_FLOAT16_MAX - need)
 
 
 def _floor_log2(scale: Any, xp: Any) -> Any:
-    """``floor(log2(scale))`` exactly, for a positive float32 ``scale``.
-
-    XLA's CPU ``log2`` is a few ulps off at some powers of two (``log2(2**13)``
-    is just below 13), so ``floor(log2(S))`` alone can be one too small; the
-    exact ``2**e`` (``ldexp``) corrects it by one either way.
-    """
+    """``floor(log2(scale))`` exactly, for a positive float32 ``scale``: XLA's CPU ``log2`` is a few ulps off at
+    some powers of two, so the exact ``2**e`` (``ldexp``) corrects it by one either way."""
     e = xp.floor(xp.log2(scale))
     e = xp.where(_pow2(e + 1.0, xp) <= scale, e + 1.0, e)
     return xp.where(_pow2(e, xp) > scale, e - 1.0, e)
@@ -257,14 +217,10 @@ def next_auto_state(
         sampled: a 0-d bool array (or Python bool): whether ``stats`` was
             measured on this step. Ignored (False) when ``stats`` is None.
         xp: the array namespace.
-        micro_batches: the number of backward passes summed into the measured
-            gradients (gradient accumulation; 1 without). Each of them was a
-            float16 backward of its own: a micro-batch's tensor RMS is about
-            ``rms / micro_batches`` when the micro-batches agree and up to
-            ``sqrt(micro_batches)`` times that when they are independent, so
-            ``lo`` reads the smaller, ``rms_min / micro_batches``, and the scale
-            is set for one micro-batch's backward. ``amax`` is read as measured
-            (one micro-batch may carry the whole sum).
+        micro_batches: the backward passes summed into the measured gradients
+            (gradient accumulation; 1 without): ``lo`` reads ``rms_min / micro_batches``,
+            the smallest a micro-batch's RMS can be, so the scale suits one
+            float16 backward; ``amax`` is read as measured.
 
     Returns ``(state, auto)``. The skip counters move exactly as in
     :func:`lossscale.next_state`; ``bad_steps`` stays 0; ``good_steps``
@@ -285,11 +241,8 @@ def next_auto_state(
     window = auto.window
     top, low = _window_range(window, xp)
 
-    # Overflow. Before any measured sample (lo is NaN) the start was a guess: back off by start_backoff_bits.
-    # After one, the overflow sets a lower bound on the spike over the window's typical (lowest) gradient: it
-    # passed F at e, so it was more than F - e - low bits tall. The margin becomes one bit more than that (at
-    # least twice the old margin, at most max_margin_bits) and the scale goes to the hi of that margin (at least
-    # one bit down).
+    # Overflow: before any measured sample (lo is NaN) back off by start_backoff_bits; after one, the spike
+    # passed F at e, so it was more than F - e - low bits tall: remember it in the margin, go to that margin's hi.
     measured = auto.lo == auto.lo  # False for NaN
     filled = top > -math.inf
     guess = LOG2_FLOAT16_MAX - e - m  # an empty window: as if the scale sat at the margin
@@ -356,7 +309,7 @@ AUTO_STATS_EVERY = 16
 
 
 def check_stats_every(stats_every: Any, policy: LossScale) -> int | None:
-    """``stats_every`` validated (None or an int >= 1): every binding's one check; 16 for ``AutoLossScale`` when not given.
+    """``stats_every`` validated (None or an int >= 1); 16 for ``AutoLossScale`` when not given.
 
     >>> check_stats_every(None, AutoLossScale()), check_stats_every(1, AutoLossScale())
     (16, 1)
@@ -368,7 +321,7 @@ def check_stats_every(stats_every: Any, policy: LossScale) -> int | None:
     every = int(stats_every)
     if every < 1:
         raise ValueError(f"stats_every must be at least 1 (or None to measure nothing), got {stats_every}.")
-    if every > _n.INT32_MAX:
+    if every > COUNTER_MAX:
         raise ValueError(
             f"stats_every must be at most 2**31 - 1 (the step counter is int32), got {stats_every}; "
             "pass None to measure nothing."

@@ -1,18 +1,9 @@
-"""The one scale-update rule, written once over an array namespace.
+"""The one scale-update rule, written once over an array namespace ``xp`` (numpy, torch, jax.numpy, keras.ops).
 
-``next_state(params, state, finite, xp)`` runs unchanged with ``xp`` = numpy
-(the reference every binding is tested against), ``torch`` and
-``jax.numpy``, and over ``keras.ops`` on TensorFlow's tensors. It uses arithmetic with Python scalars, comparisons and
-``xp.where`` only (no bool added to an int: TensorFlow's tensors run it as
-they are): no Python ``if`` on an array, so it needs no host sync,
-stays on the device and traces under ``jax.jit`` and ``torch.compile``.
-Branches on :class:`~lossscale._policy.RuleParams` are on static Python
-numbers and are resolved when the function is traced.
-
-:func:`advance_in_place` runs the same function on the host for state held
-in memory the host can read (CPU tensors, numpy arrays), with numpy
-*scalars* instead of 0-d arrays: the same float32/int32 arithmetic, about
-5x less overhead.
+Arithmetic with Python scalars, comparisons and ``xp.where`` only (no Python ``if`` on an array, no bool added
+to an int): no host sync, traceable under ``jax.jit`` and ``torch.compile``; branches on
+:class:`~lossscale._policy.RuleParams` are on static numbers. :func:`advance_in_place` runs it on the host on
+numpy scalars (the same float32/int32 arithmetic, about 5x less overhead).
 """
 
 from __future__ import annotations
@@ -23,14 +14,11 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ._policy import LossScale, RuleParams
+from ._policy import COUNTER_MAX, LossScale, RuleParams
 
 __all__ = [
     "COUNTER_MAX", "LossScaleState", "advance_in_place", "count_up", "initial_state", "next_skip_counters", "next_state"
 ]
-
-#: Counters are int32 (JAX's default integer) and saturate here instead of wrapping.
-COUNTER_MAX = 2**31 - 1
 
 
 class LossScaleState(NamedTuple):
@@ -135,23 +123,15 @@ def _finite_flag(finite: Any, like: Any, xp: Any) -> Any:
 
 
 def next_skip_counters(skipped: Any, streak: Any, finite: Any, xp: Any) -> tuple[Any, Any]:
-    """The two skip counters after one step, in every mode: the step is skipped iff not ``finite``.
-
-    ``skipped += not finite`` and ``streak = 0 if finite else streak + 1``,
-    both saturating at :data:`COUNTER_MAX`. Part of :func:`next_state`; also
-    used alone for one optimizer's own counters when several share a scale.
-    ``xp`` as in :func:`next_state`, or :class:`_HostScalars` for numpy scalars.
-    Cost: about 6 scalar ops; no host sync.
-    """
+    """``skipped += not finite`` and ``streak = 0 if finite else streak + 1``, both saturating at
+    :data:`COUNTER_MAX`: part of :func:`next_state`, also used alone for one optimizer's own counters when
+    several share a scale (``xp`` may be :class:`_HostScalars`). Cost: about 6 scalar ops; no host sync."""
     return xp.where(finite, skipped, count_up(skipped, xp)), xp.where(finite, 0, count_up(streak, xp))
 
 
 def count_up(counter: Any, xp: Any) -> Any:
-    """``counter + 1``, saturating at :data:`COUNTER_MAX`: a select, no bool added to an int, no overflow computed.
-
-    So TensorFlow's tensors (which refuse ``int32 + bool``) run the rule as
-    they are, and numpy scalars never warn.
-    """
+    """``counter + 1``, saturating at :data:`COUNTER_MAX`: a select, no bool added to an int (TensorFlow refuses
+    ``int32 + bool``), no overflow computed (numpy scalars never warn)."""
     return xp.where(counter < COUNTER_MAX, counter, COUNTER_MAX - 1) + 1
 
 
@@ -203,12 +183,8 @@ def _next_state(params: RuleParams, state: LossScaleState, finite: Any, xp: Any)
 
 
 class _HostScalars:
-    """The namespace :func:`_next_state` needs, for numpy scalars (``np.float32``, ``np.int32``, ``np.bool_``).
-
-    Arithmetic and comparisons on numpy scalars keep numpy's dtypes (NEP 50, numpy 2:
-    a Python number takes the scalar's dtype), so only ``where`` and
-    ``isfinite`` need defining.
-    """
+    """The namespace :func:`_next_state` needs for numpy scalars: their arithmetic keeps their dtypes (NEP 50),
+    so only ``where`` and ``isfinite`` need defining."""
 
     @staticmethod
     def where(condition: Any, a: Any, b: Any) -> Any:
@@ -220,14 +196,8 @@ class _HostScalars:
 
 
 def advance_in_place(params: RuleParams, views: LossScaleState, finite: bool) -> None:
-    """``views <- next_state(params, views, finite)`` on 0-d numpy arrays, in place.
-
-    ``views`` are writable 0-d numpy arrays (e.g. ``tensor.numpy()`` of CPU
-    tensors, which share their memory); ``finite`` is a Python or numpy bool.
-    The arithmetic is :func:`next_state`'s, on numpy scalars of the same
-    dtypes, so the result equals ``next_state(params, views, finite, numpy)``
-    bit for bit. Cost: a few microseconds; no device involved.
-    """
+    """``views <- next_state(params, views, finite, numpy)`` bit for bit, in place, on writable 0-d numpy arrays
+    (e.g. ``tensor.numpy()`` of CPU tensors); ``finite`` is a Python or numpy bool. Cost: a few microseconds."""
     scalars = LossScaleState(*(view[()] for view in views))
     with np.errstate(over="ignore"):  # a refused growth computes an inf on purpose
         new = _next_state(params, scalars, np.bool_(finite), _HostScalars)
