@@ -1,9 +1,4 @@
-"""``underflow_report``: which tensors float16 flushes, from one sample of ``gradient_stats``.
-
-The dual of the torch binding's overflow report: that one names the tensors
-that held Inf/NaN on a skipped step, this one the tensors that lose the most
-to the other edge, on any binding.
-"""
+"""``underflow_report``: which tensors float16 flushes, from one sample of ``gradient_stats`` (any binding)."""
 
 from __future__ import annotations
 
@@ -83,24 +78,18 @@ def underflow_report(stats: Any, top: int = 10, names: Sequence[str] | None = No
     """The ``top`` tensors that lose the most to underflow in ``stats`` (an optimizer's ``gradient_stats``).
 
     Args:
-        stats: the ``gradient_stats`` mapping of any binding (torch
-            ``LossScaleOptimizer``/``GradScaler``, a JAX state, a Keras
-            ``LossScaleOptimizer``), or the object itself. Given the
-            object, an error before the first sample says when it comes.
+        stats: any binding's ``gradient_stats`` mapping, or the optimizer (or
+            ``GradScaler``) itself: then an error before the first sample says when it comes.
         top: how many tensors to list.
-        names: tensor names, overriding ``stats["per_tensor"]["names"]``, in
-            the order of the sampled gradients (e.g.
-            ``lossscale.jax.tensor_names(params)``; on torch the parameters
-            that had a gradient, in the optimizer's ``param_groups`` order).
+        names: tensor names in the order of the sampled gradients, overriding
+            ``stats["per_tensor"]["names"]`` (e.g. ``lossscale.jax.tensor_names(params)``;
+            on torch the parameters that had a gradient, in ``param_groups`` order).
 
-    Cost: one transfer of the sample to the host (a host sync); call it when
-    you look, not every step.
+    Cost: one transfer of the sample to the host (a host sync).
 
     Raises:
-        TypeError: ``stats`` is not a sample, or the optimizer records none
-            (no ``stats_every``).
-        ValueError: no sample yet (the message says at which step the first
-            is taken), a bad ``top``, or ``names`` of the wrong length.
+        TypeError: ``stats`` is not a sample, or the optimizer records none (no ``stats_every``).
+        ValueError: no sample yet (saying when the first comes), a bad ``top``, or ``names`` of the wrong length.
 
     >>> import numpy as np
     >>> from lossscale._stats import as_mapping, gradient_stats

@@ -1,8 +1,5 @@
-"""Gradient statistics: how close the scaled gradients are to float16's two edges.
-
-Written once over an array namespace ``xp`` (numpy, torch, jax.numpy), like
-:func:`lossscale.next_state`: reductions, comparisons and ``xp.where`` only,
-so it needs no host sync and traces under ``jax.jit``.
+"""Gradient statistics: how close the scaled gradients are to float16's two edges, over an array namespace ``xp``
+like :func:`lossscale.next_state` (reductions, comparisons and ``xp.where`` only: no host sync, jittable).
 
 Everything is measured on the **scaled** gradients ``g = S * true_grad``, the
 numbers the float16 backward produced (float32 ``.grad`` under autocast holds
@@ -53,13 +50,8 @@ LOG2_FLOAT16_MAX = math.log2(FLOAT16_MAX)
 
 
 class GradientStats(NamedTuple):
-    """One sample of gradient statistics: 0-d and ``(T,)`` float32 arrays of ``xp`` (T tensors).
-
-    The overall values are 0-d, the ``tensor_*`` values ``(T,)`` in the
-    order of the gradients. ``step`` is the (0-based, int32) step the sample
-    was taken at, -1 before the first sample. :func:`as_mapping` gives the
-    public ``gradient_stats`` form.
-    """
+    """One sample: the overall values 0-d, the ``tensor_*`` values ``(T,)`` in the order of the gradients, float32;
+    ``step`` (int32) the step it was taken at, -1 before the first. :func:`as_mapping` gives the public form."""
 
     step: Any
     amax: Any
@@ -79,12 +71,8 @@ def _f32(x: Any, xp: Any) -> Any:
 
 
 def tensor_sums(g: Any, xp: Any) -> tuple[Any, Any, Any, Any]:
-    """``(max|g|, #zeros, #subnormals, sum g**2)`` of one non-empty gradient, as 0-d float32 arrays.
-
-    ``g`` is the scaled gradient in any float dtype; it is widened to float32
-    first so the squares neither overflow nor flush. NaN propagates into the
-    max and the sum of squares. Cost: one read pass (four reductions).
-    """
+    """``(max|g|, #zeros, #subnormals, sum g**2)`` of one non-empty gradient, as 0-d float32 arrays (``g`` widened to
+    float32 first, so the squares neither overflow nor flush; NaN propagates). Cost: one read pass."""
     a = xp.abs(_f32(g, xp))
     amax = xp.max(a)
     # Counted as sums of where(c, 1, 0): XLA's CPU backend vectorizes that, not a sum of a converted bool (10x slower).
@@ -96,17 +84,9 @@ def tensor_sums(g: Any, xp: Any) -> tuple[Any, Any, Any, Any]:
 def summarize(
     sums: Sequence[tuple[Any, Any, Any, Any]], sizes: Sequence[int] | Any, step: Any, xp: Any, **array_kwargs: Any
 ) -> GradientStats:
-    """The :class:`GradientStats` of per-tensor :func:`tensor_sums` (``sizes``: each tensor's element count).
-
-    ``sums`` may come from :func:`tensor_sums` or from a binding's own
-    kernels (e.g. torch's ``_foreach_norm``), as long as the four values are
-    0-d float32 arrays; an empty tensor is ``(0, 0, 0, 0)`` with size 0.
-    ``step`` is the step number recorded with the sample. ``sizes`` is a
-    list of ints, or a ``(T,)`` array on the sums' device (no copy from the
-    host: torch keeps one per parameter set). ``array_kwargs`` go to
-    ``xp.asarray`` for a list of sizes, e.g. ``device=`` (torch: the sums'
-    device, else the sizes would be a CPU tensor beside CUDA ones).
-    """
+    """The :class:`GradientStats` of per-tensor :func:`tensor_sums` (or a binding's kernels' 0-d float32 values; an
+    empty tensor is ``(0, 0, 0, 0)`` with size 0). ``sizes``: a list of element counts (``array_kwargs``, e.g.
+    ``device=``, go to its ``xp.asarray``), or a ``(T,)`` array already on the sums' device."""
     if not sums:
         raise ValueError("gradient statistics need at least one gradient; got none.")
     amax, zeros, subnormal, sumsq = (xp.stack(list(column)) for column in zip(*sums))
@@ -180,14 +160,8 @@ def empty_stats(num_tensors: int, xp: Any, **array_kwargs: Any) -> GradientStats
 
 
 def as_mapping(stats: GradientStats, names: Sequence[str] | None = None) -> dict[str, Any]:
-    """The public ``gradient_stats`` form of a sample: a dict of the arrays, no copy and no host sync.
-
-    Keys: ``step``, ``amax``, ``headroom_bits``, ``zero_fraction``,
-    ``subnormal_fraction``, ``rms_min`` (0-d arrays) and ``per_tensor``, a
-    dict with ``names`` (a tuple of tensor names, or ``"0"``, ``"1"``, ...)
-    and ``amax``, ``headroom_bits``, ``zero_fraction``,
-    ``subnormal_fraction``, ``rms`` as ``(T,)`` arrays in that order.
-    """
+    """The public ``gradient_stats`` form of a sample: a dict of its arrays (no copy, no host sync) whose
+    ``per_tensor`` dict holds the ``(T,)`` arrays and the tensor ``names`` (default ``"0"``, ``"1"``, ...)."""
     count = int(next(iter(stats.tensor_amax.shape)))
     names = tuple(str(i) for i in range(count)) if names is None else tuple(names)
     if len(names) != count:
