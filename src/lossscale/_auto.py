@@ -49,30 +49,26 @@ class AutoLossScale(LossScale):
         S = clamp(2**e, min, max)
         every relax_steps finite steps in a row:  m = max(m - 1, margin_bits)
 
-    The band ``[lo, hi]`` is the hysteresis; ``hi`` wins over ``lo``. An
-    overflow is skipped as in the TF rule. Without statistics it runs the TF
-    rule of :meth:`rule_params` (doubling after 2000 finite steps, halving on
-    overflow, within ``[min, max]``). docs/gradient_stats.md explains the rule.
+    The band ``[lo, hi]`` is the hysteresis; ``hi`` wins over ``lo``. Without statistics it runs the TF rule of
+    :meth:`rule_params` (x2 after 2000 finite steps, /2 on overflow). docs/gradient_stats.md explains the rule.
 
     Args:
         initial_loss_scale: the scale at step 0 (2**15).
-        min_loss_scale, max_loss_scale: the floor (1) and the ceiling (None:
-            2**126, float32's largest power of two with a finite reciprocal).
+        min_loss_scale, max_loss_scale: the floor (1) and the ceiling (None: 2**126).
         margin_bits: ``m`` at the start and its floor (4).
         max_margin_bits: ``m``'s ceiling (16).
         window: samples of ``amax`` remembered for ``hi`` (16).
-        underflow_bits: ``b``, bits between the smallest tensor RMS and
-            float16's smallest normal (8).
+        underflow_bits: ``b``, bits between the smallest tensor RMS and float16's smallest normal (8).
         relax_steps: finite steps in a row after which ``m`` shrinks by one (2000).
         search_bits: the jump when every sampled gradient is zero (12).
-        max_jump_bits: the largest rise in one sample (16). Lowering is not capped.
-        start_backoff_bits: the backoff on an overflow before the first
-            measured sample (16).
+        max_jump_bits: the largest rise in one sample (16); lowering is not capped.
+        start_backoff_bits: the backoff on an overflow before the first measured sample (16).
 
     >>> AutoLossScale(margin_bits=6).get_config()
     {'initial_loss_scale': 32768.0, 'margin_bits': 6}
     """
 
+    dynamic = True
     initial_loss_scale: float = 2.0**15
     _: KW_ONLY
     min_loss_scale: float = 1.0
@@ -103,10 +99,6 @@ class AutoLossScale(LossScale):
         _set(self, initial_loss_scale=initial, min_loss_scale=min_scale, max_loss_scale=max_scale, **counts)
 
     @property
-    def dynamic(self) -> bool:
-        return True
-
-    @property
     def ceiling(self) -> float:
         """``max_loss_scale``, or 2**126 when it is None."""
         return 2.0**_MAX_EXPONENT if self.max_loss_scale is None else self.max_loss_scale
@@ -131,17 +123,11 @@ class AutoState(NamedTuple):
     """The state :class:`AutoLossScale` keeps beside the :class:`~lossscale.LossScaleState`.
 
     Attributes:
-        margin: float32, the current margin ``m`` in bits: ``margin_bits``, or
-            the height of the last spike that overflowed, relaxing.
-        window: float32 ``(window,)``, recent ``log2(amax / S)`` (unscaled),
-            ``-inf`` where empty. Kept across an overflow (the spike's height
-            is measured over its lowest sample).
-        calm_steps: int32, finite steps since the margin last changed or the
-            last overflow.
-        lo, hi: float32, the last sample's bounds on ``log2 S`` (NaN before
-            one: an overflow then backs off by ``start_backoff_bits``):
-            ``hi < lo`` means the gradients span more than float16's range at
-            any single scale, or the remembered spike leaves no room for "enough".
+        margin: float32, the current margin ``m`` in bits.
+        window: float32 ``(window,)``, recent ``log2(amax / S)`` (unscaled), ``-inf`` where empty.
+        calm_steps: int32, finite steps since the margin last changed or the last overflow.
+        lo, hi: float32, the last sample's bounds on ``log2 S`` (NaN before one; ``hi < lo``: no scale is
+            both "enough" and under the remembered spike).
     """
 
     margin: Any
@@ -204,29 +190,19 @@ def next_auto_state(
     *,
     micro_batches: Any = 1,
 ) -> tuple[LossScaleState, AutoState]:
-    """The states after one step (the rule is in :class:`AutoLossScale`'s docstring).
+    """``(state, auto)`` after one step (the rule is in :class:`AutoLossScale`'s docstring).
 
     Args:
-        policy: the :class:`AutoLossScale`.
-        state: the :class:`~lossscale.LossScaleState` (its ``loss_scale`` is
-            the scale this step's gradients were computed at).
-        auto: the :class:`AutoState`.
+        state: the :class:`~lossscale.LossScaleState` this step's gradients were computed at.
         finite: as in :func:`lossscale.next_state`.
-        stats: this step's :class:`~lossscale._stats.GradientStats` (of the
-            scaled gradients), or None when the binding measured nothing.
-        sampled: a 0-d bool array (or Python bool): whether ``stats`` was
-            measured on this step. Ignored (False) when ``stats`` is None.
-        xp: the array namespace.
+        stats: this step's :class:`~lossscale._stats.GradientStats` of the scaled gradients, or None.
+        sampled: a 0-d bool array or Python bool, whether ``stats`` was measured on this step.
         micro_batches: the backward passes summed into the measured gradients
             (gradient accumulation; 1 without): ``lo`` reads ``rms_min / micro_batches``,
             the smallest a micro-batch's RMS can be, so the scale suits one
             float16 backward; ``amax`` is read as measured.
 
-    Returns ``(state, auto)``. The skip counters move exactly as in
-    :func:`lossscale.next_state`; ``bad_steps`` stays 0; ``good_steps``
-    counts finite steps since the scale last changed.
-
-    Cost: about 60 scalar ops plus three on the ``(window,)`` array; no host sync.
+    The skip counters move as in :func:`lossscale.next_state`; ``bad_steps`` stays 0. Cost: about 60 scalar ops plus three on the ``(window,)`` array; no host sync.
     """
     finite = _finite_flag(finite, state.loss_scale, xp)
     if stats is None:
@@ -304,10 +280,6 @@ def next_auto_state(
     )
 
 
-#: ``stats_every`` of an ``AutoLossScale`` when not given: a sample every 16 steps.
-AUTO_STATS_EVERY = 16
-
-
 def check_stats_every(stats_every: Any, policy: LossScale) -> int | None:
     """``stats_every`` validated (None or an int >= 1); 16 for ``AutoLossScale`` when not given.
 
@@ -315,7 +287,7 @@ def check_stats_every(stats_every: Any, policy: LossScale) -> int | None:
     (16, 1)
     """
     if stats_every is None:
-        return AUTO_STATS_EVERY if isinstance(policy, AutoLossScale) else None
+        return 16 if isinstance(policy, AutoLossScale) else None
     if isinstance(stats_every, bool) or not isinstance(stats_every, Integral):
         raise TypeError(f"stats_every must be an int (measure every N-th step) or None (off), got {stats_every!r}.")
     every = int(stats_every)

@@ -243,7 +243,7 @@ def _set(policy: LossScale, **fields: Any) -> None:
         object.__setattr__(policy, name, value)
 
 
-def _extensions(policy: LossScale) -> dict[str, Any]:
+def _extensions(policy: Any) -> dict[str, Any]:
     """The keyword-only fields that differ from their defaults: a TF-style policy has exactly TF's config."""
     return {f.name: getattr(policy, f.name) for f in fields(policy) if f.kw_only and getattr(policy, f.name) != f.default}
 
@@ -272,14 +272,11 @@ class FixedLossScale(LossScale):
     {'loss_scale_value': 128.0}
     """
 
+    dynamic = False
     loss_scale_value: float
 
     def __post_init__(self) -> None:
         _set(self, loss_scale_value=_fixed_value("loss_scale_value", self.loss_scale_value))
-
-    @property
-    def dynamic(self) -> bool:
-        return False
 
     def rule_params(self) -> RuleParams:
         value = self.loss_scale_value
@@ -329,6 +326,7 @@ class DynamicLossScale(LossScale):
     {'initial_loss_scale': 2048.0, 'increment_period': 500, 'multiplier': 2.0}
     """
 
+    dynamic = True
     initial_loss_scale: float = 2.0**15
     increment_period: int = 2000
     multiplier: float = 2.0
@@ -351,10 +349,6 @@ class DynamicLossScale(LossScale):
             backoff_factor=None if backoff is None else factor("backoff_factor", backoff, grows=False),
             hysteresis=count("hysteresis", self.hysteresis),
         )
-
-    @property
-    def dynamic(self) -> bool:
-        return True
 
     def rule_params(self) -> RuleParams:
         backoff = self.backoff_factor
@@ -379,14 +373,11 @@ class DynamicLossScale(LossScale):
 class FixedLossScaleManager(LossScale):
     """contrib's fixed manager: the same as ``FixedLossScale(loss_scale)``."""
 
+    dynamic = False
     loss_scale: float
 
     def __post_init__(self) -> None:
         _set(self, loss_scale=_fixed_value("loss_scale", self.loss_scale, "FixedLossScaleManager"))
-
-    @property
-    def dynamic(self) -> bool:
-        return False
 
     def rule_params(self) -> RuleParams:
         return FixedLossScale(self.loss_scale).rule_params()
@@ -406,6 +397,7 @@ class ExponentialUpdateLossScaleManager(LossScale):
     since the scale last changed.
     """
 
+    dynamic = True
     init_loss_scale: float
     incr_every_n_steps: int
     decr_every_n_nan_or_inf: int = 2
@@ -421,10 +413,6 @@ class ExponentialUpdateLossScaleManager(LossScale):
             incr_ratio=factor("incr_ratio", self.incr_ratio, grows=True),
             decr_ratio=factor("decr_ratio", self.decr_ratio, grows=False),
         )
-
-    @property
-    def dynamic(self) -> bool:
-        return True
 
     def rule_params(self) -> RuleParams:
         return RuleParams(

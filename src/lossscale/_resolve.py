@@ -36,12 +36,9 @@ def resolve_loss_scale(
     """The policy that TF's experimental ``LossScaleOptimizer(opt, loss_scale)`` or stable
     ``LossScaleOptimizer(opt, dynamic, initial_scale, dynamic_growth_steps)`` form describes.
 
-    ``min_loss_scale``, ``max_loss_scale`` and ``hysteresis`` (None: the
-    :class:`DynamicLossScale` defaults, 1, none and 1) refine the dynamic
-    scale of the stable form (``dynamic=True``, the default) or
-    ``loss_scale="dynamic"``; a policy object carries its own. Errors:
-    ``TypeError`` for a value of the wrong type, ``ValueError`` for a wrong
-    value or a conflicting pair, each naming the keyword and the fix.
+    ``min_loss_scale``, ``max_loss_scale`` and ``hysteresis`` (None: the :class:`DynamicLossScale` defaults)
+    refine the dynamic scale of the stable form or of ``loss_scale="dynamic"``. ``TypeError`` for a wrong type,
+    ``ValueError`` for a wrong value or a conflicting pair, each naming the keyword and the fix.
 
     >>> resolve_loss_scale(123) == resolve_loss_scale(dynamic=False, initial_scale=123)
     True
@@ -165,11 +162,8 @@ def get(identifier: Any, custom_objects: Mapping[str, Any] | None = None) -> Los
     * a number or a 0-d array -> ``FixedLossScale(identifier)``;
     * ``"dynamic"`` -> ``DynamicLossScale()``; ``"auto"`` -> ``AutoLossScale()`` (experimental);
     * a :class:`LossScale` -> itself;
-    * ``{"class_name": ..., "config": {...}}`` (see :func:`serialize`) -> that
-      policy. ``class_name`` names a built-in class, or a class of your own
-      given in ``custom_objects`` (``{"MyLossScale": MyLossScale}``), which
-      takes precedence. No class is found by name anywhere else: a checkpoint
-      cannot make ``get`` build a class you did not pass.
+    * ``{"class_name": ..., "config": {...}}`` (:func:`serialize`) -> that policy: a built-in class, or one of
+      yours given in ``custom_objects`` (``{"MyLossScale": MyLossScale}``, first); no other class is found by name.
 
     Anything else raises ``ValueError``.
 

@@ -26,13 +26,10 @@ class LossScaleState(NamedTuple):
 
     Attributes:
         loss_scale: float32, the current scale ``S``.
-        good_steps: int32, finite steps since the scale last changed
-            (TF's ``dynamic_counter``).
-        bad_steps: int32, non-finite steps since the scale last changed
-            (always 0 when ``hysteresis == 1``).
+        good_steps: int32, finite steps since the scale last changed (TF's ``dynamic_counter``).
+        bad_steps: int32, non-finite steps since the scale last changed (0 when ``hysteresis == 1``).
         skipped_steps: int32, all steps skipped so far (saturating).
-        consecutive_skips: int32, non-finite steps in a row; the last step was
-            skipped iff this is positive.
+        consecutive_skips: int32, non-finite steps in a row (the last step was skipped iff positive).
     """
 
     loss_scale: Any
@@ -63,15 +60,11 @@ def next_state(policy: LossScale | RuleParams, state: LossScaleState, finite: An
     Args:
         policy: a :class:`LossScale` or its :class:`RuleParams`.
         state: the current :class:`LossScaleState`.
-        finite: a 0-d bool array of ``xp`` (a JAX tracer under ``jax.jit``),
-            or a Python or numpy bool; False if any gradient held NaN or
-            +-Inf. Anything else (an int, a float or int array, an array with
-            dimensions) raises ``TypeError``: ``~1`` is ``-2``, not False.
-        xp: the array namespace of ``state`` (numpy, torch, jax.numpy, or
-            one of ``keras.ops`` over TensorFlow tensors).
+        finite: a 0-d bool array of ``xp`` or a Python/numpy bool, False if any gradient held NaN or +-Inf;
+            anything else raises ``TypeError`` (``~1`` is ``-2``, not False).
+        xp: the array namespace of ``state`` (numpy, torch, jax.numpy, or ``keras.ops`` on TensorFlow tensors).
 
-    Cost: about 20 scalar element-wise ops on 0-d arrays; no host sync (the
-    check of ``finite`` reads its dtype and shape only).
+    Cost: about 20 scalar element-wise ops on 0-d arrays; no host sync.
 
     With ``n``/``b`` the good/bad counters and ``S`` the scale:
 

@@ -1,27 +1,20 @@
 """Gradient statistics: how close the scaled gradients are to float16's two edges, over an array namespace ``xp``
 like :func:`lossscale.next_state` (reductions, comparisons and ``xp.where`` only: no host sync, jittable).
 
-Everything is measured on the **scaled** gradients ``g = S * true_grad``, the
-numbers the float16 backward produced (float32 ``.grad`` under autocast holds
-them too: the float16 values, widened). With ``n_t`` the size of tensor ``t``:
+Measured on the **scaled** gradients ``g = S * true_grad`` (what the float16 backward produced). With ``n_t``
+the size of tensor ``t``:
 
-* ``amax_t = max |g_t|`` and ``headroom_bits_t = log2(65504 / amax_t)``:
-  how many doublings of the scale the tensor can take before it overflows
-  float16 (``+inf`` for an all-zero tensor, negative once past the edge);
-* ``zero_fraction_t = #{g == 0} / n_t``: entries float16 flushed to zero
-  (with float32 gradients also the true zeros, e.g. of unused embeddings);
-* ``subnormal_fraction_t = #{0 < |g| < 2**-14} / n_t``: entries below
-  float16's smallest normal, kept with fewer than 11 significant bits;
+* ``amax_t = max |g_t|``, ``headroom_bits_t = log2(65504 / amax_t)``: doublings of the scale before float16
+  overflows (``+inf`` for an all-zero tensor, negative once past the edge);
+* ``zero_fraction_t = #{g == 0} / n_t`` (flushed to zero, or true zeros);
+* ``subnormal_fraction_t = #{0 < |g| < 2**-14} / n_t`` (below float16's smallest normal);
 * ``rms_t = sqrt(sum g**2 / n_t)``, accumulated in float32.
 
-Overall: ``amax = max_t amax_t``, fractions over all entries (weighted by
-``n_t``), and ``rms_min = min_t rms_t`` over the tensors with ``rms_t > 0``
-(0 if none): the tensor closest to the underflow edge, which
-:class:`lossscale.AutoLossScale` reads.
+Overall: ``amax = max_t amax_t``, fractions weighted by ``n_t``, and ``rms_min = min_t rms_t`` over the tensors
+with ``rms_t > 0`` (0 if none), which :class:`lossscale.AutoLossScale` reads.
 
-Cost: one read pass over each gradient (four reductions of the same input,
-fused into one loop under XLA), and about 10 ops per tensor on 0-d arrays
-plus 15 on ``(T,)`` arrays for the summary. No host sync.
+Cost: one read pass over each gradient (four reductions, fused under XLA), about 10 ops per tensor on 0-d arrays
+plus 15 on ``(T,)`` arrays. No host sync.
 """
 
 from __future__ import annotations
