@@ -22,20 +22,7 @@ from ._rule import LossScaleState, initial_state, next_state
 __version__ = "0.2.0"
 
 __all__ = [
-    "AutoLossScale",
-    "DynamicLossScale",
-    "ExponentialUpdateLossScaleManager",
-    "FixedLossScale",
-    "FixedLossScaleManager",
-    "History",
-    "LossScale",
-    "LossScaleError",
-    "LossScaleState",
-    "RuleParams",
-    "get",
-    "initial_state",
-    "next_state",
-    "resolve_loss_scale",
-    "serialize",
-    "underflow_report",
+    "AutoLossScale", "DynamicLossScale", "ExponentialUpdateLossScaleManager", "FixedLossScale", "FixedLossScaleManager",
+    "History", "LossScale", "LossScaleError", "LossScaleState", "RuleParams", "get", "initial_state", "next_state",
+    "resolve_loss_scale", "serialize", "underflow_report"
 ]

@@ -106,13 +106,8 @@ class AutoLossScale(LossScale):
     def rule_params(self) -> RuleParams:
         """The TF rule used where no statistics are measured (see the class docstring)."""
         return RuleParams(
-            dynamic=True,
-            initial_scale=self.initial_loss_scale,
-            growth_interval=2000,
-            growth_factor=2.0,
-            backoff_divisor=2.0,
-            min_scale=self.min_loss_scale,
-            max_scale=self.ceiling,
+            True, self.initial_loss_scale, growth_interval=2000, growth_factor=2.0, backoff_divisor=2.0,
+            min_scale=self.min_loss_scale, max_scale=self.ceiling,
         )
 
     def get_config(self) -> dict[str, Any]:
@@ -262,22 +257,9 @@ def next_auto_state(
     calm = auto.calm_steps + 1
     relax = finite & (calm >= policy.relax_steps)
     new_m = xp.where(finite, xp.where(relax & (m - 1 >= policy.margin_bits), m - 1, m), overflow_m)
-    return (
-        LossScaleState(
-            loss_scale=new_scale,
-            good_steps=xp.where(finite & (new_scale == scale), count_up(good, xp), 0),
-            bad_steps=bad,
-            skipped_steps=skipped,
-            consecutive_skips=streak,
-        ),
-        AutoState(
-            margin=new_m,
-            window=window,
-            calm_steps=xp.where(finite & ~relax, calm, 0),
-            lo=lo,
-            hi=hi,
-        ),
-    )
+    good = xp.where(finite & (new_scale == scale), count_up(good, xp), 0)
+    calm = xp.where(finite & ~relax, calm, 0)
+    return LossScaleState(new_scale, good, bad, skipped, streak), AutoState(new_m, window, calm, lo, hi)
 
 
 def check_stats_every(stats_every: Any, policy: LossScale) -> int | None:

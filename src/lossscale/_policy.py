@@ -17,12 +17,8 @@ from typing import Any
 import numpy as np
 
 __all__ = [
-    "DynamicLossScale",
-    "ExponentialUpdateLossScaleManager",
-    "FixedLossScale",
-    "FixedLossScaleManager",
-    "LossScale",
-    "RuleParams",
+    "DynamicLossScale", "ExponentialUpdateLossScaleManager", "FixedLossScale", "FixedLossScaleManager", "LossScale",
+    "RuleParams"
 ]
 
 #: Counters are int32 (JAX's default integer) and saturate here instead of wrapping.
@@ -353,15 +349,10 @@ class DynamicLossScale(LossScale):
     def rule_params(self) -> RuleParams:
         backoff = self.backoff_factor
         return RuleParams(
-            dynamic=True,
-            initial_scale=self.initial_loss_scale,
-            growth_interval=self.increment_period,
-            growth_factor=self.multiplier,
+            True, self.initial_loss_scale, self.increment_period, self.multiplier,
             backoff_multiplier=1.0 if backoff is None else backoff,
             backoff_divisor=self.multiplier if backoff is None else 1.0,
-            hysteresis=self.hysteresis,
-            min_scale=self.min_loss_scale,
-            max_scale=self.max_loss_scale,
+            hysteresis=self.hysteresis, min_scale=self.min_loss_scale, max_scale=self.max_loss_scale,
         )
 
     def get_config(self) -> dict[str, Any]:
@@ -416,15 +407,8 @@ class ExponentialUpdateLossScaleManager(LossScale):
 
     def rule_params(self) -> RuleParams:
         return RuleParams(
-            dynamic=True,
-            initial_scale=self.init_loss_scale,
-            growth_interval=self.incr_every_n_steps,
-            growth_factor=self.incr_ratio,
-            backoff_multiplier=self.decr_ratio,
-            backoff_divisor=1.0,
-            hysteresis=self.decr_every_n_nan_or_inf,
-            min_scale=1.0,
-            max_scale=None,
+            True, self.init_loss_scale, self.incr_every_n_steps, self.incr_ratio,
+            backoff_multiplier=self.decr_ratio, hysteresis=self.decr_every_n_nan_or_inf,
         )
 
     def get_config(self) -> dict[str, Any]:

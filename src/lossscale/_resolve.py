@@ -10,13 +10,7 @@ from numbers import Real
 from typing import Any, cast
 
 from ._auto import AutoLossScale
-from ._policy import (
-    _PICKLED_BY_NAME,
-    DynamicLossScale,
-    FixedLossScale,
-    LossScale,
-    _fixed_value,
-)
+from ._policy import _PICKLED_BY_NAME, DynamicLossScale, FixedLossScale, LossScale, _fixed_value
 
 __all__ = ["built_in_names", "get", "resolve_loss_scale", "serialize", "stable_form"]
 

@@ -45,13 +45,8 @@ def initial_state(policy: LossScale | RuleParams, xp: Any, **array_kwargs: Any) 
     def counter() -> Any:
         return xp.asarray(0, dtype=xp.int32, **array_kwargs)
 
-    return LossScaleState(
-        loss_scale=xp.asarray(params.initial_scale, dtype=xp.float32, **array_kwargs),
-        good_steps=counter(),
-        bad_steps=counter(),
-        skipped_steps=counter(),
-        consecutive_skips=counter(),
-    )
+    scale = xp.asarray(params.initial_scale, dtype=xp.float32, **array_kwargs)
+    return LossScaleState(scale, counter(), counter(), counter(), counter())
 
 
 def next_state(policy: LossScale | RuleParams, state: LossScaleState, finite: Any, xp: Any) -> LossScaleState:

@@ -23,14 +23,8 @@ from ._rule import COUNTER_MAX, LossScaleState, next_state
 from ._stats import GradientStats, empty_stats
 
 __all__ = [
-    "SamplerState",
-    "check_stats_every",
-    "counted_sampler_state",
-    "initial_sampler_state",
-    "is_due",
-    "next_sampler_state",
-    "read_sampler_record",
-    "sampler_record",
+    "SamplerState", "check_stats_every", "counted_sampler_state", "initial_sampler_state", "is_due",
+    "next_sampler_state", "read_sampler_record", "sampler_record"
 ]
 
 

@@ -24,14 +24,8 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 __all__ = [
-    "FLOAT16_MAX",
-    "FLOAT16_TINY",
-    "GradientStats",
-    "as_mapping",
-    "empty_stats",
-    "gradient_stats",
-    "summarize",
-    "tensor_sums",
+    "FLOAT16_MAX", "FLOAT16_TINY", "GradientStats", "as_mapping", "empty_stats", "gradient_stats", "summarize",
+    "tensor_sums"
 ]
 
 #: The largest float16.
@@ -159,19 +153,6 @@ def as_mapping(stats: GradientStats, names: Sequence[str] | None = None) -> dict
     names = tuple(str(i) for i in range(count)) if names is None else tuple(names)
     if len(names) != count:
         raise ValueError(f"names must name each of the {count} tensors, got {len(names)} names.")
-    return {
-        "step": stats.step,
-        "amax": stats.amax,
-        "headroom_bits": stats.headroom_bits,
-        "zero_fraction": stats.zero_fraction,
-        "subnormal_fraction": stats.subnormal_fraction,
-        "rms_min": stats.rms_min,
-        "per_tensor": {
-            "names": names,
-            "amax": stats.tensor_amax,
-            "headroom_bits": stats.tensor_headroom_bits,
-            "zero_fraction": stats.tensor_zero_fraction,
-            "subnormal_fraction": stats.tensor_subnormal_fraction,
-            "rms": stats.tensor_rms,
-        },
-    }
+    overall = {k: getattr(stats, k) for k in GradientStats._fields if not k.startswith("tensor_")}
+    per_tensor = {k.removeprefix("tensor_"): getattr(stats, k) for k in GradientStats._fields if k.startswith("tensor_")}
+    return {**overall, "per_tensor": {"names": names, **per_tensor}}
