@@ -86,7 +86,8 @@ class AutoLossScale(LossScale):
         initial, min_scale, max_scale = scale_bounds(self.initial_loss_scale, self.min_loss_scale, self.max_loss_scale)
         if initial > 2.0**_MAX_EXPONENT:  # the auto rule's exponent arithmetic stops at 2**126
             raise ValueError(f"initial_loss_scale={initial!r} is above 2**{_MAX_EXPONENT}; pick a smaller initial scale.")
-        counts = {f.name: count(f.name, getattr(self, f.name)) for f in fields(self) if f.name.endswith(("bits", "window", "steps"))}
+        counted = [f.name for f in fields(self) if f.name.endswith(("bits", "window", "steps"))]
+        counts = {name: count(name, getattr(self, name)) for name in counted}
         if counts["max_margin_bits"] < counts["margin_bits"]:
             raise ValueError(
                 f"max_margin_bits={counts['max_margin_bits']} is below margin_bits={counts['margin_bits']}; "
@@ -175,15 +176,8 @@ def _floor_log2(scale: Any, xp: Any) -> Any:
 
 
 def next_auto_state(
-    policy: AutoLossScale,
-    state: LossScaleState,
-    auto: AutoState,
-    finite: Any,
-    stats: GradientStats | None,
-    sampled: Any,
-    xp: Any,
-    *,
-    micro_batches: Any = 1,
+    policy: AutoLossScale, state: LossScaleState, auto: AutoState, finite: Any, stats: GradientStats | None,
+    sampled: Any, xp: Any, *, micro_batches: Any = 1,
 ) -> tuple[LossScaleState, AutoState]:
     """``(state, auto)`` after one step (the rule is in :class:`AutoLossScale`'s docstring).
 
@@ -197,7 +191,8 @@ def next_auto_state(
             the smallest a micro-batch's RMS can be, so the scale suits one
             float16 backward; ``amax`` is read as measured.
 
-    The skip counters move as in :func:`lossscale.next_state`; ``bad_steps`` stays 0. Cost: about 60 scalar ops plus three on the ``(window,)`` array; no host sync.
+    The skip counters move as in :func:`lossscale.next_state`; ``bad_steps`` stays 0. Cost: about 60 scalar
+    ops plus three on the ``(window,)`` array; no host sync.
     """
     finite = _finite_flag(finite, state.loss_scale, xp)
     if stats is None:

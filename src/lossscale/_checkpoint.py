@@ -153,13 +153,8 @@ def refuse_extra(saved: Mapping[str, Any], known: Iterable[str], where: str, pre
 
 
 def read_record(
-    record: Mapping[str, Any],
-    policy: Any = None,
-    clamp: bool = False,
-    *,
-    where: str = "state",
-    required: tuple[str, ...] = FIELDS,
-    extra: str = "ignore",
+    record: Mapping[str, Any], policy: Any = None, clamp: bool = False, *, where: str = "state",
+    required: tuple[str, ...] = FIELDS, extra: str = "ignore",
 ) -> tuple[LossScale | None, dict[str, Any]]:
     """``(policy, values)``: the policy checked, and the fields of :data:`FIELDS` in ``record`` as numpy scalars.
 

@@ -91,10 +91,7 @@ class History:
         step_arr = _column("steps", steps, np.int64)
         scale_arr = _column("loss_scales", loss_scales, np.float64)
         skip_arr = _column("skipped", skipped, bool)
-        if losses is None:
-            loss_arr = np.full(step_arr.shape, np.nan)
-        else:
-            loss_arr = _column("losses", losses, np.float64)
+        loss_arr = np.full(step_arr.shape, np.nan) if losses is None else _column("losses", losses, np.float64)
         stat_arrs = _stat_columns(stats, step_arr.shape)
         lengths = {len(step_arr), len(scale_arr), len(skip_arr), len(loss_arr), *map(len, stat_arrs)}
         if len(lengths) != 1:
@@ -194,7 +191,7 @@ class History:
 
     def to_csv(self, path: str | os.PathLike[str]) -> None:
         """Writes ``step,loss_scale,skipped,loss`` rows (skipped as 0/1, a missing value empty), then the
-        :data:`STATS_COLUMNS` if any step has statistics; ``repr`` precision, so :meth:`from_csv` reads back the same."""
+        :data:`STATS_COLUMNS` if any step has statistics, in ``repr`` precision (:meth:`from_csv` reads it back)."""
         steps, scales, skipped, losses, *stats = self._arrays()
         extra = self.has_stats
         with open(path, "w", newline="") as handle:
@@ -246,6 +243,4 @@ def _stat_columns(stats: Any, shape: tuple[int, ...]) -> list[np.ndarray]:
     unknown = set(stats) - set(STATS_COLUMNS)
     if unknown:
         raise ValueError(f"stats has unknown columns {sorted(unknown)}; the columns are {', '.join(STATS_COLUMNS)}.")
-    return [
-        _column(name, stats[name], np.float64) if name in stats else np.full(shape, np.nan) for name in STATS_COLUMNS
-    ]
+    return [_column(k, stats[k], np.float64) if k in stats else np.full(shape, np.nan) for k in STATS_COLUMNS]

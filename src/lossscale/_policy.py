@@ -241,7 +241,8 @@ def _set(policy: LossScale, **fields: Any) -> None:
 
 def _extensions(policy: Any) -> dict[str, Any]:
     """The keyword-only fields that differ from their defaults: a TF-style policy has exactly TF's config."""
-    return {f.name: getattr(policy, f.name) for f in fields(policy) if f.kw_only and getattr(policy, f.name) != f.default}
+    values = {f.name: (getattr(policy, f.name), f.default) for f in fields(policy) if f.kw_only}
+    return {name: value for name, (value, default) in values.items() if value != default}
 
 
 def _fixed_value(name: str, value: Any, cls: str = "FixedLossScale") -> float:
@@ -417,6 +418,5 @@ class ExponentialUpdateLossScaleManager(LossScale):
 
 #: The classes lossscale 0.1 pickled by name (read by :func:`_from_config`); the registry is in :mod:`._resolve`.
 _PICKLED_BY_NAME: dict[str, type[LossScale]] = {
-    cls.__name__: cls
-    for cls in (FixedLossScale, DynamicLossScale, FixedLossScaleManager, ExponentialUpdateLossScaleManager)
+    c.__name__: c for c in (FixedLossScale, DynamicLossScale, FixedLossScaleManager, ExponentialUpdateLossScaleManager)
 }

@@ -13,14 +13,8 @@ __all__ = ["UnderflowReport", "underflow_report"]
 
 @dataclass(frozen=True)
 class UnderflowReport:
-    """The tensors of one sample, worst first.
-
-    Attributes:
-        step: the step the sample was taken at.
-        zero_fraction, subnormal_fraction, headroom_bits: the overall values.
-        rows: ``(name, zero_fraction, subnormal_fraction, headroom_bits)``
-            per tensor, sorted by zero share, then subnormal share, largest first.
-    """
+    """The tensors of one sample, worst first: the sample's ``step``, its overall values, and ``rows`` of
+    ``(name, zero_fraction, subnormal_fraction, headroom_bits)`` sorted by zero share, then subnormal share."""
 
     step: int
     zero_fraction: float

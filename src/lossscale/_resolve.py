@@ -18,13 +18,8 @@ _EXTRAS = ("min_loss_scale", "max_loss_scale", "hysteresis")
 
 
 def resolve_loss_scale(
-    loss_scale: Any = None,
-    *,
-    dynamic: bool | None = None,
-    initial_scale: float | None = None,
-    dynamic_growth_steps: int | None = None,
-    min_loss_scale: float | None = None,
-    max_loss_scale: float | None = None,
+    loss_scale: Any = None, *, dynamic: bool | None = None, initial_scale: float | None = None,
+    dynamic_growth_steps: int | None = None, min_loss_scale: float | None = None, max_loss_scale: float | None = None,
     hysteresis: int | None = None,
 ) -> LossScale:
     """The policy that TF's experimental ``LossScaleOptimizer(opt, loss_scale)`` or stable

@@ -67,15 +67,8 @@ def _kept(sampled: Any, new: GradientStats | None, old: GradientStats, xp: Any) 
 
 
 def next_sampler_state(
-    policy: LossScale,
-    scale_state: LossScaleState,
-    sampler: SamplerState,
-    finite: Any,
-    sample: GradientStats | None,
-    sampled: Any,
-    xp: Any,
-    *,
-    micro_batches: Any = 1,
+    policy: LossScale, scale_state: LossScaleState, sampler: SamplerState, finite: Any, sample: GradientStats | None,
+    sampled: Any, xp: Any, *, micro_batches: Any = 1,
 ) -> tuple[LossScaleState, SamplerState]:
     """The scale state and sampler state after one step: the new sample kept where ``sampled`` (:func:`is_due`),
     the scale moved by :func:`~lossscale._auto.next_auto_state` for an :class:`~lossscale.AutoLossScale` (which

@@ -89,18 +89,10 @@ def summarize(
     overall = xp.max(amax)
     positive_rms = xp.where(rms > 0, rms, math.inf)  # a Python scalar: no array made on the host (a copy to a GPU)
     rms_min = xp.min(positive_rms)
-    return GradientStats(
-        step=xp.asarray(step, dtype=xp.int32),
-        amax=overall,
-        headroom_bits=_headroom(overall, xp),
-        zero_fraction=xp.sum(zeros) / total,
-        subnormal_fraction=xp.sum(subnormal) / total,
-        rms_min=xp.where(rms_min < math.inf, rms_min, 0.0),
-        tensor_amax=amax,
-        tensor_headroom_bits=_headroom(amax, xp),
-        tensor_zero_fraction=zeros / safe,
-        tensor_subnormal_fraction=subnormal / safe,
-        tensor_rms=rms,
+    return GradientStats(  # the overall values, then the per-tensor ones
+        xp.asarray(step, dtype=xp.int32), overall, _headroom(overall, xp), xp.sum(zeros) / total,
+        xp.sum(subnormal) / total, xp.where(rms_min < math.inf, rms_min, 0.0),
+        amax, _headroom(amax, xp), zeros / safe, subnormal / safe, rms,
     )
 
 
@@ -153,6 +145,6 @@ def as_mapping(stats: GradientStats, names: Sequence[str] | None = None) -> dict
     names = tuple(str(i) for i in range(count)) if names is None else tuple(names)
     if len(names) != count:
         raise ValueError(f"names must name each of the {count} tensors, got {len(names)} names.")
-    overall = {k: getattr(stats, k) for k in GradientStats._fields if not k.startswith("tensor_")}
-    per_tensor = {k.removeprefix("tensor_"): getattr(stats, k) for k in GradientStats._fields if k.startswith("tensor_")}
+    overall = {k: v for k, v in stats._asdict().items() if not k.startswith("tensor_")}
+    per_tensor = {k.removeprefix("tensor_"): v for k, v in stats._asdict().items() if k.startswith("tensor_")}
     return {**overall, "per_tensor": {"names": names, **per_tensor}}

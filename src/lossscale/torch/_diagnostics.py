@@ -76,7 +76,8 @@ class SkipGuard:
             "  * a model pretrained in bfloat16 and run in float16, whose activations overflow 65504: "
             "run it in bfloat16 with FixedLossScale(1), or keep the overflowing layers in float32;\n"
             "  * stale gradients: zero_grad() not called between steps, or gradients accumulated over skipped steps.\n",
-            "overflow_report=True (with named_parameters=model.named_parameters()) to see which gradients overflow, or ",
+            "overflow_report=True (with named_parameters=model.named_parameters()) to see which gradients "
+            "overflow, or ",
         )
 
 
