@@ -116,9 +116,8 @@ def read_policy(saved: Any, custom_objects: Mapping[str, type] | None, current: 
     from ``custom_objects``, the built-ins, or the class of ``current``, the policy in use)."""
     if isinstance(saved, LossScale):
         return saved
-    custom = {} if current is None or type(current).__module__ == LossScale.__module__ else {
-        type(current).__name__: type(current)
-    }
+    own = current is not None and type(current).__module__ != LossScale.__module__
+    custom = {type(current).__name__: type(current)} if own else {}
     if custom_objects is not None:
         if not isinstance(custom_objects, Mapping):
             raise TypeError(
@@ -131,9 +130,8 @@ def read_policy(saved: Any, custom_objects: Mapping[str, type] | None, current: 
         name = saved.get("class_name") if isinstance(saved, Mapping) else None
         if isinstance(name, str) and name not in custom and name not in _BUILTINS:
             raise ValueError(
-                f"This checkpoint's loss scale policy is unreadable: its class {name!r} is not a built-in policy. "
-                f"Pass the class: "
-                f"load_state_dict(state_dict, custom_objects={{{name!r}: {name}}}). No class is imported by name."
+                f"This checkpoint's loss scale policy is unreadable: its class {name!r} is not a built-in policy. Pass "
+                f"the class: load_state_dict(state_dict, custom_objects={{{name!r}: {name}}}). No class is imported by name."
             ) from error
         raise ValueError(f"This checkpoint's loss scale policy is unreadable: {error}") from error
     if policy is None:

@@ -23,13 +23,11 @@ class UnderflowReport:
     rows: tuple[tuple[str, float, float, float], ...]
 
     def __str__(self) -> str:
-        lines = [
-            (
-                f"gradient statistics at step {self.step}: {100 * self.zero_fraction:.2f}% exactly zero, "
-                f"{100 * self.subnormal_fraction:.2f}% below float16's smallest normal (2**-14), "
-                f"headroom {self.headroom_bits:.1f} bits below float16's max"
-            ),
-        ]
+        lines = [(
+            f"gradient statistics at step {self.step}: {100 * self.zero_fraction:.2f}% exactly zero, "
+            f"{100 * self.subnormal_fraction:.2f}% below float16's smallest normal (2**-14), "
+            f"headroom {self.headroom_bits:.1f} bits below float16's max"
+        )]
         for name, zeros, subnormal, headroom in self.rows:
             lines.append(f"  {name}: {100 * zeros:.2f}% zero, {100 * subnormal:.2f}% subnormal, headroom {headroom:.1f} bits")
         if self.zero_fraction > 0.01:

@@ -129,9 +129,7 @@ def _is_number(value: Any) -> bool:
 def _class_for(identifier: Mapping[str, Any], custom_objects: Mapping[str, Any] | None) -> type[LossScale]:
     class_name = identifier.get("class_name")
     custom = dict(custom_objects or {})
-    cls = None
-    if isinstance(class_name, str):
-        cls = custom.get(class_name, _BUILTINS.get(class_name))
+    cls = custom.get(class_name, _BUILTINS.get(class_name)) if isinstance(class_name, str) else None
     if cls is None or set(identifier) - {"class_name", "config"}:
         known = ", ".join(sorted(set(_BUILTINS) | set(custom)))
         raise ValueError(
@@ -170,10 +168,8 @@ def get(identifier: Any, custom_objects: Mapping[str, Any] | None = None) -> Los
     if _is_number(identifier):
         return FixedLossScale(_fixed_value("loss_scale", identifier))  # passed as loss_scale=: errors name it
     if isinstance(identifier, str):
-        if identifier == "dynamic":
-            return DynamicLossScale()
-        if identifier == "auto":
-            return AutoLossScale()
+        if identifier in ("dynamic", "auto"):
+            return DynamicLossScale() if identifier == "dynamic" else AutoLossScale()
         raise ValueError(
             f'Invalid loss scale string {identifier!r}: the only string accepted is "dynamic" '
             '(and "auto", the experimental AutoLossScale).'
