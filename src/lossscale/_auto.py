@@ -25,13 +25,10 @@ _MAX_EXPONENT = 126.0
 class AutoLossScale(LossScale):
     """EXPERIMENTAL. A loss scale set in one jump from sampled gradient statistics.
 
-    A binding that measures gradients (``stats_every=N``; 16 when not given)
-    feeds each sample to :func:`next_auto_state`. All quantities are in bits
-    (log2); ``S = 2**e`` is the scale, ``m`` the current margin
-    (``margin_bits`` at the start), ``F = log2(65504)``, ``top`` and ``low``
-    the largest and the smallest ``log2(amax / S)`` (unscaled) in the window
-    of recent samples, and ``hi(m) = floor(F - max(m + low, margin_bits + top))``.
-    After each step::
+    A binding that measures gradients (``stats_every=N``; 16 when not given) feeds each sample to
+    :func:`next_auto_state`. In bits (log2): ``S = 2**e`` is the scale, ``m`` the current margin (``margin_bits``
+    at the start), ``F = log2(65504)``, ``top`` and ``low`` the largest and the smallest ``log2(amax / S)``
+    (unscaled) in the window of recent samples, ``hi(m) = floor(F - max(m + low, margin_bits + top))``. Per step::
 
         if not finite and no sample measured yet:   # the start was a guess
             e = e - start_backoff_bits              # any start up to 2**32 in at most 2 skips

@@ -154,12 +154,10 @@ def read_record(
     record: Mapping[str, Any], policy: Any = None, clamp: bool = False, *, where: str = "state",
     required: tuple[str, ...] = FIELDS, extra: str = "ignore",
 ) -> tuple[LossScale | None, dict[str, Any]]:
-    """``(policy, values)``: the policy checked, and the fields of :data:`FIELDS` in ``record`` as numpy scalars.
+    """``(policy, values)``: the policy checked, and the fields of :data:`FIELDS` in ``record`` as np.float32/int32.
 
-    ``record`` maps field names to Python/numpy numbers or one-element arrays; ``policy`` is a policy, its
-    ``serialize`` dict or None (no bounds); ``clamp`` as in :func:`check_scale`; ``where`` names ``record`` in
-    errors; ``extra`` ``"ignore"``s other keys or ``"refuse"``s them. The scale comes as ``np.float32``, the
-    counters as ``np.int32``.
+    ``record`` maps names to numbers or one-element arrays; ``policy``: a policy, its ``serialize`` dict or None
+    (no bounds); ``where`` names ``record`` in errors; ``extra``: ``"ignore"`` or ``"refuse"`` other keys.
     """
     if not isinstance(record, Mapping):
         raise TypeError(f"{where} must be a dict of the loss scale's fields, got {_describe(record)}; {_fix(where, 'one')}")

@@ -81,12 +81,10 @@ class History:
             loss_scales: the scale each step's loss was multiplied by.
             skipped: whether each step was skipped (its gradients held NaN/Inf).
             losses: optional unscaled losses.
-            stats: optional mapping from some of :data:`STATS_COLUMNS` (``headroom_bits``,
-                ``zero_fraction``, ``subnormal_fraction``) to values, NaN where not sampled.
+            stats: optional mapping from some of :data:`STATS_COLUMNS` to values, NaN where not sampled.
 
-        Raises:
-            ValueError: lengths that differ, steps that do not increase, skip flags that are not booleans.
-            TypeError: values that are not numbers.
+        Raises ValueError on lengths that differ, steps that do not increase or skip flags that are not booleans,
+        TypeError on values that are not numbers.
         """
         step_arr = _column("steps", steps, np.int64)
         scale_arr = _column("loss_scales", loss_scales, np.float64)
@@ -216,13 +214,8 @@ class History:
             stats = None
             if len(rows[0]) > len(_COLUMNS):
                 stats = {name: [_number(r[4 + i]) for r in body] for i, name in enumerate(STATS_COLUMNS)}
-            history.extend(
-                [int(r[0]) for r in body],
-                [float(r[1]) for r in body],
-                [bool(int(r[2])) for r in body],
-                [_number(r[3]) for r in body],
-                stats,
-            )
+            steps, scales = [int(r[0]) for r in body], [float(r[1]) for r in body]
+            history.extend(steps, scales, [bool(int(r[2])) for r in body], [_number(r[3]) for r in body], stats)
         return history
 
 

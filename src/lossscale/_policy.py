@@ -181,13 +181,10 @@ class RuleParams:
 
 
 class LossScale(abc.ABC):
-    """Base class of every loss-scale policy: an immutable value.
+    """Base class of every loss-scale policy: an immutable value (equal configs, equal policies).
 
-    The built-in policies are frozen dataclasses whose fields are TF's config
-    keys, validated and normalised when built, so equal configs are equal
-    policies. Subclasses define :attr:`dynamic`, :meth:`get_config` and
-    :meth:`rule_params`. A policy pickles as its class and config, validated
-    again when unpickled.
+    Subclasses define :attr:`dynamic`, :meth:`get_config` and :meth:`rule_params`. A policy pickles as its class
+    and config, validated again when unpickled.
     """
 
     __slots__ = ()

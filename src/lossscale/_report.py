@@ -70,12 +70,11 @@ def underflow_report(stats: Any, top: int = 10, names: Sequence[str] | None = No
     """The ``top`` tensors that lose the most to underflow in ``stats`` (an optimizer's ``gradient_stats``).
 
     Args:
-        stats: any binding's ``gradient_stats`` mapping, or the optimizer (or
-            ``GradScaler``) itself: then an error before the first sample says when it comes.
+        stats: any binding's ``gradient_stats`` mapping, or the optimizer (or ``GradScaler``) itself: then an
+            error before the first sample says when it comes.
         top: how many tensors to list.
-        names: tensor names in the order of the sampled gradients, overriding
-            ``stats["per_tensor"]["names"]`` (e.g. ``lossscale.jax.tensor_names(params)``;
-            on torch the parameters that had a gradient, in ``param_groups`` order).
+        names: tensor names in the order of the sampled gradients, overriding ``stats["per_tensor"]["names"]`` (e.g.
+            ``lossscale.jax.tensor_names(params)``; on torch the parameters with a gradient, in ``param_groups`` order).
 
     Cost: one transfer of the sample to the host (a host sync).
 

@@ -1,9 +1,6 @@
-"""The one scale-update rule, written once over an array namespace ``xp`` (numpy, torch, jax.numpy, keras.ops).
-
-Arithmetic with Python scalars, comparisons and ``xp.where`` only (no Python ``if`` on an array, no bool added
-to an int): no host sync, traceable under ``jax.jit`` and ``torch.compile``; branches on
-:class:`~lossscale._policy.RuleParams` are on static numbers. :func:`advance_in_place` runs it on the host on
-numpy scalars (the same float32/int32 arithmetic, about 5x less overhead).
+"""The one scale-update rule over an array namespace ``xp`` (numpy, torch, jax.numpy, keras.ops): arithmetic,
+comparisons and ``xp.where`` only, so no host sync and traceable under ``jax.jit`` and ``torch.compile``.
+:func:`advance_in_place` runs it on numpy scalars on the host (the same arithmetic, about 5x less overhead).
 """
 
 from __future__ import annotations
