@@ -1,9 +1,7 @@
 """lossscale: loss scaling for mixed-precision training, TF's design for every framework.
 
-The package root is framework-free: it imports numpy and nothing else.
-Framework bindings live in :mod:`lossscale.torch`, :mod:`lossscale.jax` and
-:mod:`lossscale.keras` and import their framework when *they* are imported;
-:mod:`lossscale.demo` imports its frameworks only when it runs.
+The package root imports numpy and nothing else; :mod:`lossscale.torch`, :mod:`lossscale.jax` and
+:mod:`lossscale.keras` import their framework when *they* are imported.
 """
 
 from ._auto import AutoLossScale
@@ -24,20 +22,7 @@ from ._rule import LossScaleState, initial_state, next_state
 __version__ = "0.2.0"
 
 __all__ = [
-    "AutoLossScale",
-    "DynamicLossScale",
-    "ExponentialUpdateLossScaleManager",
-    "FixedLossScale",
-    "FixedLossScaleManager",
-    "History",
-    "LossScale",
-    "LossScaleError",
-    "LossScaleState",
-    "RuleParams",
-    "get",
-    "initial_state",
-    "next_state",
-    "resolve_loss_scale",
-    "serialize",
-    "underflow_report",
+    "AutoLossScale", "DynamicLossScale", "ExponentialUpdateLossScaleManager", "FixedLossScale", "FixedLossScaleManager",
+    "History", "LossScale", "LossScaleError", "LossScaleState", "RuleParams", "get", "initial_state", "next_state",
+    "resolve_loss_scale", "serialize", "underflow_report"
 ]

@@ -1,10 +1,5 @@
-"""``AutoLossScale``: a scale set from measured gradient statistics, with the TF rule's safety.
-
-EXPERIMENTAL: the experiment in ``docs/gradient_stats.md`` (re-run for issue 28
-on this rule) did not make it the default. The policy and its rule are written once here; the update
-:func:`next_auto_state` runs over an array namespace ``xp`` (numpy, torch,
-jax.numpy) with arithmetic, comparisons and ``xp.where`` only, like
-:func:`lossscale.next_state`: no host sync, jittable.
+"""``AutoLossScale`` (EXPERIMENTAL): a scale set from measured gradient statistics, and its rule
+:func:`next_auto_state`, over an array namespace ``xp`` like :func:`lossscale.next_state` (no host sync, jittable).
 """
 
 from __future__ import annotations
@@ -14,8 +9,7 @@ from dataclasses import KW_ONLY, dataclass, fields
 from numbers import Integral
 from typing import Any, NamedTuple
 
-from . import _policy as _n
-from ._policy import LossScale, RuleParams, _set
+from ._policy import COUNTER_MAX, LossScale, RuleParams, _extensions, _set, count, scale_bounds
 from ._rule import LossScaleState, _finite_flag, count_up, next_skip_counters
 from ._stats import LOG2_FLOAT16_MAX, GradientStats
 
@@ -31,13 +25,10 @@ _MAX_EXPONENT = 126.0
 class AutoLossScale(LossScale):
     """EXPERIMENTAL. A loss scale set in one jump from sampled gradient statistics.
 
-    A binding that measures gradients (``stats_every=N``; 16 when not given)
-    feeds each sample to :func:`next_auto_state`. All quantities are in bits
-    (log2); ``S = 2**e`` is the scale, ``m`` the current margin
-    (``margin_bits`` at the start), ``F = log2(65504)``, ``top`` and ``low``
-    the largest and the smallest ``log2(amax / S)`` (unscaled) in the window
-    of recent samples, and ``hi(m) = floor(F - max(m + low, margin_bits + top))``.
-    After each step::
+    A binding that measures gradients (``stats_every=N``; 16 when not given) feeds each sample to
+    :func:`next_auto_state`. In bits (log2): ``S = 2**e`` is the scale, ``m`` the current margin (``margin_bits``
+    at the start), ``F = log2(65504)``, ``top`` and ``low`` the largest and the smallest ``log2(amax / S)``
+    (unscaled) in the window of recent samples, ``hi(m) = floor(F - max(m + low, margin_bits + top))``. Per step::
 
         if not finite and no sample measured yet:   # the start was a guess
             e = e - start_backoff_bits              # any start up to 2**32 in at most 2 skips
@@ -55,50 +46,26 @@ class AutoLossScale(LossScale):
         S = clamp(2**e, min, max)
         every relax_steps finite steps in a row:  m = max(m - 1, margin_bits)
 
-    The band ``[lo, hi]`` is the hysteresis: inside it the scale stays, so
-    the noise of the statistics does not move it; at the overflow side the
-    scale rises only to ``hi - 1`` and drops only below ``hi``, so a one-bit
-    wobble of ``hi`` moves nothing. A scale above "enough" changes no bit of
-    the unscaled gradient (powers of two only move exponents) and only spends
-    headroom against the next spike, so the rule does not climb to the edge as
-    the TF rule does.
-
-    Parameter gradients do not bound the spikes of the next batch or the
-    activation gradients inside the backward: an overflow can still happen. It
-    is skipped, and it measures the spike: the margin becomes at least the
-    spike's height over the window's typical gradient (one bit more than the
-    least height that overflows at ``e``), at least doubles, and relaxes by one bit per
-    ``relax_steps`` calm steps (2000: no faster than the TF rule grows), so
-    the next samples do not climb back and the same spike passes. The margin
-    is counted over the window's lowest sample and ``margin_bits`` over its
-    highest, so a sampled spike that did not overflow is not counted twice. ``hi`` wins
-    over ``lo``: where the gradients' spread leaves no scale both "enough"
-    and a remembered spike under overflow, the rule keeps the spike's room.
-
-    Without statistics (a binding that has none yet) it runs the TF rule from
-    :meth:`rule_params`: ``initial_loss_scale``, doubling after 2000 finite
-    steps, halving on overflow, within ``[min, max]``.
+    The band ``[lo, hi]`` is the hysteresis; ``hi`` wins over ``lo``. Without statistics it runs the TF rule of
+    :meth:`rule_params` (x2 after 2000 finite steps, /2 on overflow). docs/gradient_stats.md explains the rule.
 
     Args:
         initial_loss_scale: the scale at step 0 (2**15).
-        min_loss_scale, max_loss_scale: the floor (1) and the ceiling (None:
-            2**126, float32's largest power of two with a finite reciprocal).
+        min_loss_scale, max_loss_scale: the floor (1) and the ceiling (None: 2**126).
         margin_bits: ``m`` at the start and its floor (4).
         max_margin_bits: ``m``'s ceiling (16).
         window: samples of ``amax`` remembered for ``hi`` (16).
-        underflow_bits: ``b``, bits between the smallest tensor RMS and
-            float16's smallest normal (8).
+        underflow_bits: ``b``, bits between the smallest tensor RMS and float16's smallest normal (8).
         relax_steps: finite steps in a row after which ``m`` shrinks by one (2000).
         search_bits: the jump when every sampled gradient is zero (12).
-        max_jump_bits: the largest rise in one sample (16). Lowering is not capped.
-        start_backoff_bits: the backoff on an overflow before the first
-            measured sample (16: a start up to 2**32 above an edge at 2**0
-            costs at most 2 skips).
+        max_jump_bits: the largest rise in one sample (16); lowering is not capped.
+        start_backoff_bits: the backoff on an overflow before the first measured sample (16).
 
     >>> AutoLossScale(margin_bits=6).get_config()
     {'initial_loss_scale': 32768.0, 'margin_bits': 6}
     """
 
+    dynamic = True
     initial_loss_scale: float = 2.0**15
     _: KW_ONLY
     min_loss_scale: float = 1.0
@@ -113,10 +80,11 @@ class AutoLossScale(LossScale):
     start_backoff_bits: int = 16
 
     def __post_init__(self) -> None:
-        initial, min_scale, max_scale = _n.scale_bounds(self.initial_loss_scale, self.min_loss_scale, self.max_loss_scale)
+        initial, min_scale, max_scale = scale_bounds(self.initial_loss_scale, self.min_loss_scale, self.max_loss_scale)
         if initial > 2.0**_MAX_EXPONENT:  # the auto rule's exponent arithmetic stops at 2**126
             raise ValueError(f"initial_loss_scale={initial!r} is above 2**{_MAX_EXPONENT}; pick a smaller initial scale.")
-        counts = {f.name: _n.count(f.name, getattr(self, f.name)) for f in fields(self) if f.name.endswith(("bits", "window", "steps"))}
+        counted = [f.name for f in fields(self) if f.name.endswith(("bits", "window", "steps"))]
+        counts = {name: count(name, getattr(self, name)) for name in counted}
         if counts["max_margin_bits"] < counts["margin_bits"]:
             raise ValueError(
                 f"max_margin_bits={counts['max_margin_bits']} is below margin_bits={counts['margin_bits']}; "
@@ -129,10 +97,6 @@ class AutoLossScale(LossScale):
         _set(self, initial_loss_scale=initial, min_loss_scale=min_scale, max_loss_scale=max_scale, **counts)
 
     @property
-    def dynamic(self) -> bool:
-        return True
-
-    @property
     def ceiling(self) -> float:
         """``max_loss_scale``, or 2**126 when it is None."""
         return 2.0**_MAX_EXPONENT if self.max_loss_scale is None else self.max_loss_scale
@@ -140,40 +104,23 @@ class AutoLossScale(LossScale):
     def rule_params(self) -> RuleParams:
         """The TF rule used where no statistics are measured (see the class docstring)."""
         return RuleParams(
-            dynamic=True,
-            initial_scale=self.initial_loss_scale,
-            growth_interval=2000,
-            growth_factor=2.0,
-            backoff_divisor=2.0,
-            min_scale=self.min_loss_scale,
-            max_scale=self.ceiling,
+            True, self.initial_loss_scale, growth_interval=2000, growth_factor=2.0, backoff_divisor=2.0,
+            min_scale=self.min_loss_scale, max_scale=self.ceiling,
         )
 
     def get_config(self) -> dict[str, Any]:
-        config: dict[str, Any] = {"initial_loss_scale": self.initial_loss_scale}
-        for f in fields(self):
-            if f.kw_only and getattr(self, f.name) != f.default:
-                config[f.name] = getattr(self, f.name)
-        return config
+        return {"initial_loss_scale": self.initial_loss_scale, **_extensions(self)}
 
 
 class AutoState(NamedTuple):
     """The state :class:`AutoLossScale` keeps beside the :class:`~lossscale.LossScaleState`.
 
     Attributes:
-        margin: float32, the current margin ``m`` in bits: ``margin_bits``, or
-            the height of the last spike that overflowed, relaxing.
-        window: float32 ``(window,)``, recent ``log2(amax / S)`` (unscaled),
-            ``-inf`` where empty. Kept across an overflow (the spike's height
-            is measured over its lowest sample).
-        calm_steps: int32, finite steps since the margin last changed or the
-            last overflow.
-        lo, hi: float32, the last sample's bounds on ``log2 S`` (NaN before
-            one: an overflow then backs off by ``start_backoff_bits``):
-            ``hi < lo`` means the gradients span more than float16's range at
-            any single scale, or the remembered spike leaves no room for "enough".
-
-    A 0.2.0 checkpoint loads as it is: the fields, dtypes and shapes are unchanged.
+        margin: float32, the current margin ``m`` in bits.
+        window: float32 ``(window,)``, recent ``log2(amax / S)`` (unscaled), ``-inf`` where empty.
+        calm_steps: int32, finite steps since the margin last changed or the last overflow.
+        lo, hi: float32, the last sample's bounds on ``log2 S`` (NaN before one; ``hi < lo``: no scale is
+            both "enough" and under the remembered spike).
     """
 
     margin: Any
@@ -212,65 +159,37 @@ def _window_range(window: Any, xp: Any) -> tuple[Any, Any]:
 
 def _overflow_bound(policy: AutoLossScale, m: Any, top: Any, low: Any, xp: Any) -> Any:
     """``hi = floor(F - max(m + low, margin_bits + top))``: the remembered spike ``m`` bits over the window's
-    typical (lowest) gradient, and every sampled gradient at least ``margin_bits`` under overflow.
-
-    With ``m = margin_bits`` this is ``floor(F - m - top)``. A spike that did not overflow and was sampled
-    raises ``top`` only, so it is not counted twice (once in ``m``, once in the window).
-    """
+    typical (lowest) gradient, and every sampled gradient at least ``margin_bits`` under overflow."""
     need = xp.where(m + low > policy.margin_bits + top, m + low, policy.margin_bits + top)
     return xp.floor(LOG2_FLOAT16_MAX - need)
 
 
 def _floor_log2(scale: Any, xp: Any) -> Any:
-    """``floor(log2(scale))`` exactly, for a positive float32 ``scale``.
-
-    XLA's CPU ``log2`` is a few ulps off at some powers of two (``log2(2**13)``
-    is just below 13), so ``floor(log2(S))`` alone can be one too small; the
-    exact ``2**e`` (``ldexp``) corrects it by one either way.
-    """
+    """``floor(log2(scale))`` exactly, for a positive float32 ``scale``: XLA's CPU ``log2`` is a few ulps off at
+    some powers of two, so the exact ``2**e`` (``ldexp``) corrects it by one either way."""
     e = xp.floor(xp.log2(scale))
     e = xp.where(_pow2(e + 1.0, xp) <= scale, e + 1.0, e)
     return xp.where(_pow2(e, xp) > scale, e - 1.0, e)
 
 
 def next_auto_state(
-    policy: AutoLossScale,
-    state: LossScaleState,
-    auto: AutoState,
-    finite: Any,
-    stats: GradientStats | None,
-    sampled: Any,
-    xp: Any,
-    *,
-    micro_batches: Any = 1,
+    policy: AutoLossScale, state: LossScaleState, auto: AutoState, finite: Any, stats: GradientStats | None,
+    sampled: Any, xp: Any, *, micro_batches: Any = 1,
 ) -> tuple[LossScaleState, AutoState]:
-    """The states after one step (the rule is in :class:`AutoLossScale`'s docstring).
+    """``(state, auto)`` after one step (the rule is in :class:`AutoLossScale`'s docstring).
 
     Args:
-        policy: the :class:`AutoLossScale`.
-        state: the :class:`~lossscale.LossScaleState` (its ``loss_scale`` is
-            the scale this step's gradients were computed at).
-        auto: the :class:`AutoState`.
+        state: the :class:`~lossscale.LossScaleState` this step's gradients were computed at.
         finite: as in :func:`lossscale.next_state`.
-        stats: this step's :class:`~lossscale._stats.GradientStats` (of the
-            scaled gradients), or None when the binding measured nothing.
-        sampled: a 0-d bool array (or Python bool): whether ``stats`` was
-            measured on this step. Ignored (False) when ``stats`` is None.
-        xp: the array namespace.
-        micro_batches: the number of backward passes summed into the measured
-            gradients (gradient accumulation; 1 without). Each of them was a
-            float16 backward of its own: a micro-batch's tensor RMS is about
-            ``rms / micro_batches`` when the micro-batches agree and up to
-            ``sqrt(micro_batches)`` times that when they are independent, so
-            ``lo`` reads the smaller, ``rms_min / micro_batches``, and the scale
-            is set for one micro-batch's backward. ``amax`` is read as measured
-            (one micro-batch may carry the whole sum).
+        stats: this step's :class:`~lossscale._stats.GradientStats` of the scaled gradients, or None.
+        sampled: a 0-d bool array or Python bool, whether ``stats`` was measured on this step.
+        micro_batches: the backward passes summed into the measured gradients
+            (gradient accumulation; 1 without): ``lo`` reads ``rms_min / micro_batches``,
+            the smallest a micro-batch's RMS can be, so the scale suits one
+            float16 backward; ``amax`` is read as measured.
 
-    Returns ``(state, auto)``. The skip counters move exactly as in
-    :func:`lossscale.next_state`; ``bad_steps`` stays 0; ``good_steps``
-    counts finite steps since the scale last changed.
-
-    Cost: about 60 scalar ops plus three on the ``(window,)`` array; no host sync.
+    The skip counters move as in :func:`lossscale.next_state`; ``bad_steps`` stays 0. Cost: about 60 scalar
+    ops plus three on the ``(window,)`` array; no host sync.
     """
     finite = _finite_flag(finite, state.loss_scale, xp)
     if stats is None:
@@ -285,11 +204,8 @@ def next_auto_state(
     window = auto.window
     top, low = _window_range(window, xp)
 
-    # Overflow. Before any measured sample (lo is NaN) the start was a guess: back off by start_backoff_bits.
-    # After one, the overflow sets a lower bound on the spike over the window's typical (lowest) gradient: it
-    # passed F at e, so it was more than F - e - low bits tall. The margin becomes one bit more than that (at
-    # least twice the old margin, at most max_margin_bits) and the scale goes to the hi of that margin (at least
-    # one bit down).
+    # Overflow: before any measured sample (lo is NaN) back off by start_backoff_bits; after one, the spike
+    # passed F at e, so it was more than F - e - low bits tall: remember it in the margin, go to that margin's hi.
     measured = auto.lo == auto.lo  # False for NaN
     filled = top > -math.inf
     guess = LOG2_FLOAT16_MAX - e - m  # an empty window: as if the scale sat at the margin
@@ -333,42 +249,25 @@ def next_auto_state(
     calm = auto.calm_steps + 1
     relax = finite & (calm >= policy.relax_steps)
     new_m = xp.where(finite, xp.where(relax & (m - 1 >= policy.margin_bits), m - 1, m), overflow_m)
-    return (
-        LossScaleState(
-            loss_scale=new_scale,
-            good_steps=xp.where(finite & (new_scale == scale), count_up(good, xp), 0),
-            bad_steps=bad,
-            skipped_steps=skipped,
-            consecutive_skips=streak,
-        ),
-        AutoState(
-            margin=new_m,
-            window=window,
-            calm_steps=xp.where(finite & ~relax, calm, 0),
-            lo=lo,
-            hi=hi,
-        ),
-    )
-
-
-#: ``stats_every`` of an ``AutoLossScale`` when not given: a sample every 16 steps.
-AUTO_STATS_EVERY = 16
+    good = xp.where(finite & (new_scale == scale), count_up(good, xp), 0)
+    calm = xp.where(finite & ~relax, calm, 0)
+    return LossScaleState(new_scale, good, bad, skipped, streak), AutoState(new_m, window, calm, lo, hi)
 
 
 def check_stats_every(stats_every: Any, policy: LossScale) -> int | None:
-    """``stats_every`` validated (None or an int >= 1): every binding's one check; 16 for ``AutoLossScale`` when not given.
+    """``stats_every`` validated (None or an int >= 1); 16 for ``AutoLossScale`` when not given.
 
     >>> check_stats_every(None, AutoLossScale()), check_stats_every(1, AutoLossScale())
     (16, 1)
     """
     if stats_every is None:
-        return AUTO_STATS_EVERY if isinstance(policy, AutoLossScale) else None
+        return 16 if isinstance(policy, AutoLossScale) else None
     if isinstance(stats_every, bool) or not isinstance(stats_every, Integral):
         raise TypeError(f"stats_every must be an int (measure every N-th step) or None (off), got {stats_every!r}.")
     every = int(stats_every)
     if every < 1:
         raise ValueError(f"stats_every must be at least 1 (or None to measure nothing), got {stats_every}.")
-    if every > _n.INT32_MAX:
+    if every > COUNTER_MAX:
         raise ValueError(
             f"stats_every must be at most 2**31 - 1 (the step counter is int32), got {stats_every}; "
             "pass None to measure nothing."

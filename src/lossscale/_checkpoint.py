@@ -1,21 +1,8 @@
 """The one load rule: a saved loss scale (checkpoint, pickle, restore) -> a policy and numpy values, all checked first.
 
-Every binding reads its saved fields through :func:`read_record` (or its
-parts) *before* it changes anything, so a load succeeds whole or raises and
-leaves the object as it was:
-
-* the scale: a real number, finite, ``> 0``, a normal float32 (about 1.2e-38
-  to 3.4e38) and within the policy's ``[min, max]`` compared in float32, the
-  state's dtype. ``clamp=True`` (``lossscale.torch.GradScaler`` reading
-  torch's files) moves a finite scale outside the bounds into them instead;
-* a counter: an int (not a bool, not a float) in ``[0, 2**31 - 1]``, the
-  counters being int32; an int64 that would wrap is refused;
-* the policy: a :class:`~lossscale.LossScale` or its ``serialize`` dict, read
-  by :func:`lossscale.get` (built-in classes, or ``custom_objects``).
-
-Errors are ``TypeError`` (wrong type) or ``ValueError`` (wrong value) naming
-the field, the value and the fix. Cost: a few Python comparisons, and one
-host read (``.item()``) per field still on a device.
+Every binding reads its saved fields through :func:`read_record` (or its parts) *before* it changes anything, so
+a load succeeds whole or raises (TypeError or ValueError naming the field, the value and the fix) and leaves the
+object as it was. Cost: a few Python comparisons, and one host read (``.item()``) per field still on a device.
 """
 
 from __future__ import annotations
@@ -28,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ._policy import FLOAT32_MAX, FLOAT32_TINY, INT32_MAX, LossScale, float32
+from ._policy import COUNTER_MAX, FLOAT32_MAX, FLOAT32_TINY, LossScale, float32
 from ._resolve import _BUILTINS, get
 
 __all__ = ["COUNTERS", "FIELDS", "check_counter", "check_policy", "check_scale", "plain", "read_policy", "read_record",
@@ -60,12 +47,12 @@ def plain(value: Any) -> Any:
 
 
 def check_counter(field: str, value: Any) -> int:
-    """``value`` as a Python int in ``[0, 2**31 - 1]``, else TypeError/ValueError naming ``field``."""
+    """``value`` as a Python int (not a bool or a float) in ``[0, 2**31 - 1]``, else TypeError/ValueError."""
     value = plain(value)
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (Integral, np.integer)):
         raise TypeError(f"{field} must be a non-negative int (int32), got {_describe(value)}; {_fix(field, 'an int')}")
     value = operator.index(value)
-    if not 0 <= value <= INT32_MAX:
+    if not 0 <= value <= COUNTER_MAX:
         raise ValueError(
             f"{field} must be an int in [0, 2**31 - 1] (the counters are int32; a larger int64 would wrap), "
             f"got {value}; {_fix(field, 'an int in that range')}"
@@ -74,11 +61,8 @@ def check_counter(field: str, value: Any) -> int:
 
 
 def check_scale(field: str, value: Any, policy: Any = None, *, clamp: bool = False) -> float:
-    """``value`` as a Python float that is a valid scale for ``policy`` (None: sign and float32 range only).
-
-    ``clamp`` moves a finite scale outside ``[min, max]`` (or below float32's
-    smallest normal) into it instead of refusing it.
-    """
+    """``value`` as a Python float: finite, ``> 0``, a normal float32 and within ``policy``'s ``[min, max]`` compared
+    in float32 (None: no bounds). ``clamp`` (torch's GradScaler files) moves a finite scale into them instead."""
     value = plain(value)
     fix = _fix(field, "a finite number")
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (Real, np.integer, np.floating)):
@@ -128,16 +112,12 @@ def check_policy(policy: Any, field: str = "policy") -> LossScale:
 
 
 def read_policy(saved: Any, custom_objects: Mapping[str, type] | None, current: LossScale | None) -> LossScale:
-    """The policy a checkpoint holds: a policy object (pickling), or its ``serialize`` dict, rebuilt without imports.
-
-    The class is looked up in ``custom_objects``, then among the built-in
-    policies; the class of ``current`` (the policy in use) counts as given.
-    """
+    """The policy a checkpoint holds: a policy object, or its ``serialize`` dict, rebuilt without imports (the class
+    from ``custom_objects``, the built-ins, or the class of ``current``, the policy in use)."""
     if isinstance(saved, LossScale):
         return saved
-    custom = {} if current is None or type(current).__module__ == LossScale.__module__ else {
-        type(current).__name__: type(current)
-    }
+    own = current is not None and type(current).__module__ != LossScale.__module__
+    custom = {type(current).__name__: type(current)} if own else {}
     if custom_objects is not None:
         if not isinstance(custom_objects, Mapping):
             raise TypeError(
@@ -150,9 +130,8 @@ def read_policy(saved: Any, custom_objects: Mapping[str, type] | None, current: 
         name = saved.get("class_name") if isinstance(saved, Mapping) else None
         if isinstance(name, str) and name not in custom and name not in _BUILTINS:
             raise ValueError(
-                f"This checkpoint's loss scale policy is unreadable: its class {name!r} is not a built-in policy. "
-                f"Pass the class: "
-                f"load_state_dict(state_dict, custom_objects={{{name!r}: {name}}}). No class is imported by name."
+                f"This checkpoint's loss scale policy is unreadable: its class {name!r} is not a built-in policy. Pass "
+                f"the class: load_state_dict(state_dict, custom_objects={{{name!r}: {name}}}). No class is imported by name."
             ) from error
         raise ValueError(f"This checkpoint's loss scale policy is unreadable: {error}") from error
     if policy is None:
@@ -161,13 +140,8 @@ def read_policy(saved: Any, custom_objects: Mapping[str, type] | None, current: 
 
 
 def refuse_extra(saved: Mapping[str, Any], known: Iterable[str], where: str, prefix: str = "") -> None:
-    """ValueError naming the keys of ``saved`` outside ``known``.
-
-    Refused, not ignored: a key this version does not know may change what
-    the others mean, and loading without it would silently give another state.
-    A ``prefix`` (the torch loaders' ``"Not a lossscale state dict: "``) also
-    names the library in the sentence.
-    """
+    """ValueError naming the keys of ``saved`` outside ``known`` (refused, not ignored: an unknown key may change
+    what the others mean); a ``prefix`` (torch's ``"Not a lossscale state dict: "``) also names the library."""
     unknown = sorted(map(str, set(saved) - set(known)))
     if unknown:
         raise ValueError(
@@ -177,26 +151,13 @@ def refuse_extra(saved: Mapping[str, Any], known: Iterable[str], where: str, pre
 
 
 def read_record(
-    record: Mapping[str, Any],
-    policy: Any = None,
-    clamp: bool = False,
-    *,
-    where: str = "state",
-    required: tuple[str, ...] = FIELDS,
-    extra: str = "ignore",
+    record: Mapping[str, Any], policy: Any = None, clamp: bool = False, *, where: str = "state",
+    required: tuple[str, ...] = FIELDS, extra: str = "ignore",
 ) -> tuple[LossScale | None, dict[str, Any]]:
-    """``(policy, values)``: the policy checked, and the fields of :data:`FIELDS` in ``record`` as numpy scalars.
+    """``(policy, values)``: the policy checked, and the fields of :data:`FIELDS` in ``record`` as np.float32/int32.
 
-    Args:
-        record: field name -> saved value (Python/numpy numbers or one-element arrays).
-        policy: a :class:`~lossscale.LossScale`, its ``serialize`` dict, or None (no bounds).
-        clamp: see :func:`check_scale`.
-        where: how errors name ``record`` (``"state_dict['lossscale']['state']"``).
-        required: the fields that must be present.
-        extra: ``"ignore"`` other keys, or ``"refuse"`` them (ValueError naming them).
-
-    Returns the scale as ``np.float32`` and the counters as ``np.int32``, the
-    state's dtypes; nothing is returned before every field is checked.
+    ``record`` maps names to numbers or one-element arrays; ``policy``: a policy, its ``serialize`` dict or None
+    (no bounds); ``where`` names ``record`` in errors; ``extra``: ``"ignore"`` or ``"refuse"`` other keys.
     """
     if not isinstance(record, Mapping):
         raise TypeError(f"{where} must be a dict of the loss scale's fields, got {_describe(record)}; {_fix(where, 'one')}")

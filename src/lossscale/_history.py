@@ -1,9 +1,5 @@
 """A framework-free record of a loss scale's trajectory: scale, skip flag and loss per step, as numpy arrays.
 
-Batches let a loop keep per-step values on the device and move them in one
-transfer every N steps; CSV in and out. Plots and TensorBoard scalars are in
-:mod:`lossscale.demo`.
-
 >>> h = History()
 >>> h.append(0, 32768.0, False, loss=2.3)
 >>> h.extend([1, 2], [32768.0, 16384.0], [True, False])
@@ -63,14 +59,12 @@ def _column(name: str, values: Any, dtype: Any) -> np.ndarray:
 
 
 class History:
-    """Per-step loss scale, skip flag and (optionally) loss, stored as numpy arrays.
+    """Per-step loss scale, skip flag and (optionally) loss and gradient statistics, stored as numpy arrays.
 
-    Steps must increase strictly across calls, so a record can be appended
-    to from a resumed run but not silently interleaved. Losses are optional
-    per batch; a step without one stores NaN.
-
-    Cost: :meth:`extend` copies its batch once; the arrays are concatenated
-    lazily, so recording is O(1) amortised per batch however long the run.
+    Steps must increase strictly across calls (a resumed run appends; nothing
+    interleaves); a step without a loss stores NaN. Cost: :meth:`extend`
+    copies its batch once and the arrays are concatenated lazily: O(1)
+    amortised per batch.
     """
 
     def __init__(self) -> None:
@@ -78,38 +72,24 @@ class History:
         self._cache: tuple[np.ndarray, ...] | None = None
         self._last_step: int | None = None
 
-    # ------------------------------------------------------------ recording
-
     def extend(self, steps: Any, loss_scales: Any, skipped: Any, losses: Any = None, stats: Any = None) -> None:
-        """Records a batch of steps.
+        """Records a batch of steps: array-likes of equal length (lists, numpy arrays or CPU tensors; move device
+        values once per batch, e.g. ``torch.stack(scales).cpu()``).
 
         Args:
-            steps: the step numbers, integers, strictly increasing and after
-                every step already recorded.
+            steps: integers, strictly increasing and after every step already recorded.
             loss_scales: the scale each step's loss was multiplied by.
             skipped: whether each step was skipped (its gradients held NaN/Inf).
-            losses: optional unscaled losses, one per step.
-            stats: optional gradient statistics (``stats_every``): a mapping
-                from some of :data:`STATS_COLUMNS` (``headroom_bits``,
-                ``zero_fraction``, ``subnormal_fraction``) to one value per
-                step, NaN where the step was not sampled.
+            losses: optional unscaled losses.
+            stats: optional mapping from some of :data:`STATS_COLUMNS` to values, NaN where not sampled.
 
-        All are array-likes of equal length: lists, numpy arrays or CPU
-        tensors (stack device values and move them once, e.g.
-        ``torch.stack(scales).cpu()``, to pay one transfer per batch).
-
-        Raises:
-            ValueError: on lengths that differ, steps that do not increase, or
-                skip flags that are not booleans.
-            TypeError: on values that are not numbers.
+        Raises ValueError on lengths that differ, steps that do not increase or skip flags that are not booleans,
+        TypeError on values that are not numbers.
         """
         step_arr = _column("steps", steps, np.int64)
         scale_arr = _column("loss_scales", loss_scales, np.float64)
         skip_arr = _column("skipped", skipped, bool)
-        if losses is None:
-            loss_arr = np.full(step_arr.shape, np.nan)
-        else:
-            loss_arr = _column("losses", losses, np.float64)
+        loss_arr = np.full(step_arr.shape, np.nan) if losses is None else _column("losses", losses, np.float64)
         stat_arrs = _stat_columns(stats, step_arr.shape)
         lengths = {len(step_arr), len(scale_arr), len(skip_arr), len(loss_arr), *map(len, stat_arrs)}
         if len(lengths) != 1:
@@ -128,20 +108,14 @@ class History:
         self._cache = None
         self._last_step = int(step_arr[-1])
 
-    def append(
-        self, step: int, loss_scale: float, skipped: bool, loss: float | None = None, stats: Any = None
-    ) -> None:
+    def append(self, step: int, loss_scale: float, skipped: bool, loss: float | None = None, stats: Any = None) -> None:
         """Records one step; see :meth:`extend`, which is cheaper per step for long runs."""
         one = None if stats is None else {k: [v] for k, v in dict(stats).items() if k in STATS_COLUMNS}
         self.extend([step], [loss_scale], [skipped], None if loss is None else [loss], one)
 
     def truncate(self, before_step: int) -> None:
-        """Drops every row whose step is ``before_step`` or later.
-
-        For a run rolled back to a checkpoint: the steps after it did not
-        happen in the trajectory being continued, and recording resumes from
-        ``before_step``. ``LossScaleOptimizer.load_state_dict`` calls it.
-        """
+        """Drops every row whose step is ``before_step`` or later (a run rolled back to a checkpoint;
+        ``LossScaleOptimizer.load_state_dict`` calls it)."""
         if isinstance(before_step, bool) or not isinstance(before_step, Integral):
             raise TypeError(f"before_step must be an int, got {before_step!r}.")
         steps = self.steps
@@ -153,8 +127,6 @@ class History:
         self._cache = None
         self._last_step = int(columns[0][-1]) if keep else None
 
-    # ------------------------------------------------------------ reading
-
     def _arrays(self) -> tuple[np.ndarray, ...]:
         if self._cache is None:
             if self._chunks:
@@ -162,9 +134,8 @@ class History:
                 self._chunks = [self._cache]  # type: ignore[list-item]
             else:
                 empty = np.zeros(0)
-                self._cache = (empty.astype(np.int64), empty, empty.astype(np.bool_), empty) + (empty,) * len(
-                    STATS_COLUMNS
-                )
+                columns = (empty.astype(np.int64), empty, empty.astype(np.bool_), empty)
+                self._cache = columns + (empty,) * len(STATS_COLUMNS)
             for array in self._cache:  # type: ignore[union-attr]
                 array.flags.writeable = False
         return self._cache  # type: ignore[return-value]
@@ -216,16 +187,9 @@ class History:
             f"{self.num_skipped} skipped, last scale {self.loss_scales[-1]:g})"
         )
 
-    # ------------------------------------------------------------ writing
-
     def to_csv(self, path: str | os.PathLike[str]) -> None:
-        """Writes ``step,loss_scale,skipped,loss`` rows (skipped as 0/1, a missing loss empty).
-
-        When any step carries gradient statistics, the columns
-        ``headroom_bits,zero_fraction,subnormal_fraction`` follow (empty where
-        a step has none). Values are written with ``repr`` precision, so
-        :meth:`from_csv` gives back the same values.
-        """
+        """Writes ``step,loss_scale,skipped,loss`` rows (skipped as 0/1, a missing value empty), then the
+        :data:`STATS_COLUMNS` if any step has statistics, in ``repr`` precision (:meth:`from_csv` reads it back)."""
         steps, scales, skipped, losses, *stats = self._arrays()
         extra = self.has_stats
         with open(path, "w", newline="") as handle:
@@ -238,12 +202,8 @@ class History:
 
     @classmethod
     def from_csv(cls, path: str | os.PathLike[str]) -> History:
-        """Reads a file written by :meth:`to_csv`.
-
-        Raises:
-            ValueError: if the header is not ``step,loss_scale,skipped,loss``
-                (optionally followed by the statistics columns).
-        """
+        """Reads a file written by :meth:`to_csv`; ValueError if its header is not ``step,loss_scale,skipped,loss``
+        (optionally followed by the statistics columns)."""
         with open(path, newline="") as handle:
             rows = list(csv.reader(handle))
         if not rows or tuple(rows[0]) not in (_COLUMNS, _COLUMNS + STATS_COLUMNS):
@@ -254,13 +214,8 @@ class History:
             stats = None
             if len(rows[0]) > len(_COLUMNS):
                 stats = {name: [_number(r[4 + i]) for r in body] for i, name in enumerate(STATS_COLUMNS)}
-            history.extend(
-                [int(r[0]) for r in body],
-                [float(r[1]) for r in body],
-                [bool(int(r[2])) for r in body],
-                [_number(r[3]) for r in body],
-                stats,
-            )
+            steps, scales = [int(r[0]) for r in body], [float(r[1]) for r in body]
+            history.extend(steps, scales, [bool(int(r[2])) for r in body], [_number(r[3]) for r in body], stats)
         return history
 
 
@@ -281,6 +236,4 @@ def _stat_columns(stats: Any, shape: tuple[int, ...]) -> list[np.ndarray]:
     unknown = set(stats) - set(STATS_COLUMNS)
     if unknown:
         raise ValueError(f"stats has unknown columns {sorted(unknown)}; the columns are {', '.join(STATS_COLUMNS)}.")
-    return [
-        _column(name, stats[name], np.float64) if name in stats else np.full(shape, np.nan) for name in STATS_COLUMNS
-    ]
+    return [_column(k, stats[k], np.float64) if k in stats else np.full(shape, np.nan) for k in STATS_COLUMNS]

@@ -1,18 +1,7 @@
-"""Loss-scale policies: immutable configurations, and the checks of the numbers they are built from.
-
-A policy says *how* the scale evolves and holds no state; each becomes the
-:class:`RuleParams` that the one update rule (:mod:`lossscale._rule`) reads.
-The classes and their config keys are TF's
-``tf.compat.v1.mixed_precision.{FixedLossScale, DynamicLossScale}`` and
-``tf.contrib.mixed_precision.{FixedLossScaleManager,
-ExponentialUpdateLossScaleManager}``; keyword-only extensions keep TF's
-behaviour at their defaults.
-
-Every argument is checked here and normalised to a Python ``float``/``int``.
-Accepted: Python and numpy numbers and 0-d int/float arrays of any framework
-(``DynamicLossScale(jnp.float32(2**15))``, duck-typed: nothing is imported;
-one host read at construction). Refused: bools, bool/complex arrays, arrays
-of more than one element, and numbers the float32 rule cannot use.
+"""Loss-scale policies (TF's v1 and contrib classes and config keys): immutable, each read by the rule as
+:class:`RuleParams`. Every argument is checked here and normalised to a Python ``float``/``int``: Python and
+numpy numbers and 0-d int/float arrays of any framework (duck-typed, one host read) are accepted; bools,
+bool/complex arrays, arrays of several elements and numbers the float32 rule cannot use are refused.
 """
 
 from __future__ import annotations
@@ -28,22 +17,16 @@ from typing import Any
 import numpy as np
 
 __all__ = [
-    "DynamicLossScale",
-    "ExponentialUpdateLossScaleManager",
-    "FixedLossScale",
-    "FixedLossScaleManager",
-    "LossScale",
-    "RuleParams",
+    "DynamicLossScale", "ExponentialUpdateLossScaleManager", "FixedLossScale", "FixedLossScaleManager", "LossScale",
+    "RuleParams"
 ]
 
-INT32_MAX = 2**31 - 1
+#: Counters are int32 (JAX's default integer) and saturate here instead of wrapping.
+COUNTER_MAX = 2**31 - 1
 #: The largest float32 (the state holds the scale as float32).
 FLOAT32_MAX = 3.4028234663852886e38
 #: The smallest positive normal float32: a smaller scale rounds to 0 or loses precision.
 FLOAT32_TINY = 1.1754943508222875e-38
-
-# ------------------------------------------------------------------- number checks
-
 
 def float32(value: float) -> float:
     """``value`` rounded to float32, as the rule's arithmetic sees it (inf beyond float32's range)."""
@@ -126,7 +109,7 @@ def count(name: str, value: Any, *, at_least: int = 1) -> int:
         dtype = "" if isinstance(value, Real) else f" (dtype {value.dtype})"
         raise TypeError(f"{name} must be an int, got {value!r} of type {type(value).__name__}{dtype}. {fix}")
     value = _concrete(name, value, operator.index, fix)
-    if not at_least <= value <= INT32_MAX:
+    if not at_least <= value <= COUNTER_MAX:
         shown = value if abs(value) < 10**30 else f"an int of {len(str(abs(value)))} digits"
         raise ValueError(
             f"{name} must be an int in [{at_least}, 2**31 - 1] (the counters are int32), got {shown}. "
@@ -178,18 +161,10 @@ def scale_bounds(initial: Any, min_loss_scale: Any, max_loss_scale: Any) -> tupl
     return initial_scale, min_scale, max_scale
 
 
-# ------------------------------------------------------------------- classes
-
-
 @dataclass(frozen=True)
 class RuleParams:
-    """What the update rule needs to know of a policy; plain Python numbers.
+    """What the update rule (:func:`lossscale.next_state`) needs to know of a policy; plain Python numbers.
 
-    On a non-finite step the scale becomes
-    ``max(scale * backoff_multiplier / backoff_divisor, min_scale)`` once
-    ``hysteresis`` non-finite steps have been seen since the scale last
-    changed. On the ``growth_interval``-th finite step in a row the scale
-    becomes ``min(scale * growth_factor, max_scale)`` if that is finite.
     Two backoff constants let TF's ``scale / multiplier`` and contrib's
     ``scale * decr_ratio`` both be computed exactly (the other one is 1).
     """
@@ -206,15 +181,10 @@ class RuleParams:
 
 
 class LossScale(abc.ABC):
-    """Base class of every loss-scale policy.
+    """Base class of every loss-scale policy: an immutable value (equal configs, equal policies).
 
-    A policy is an immutable value: the built-in policies are frozen
-    dataclasses whose fields are TF's config keys, validated and normalised
-    (to ``float``/``int``) when built, so two policies with equal configs are
-    equal and hash alike. Subclasses define :attr:`dynamic`,
-    :meth:`get_config` and :meth:`rule_params`; :meth:`from_config` calls the
-    constructor with the config as keyword arguments. A policy pickles as its
-    class and config, and is validated again when unpickled.
+    Subclasses define :attr:`dynamic`, :meth:`get_config` and :meth:`rule_params`. A policy pickles as its class
+    and config, validated again when unpickled.
     """
 
     __slots__ = ()
@@ -247,8 +217,7 @@ class LossScale(abc.ABC):
         return f"{type(self).__name__}({args})"
 
     def __reduce__(self) -> tuple[Any, ...]:
-        # The class travels by reference (module and qualified name), never by a bare name, so no other class
-        # of the same name can stand in for it; the config is validated again on load.
+        # The class travels by reference (module and qualified name), never by a bare name.
         return (_rebuild, (type(self), self.get_config()))
 
 
@@ -267,13 +236,19 @@ def _set(policy: LossScale, **fields: Any) -> None:
         object.__setattr__(policy, name, value)
 
 
-def _fixed_value(name: str, value: Any) -> float:
+def _extensions(policy: Any) -> dict[str, Any]:
+    """The keyword-only fields that differ from their defaults: a TF-style policy has exactly TF's config."""
+    values = {f.name: (getattr(policy, f.name), f.default) for f in fields(policy) if f.kw_only}
+    return {name: value for name, (value, default) in values.items() if value != default}
+
+
+def _fixed_value(name: str, value: Any, cls: str = "FixedLossScale") -> float:
     """A fixed scale, checked under the name the caller passed it as (``loss_scale_value`` or ``loss_scale``)."""
     value = scale(name, value)
     if value < 1:
         raise ValueError(
             f"{name} must be at least 1, got {value!r}: a scale below 1 makes small gradients "
-            "underflow sooner instead of later. Use FixedLossScale(1) for no scaling."
+            f"underflow sooner instead of later. Use {cls}(1) for no scaling."
         )
     return value
 
@@ -291,14 +266,11 @@ class FixedLossScale(LossScale):
     {'loss_scale_value': 128.0}
     """
 
+    dynamic = False
     loss_scale_value: float
 
     def __post_init__(self) -> None:
         _set(self, loss_scale_value=_fixed_value("loss_scale_value", self.loss_scale_value))
-
-    @property
-    def dynamic(self) -> bool:
-        return False
 
     def rule_params(self) -> RuleParams:
         value = self.loss_scale_value
@@ -328,22 +300,19 @@ class DynamicLossScale(LossScale):
                 scale = max(scale / multiplier, min_loss_scale)   # or * backoff_factor
                 b = 0
 
-    With the defaults (``hysteresis=1``, ``min_loss_scale=1``, no maximum,
-    backoff by ``multiplier``) this is exactly TF's rule.
+    At the defaults of the keyword-only extensions this is exactly TF's rule.
 
     Args:
         initial_loss_scale: the scale at step 0.
         increment_period: finite steps in a row before the scale grows.
         multiplier: the growth factor, and TF's backoff divisor.
-        min_loss_scale: the floor (TF: 1). Any positive number that is a
-            normal float32 (at least about 1.2e-38).
+        min_loss_scale: the floor (TF: 1); any normal float32 (>= about 1.2e-38).
         max_loss_scale: an optional ceiling; growth is clamped to it.
         backoff_factor: if given, the scale is *multiplied* by this number in
             (0, 1) on backoff instead of divided by ``multiplier``.
-        hysteresis: how many non-finite steps, counted since the scale last
-            changed, it takes to back off. 1 backs off at every overflow (TF).
-            This is contrib's ``decr_every_n_nan_or_inf``; see docs/concepts.md for
-            how it compares with DeepSpeed's and Megatron's ``hysteresis``.
+        hysteresis: non-finite steps since the scale last changed before it
+            backs off (contrib's ``decr_every_n_nan_or_inf``; 1 is TF's rule).
+            docs/concepts.md compares it with DeepSpeed's and Megatron's.
 
     Every number may also be a 0-d array (numpy, JAX, torch).
 
@@ -351,6 +320,7 @@ class DynamicLossScale(LossScale):
     {'initial_loss_scale': 2048.0, 'increment_period': 500, 'multiplier': 2.0}
     """
 
+    dynamic = True
     initial_loss_scale: float = 2.0**15
     increment_period: int = 2000
     multiplier: float = 2.0
@@ -374,52 +344,29 @@ class DynamicLossScale(LossScale):
             hysteresis=count("hysteresis", self.hysteresis),
         )
 
-    @property
-    def dynamic(self) -> bool:
-        return True
-
     def rule_params(self) -> RuleParams:
         backoff = self.backoff_factor
         return RuleParams(
-            dynamic=True,
-            initial_scale=self.initial_loss_scale,
-            growth_interval=self.increment_period,
-            growth_factor=self.multiplier,
+            True, self.initial_loss_scale, self.increment_period, self.multiplier,
             backoff_multiplier=1.0 if backoff is None else backoff,
             backoff_divisor=self.multiplier if backoff is None else 1.0,
-            hysteresis=self.hysteresis,
-            min_scale=self.min_loss_scale,
-            max_scale=self.max_loss_scale,
+            hysteresis=self.hysteresis, min_scale=self.min_loss_scale, max_scale=self.max_loss_scale,
         )
 
     def get_config(self) -> dict[str, Any]:
-        config: dict[str, Any] = {
-            "initial_loss_scale": self.initial_loss_scale,
-            "increment_period": self.increment_period,
-            "multiplier": self.multiplier,
-        }
-        # Extensions appear only when they differ from TF, so a TF-style policy has exactly TF's config.
-        for f in fields(self):
-            if f.kw_only and getattr(self, f.name) != f.default:
-                config[f.name] = getattr(self, f.name)
-        return config
+        tf = {"initial_loss_scale": self.initial_loss_scale, "increment_period": self.increment_period}
+        return {**tf, "multiplier": self.multiplier, **_extensions(self)}
 
 
 @dataclass(frozen=True, repr=False)
 class FixedLossScaleManager(LossScale):
     """contrib's fixed manager: the same as ``FixedLossScale(loss_scale)``."""
 
+    dynamic = False
     loss_scale: float
 
     def __post_init__(self) -> None:
-        value = scale("loss_scale", self.loss_scale)
-        if value < 1:
-            raise ValueError(f"loss_scale must be at least 1, got {value!r}. Use FixedLossScaleManager(1) for no scaling.")
-        _set(self, loss_scale=value)
-
-    @property
-    def dynamic(self) -> bool:
-        return False
+        _set(self, loss_scale=_fixed_value("loss_scale", self.loss_scale, "FixedLossScaleManager"))
 
     def rule_params(self) -> RuleParams:
         return FixedLossScale(self.loss_scale).rule_params()
@@ -430,17 +377,16 @@ class FixedLossScaleManager(LossScale):
 
 @dataclass(frozen=True, repr=False)
 class ExponentialUpdateLossScaleManager(LossScale):
-    """contrib's dynamic manager, with contrib's exact rule.
+    """contrib's dynamic manager, with contrib's exact rule: :class:`DynamicLossScale` with ``hysteresis`` and
+    ``backoff_factor`` set.
 
     The scale is multiplied by ``incr_ratio`` (if the product is finite) after
-    ``incr_every_n_steps`` finite steps in a row, and multiplied by
-    ``decr_ratio`` (floored at 1) after ``decr_every_n_nan_or_inf`` non-finite
-    steps counted since the scale last changed. A non-finite step resets the
-    good count; a finite step resets the bad count only when the scale
-    changes. This is :class:`DynamicLossScale` with ``hysteresis`` and
-    ``backoff_factor`` set.
+    ``incr_every_n_steps`` finite steps in a row, and by ``decr_ratio``
+    (floored at 1) after ``decr_every_n_nan_or_inf`` non-finite steps counted
+    since the scale last changed.
     """
 
+    dynamic = True
     init_loss_scale: float
     incr_every_n_steps: int
     decr_every_n_nan_or_inf: int = 2
@@ -457,21 +403,10 @@ class ExponentialUpdateLossScaleManager(LossScale):
             decr_ratio=factor("decr_ratio", self.decr_ratio, grows=False),
         )
 
-    @property
-    def dynamic(self) -> bool:
-        return True
-
     def rule_params(self) -> RuleParams:
         return RuleParams(
-            dynamic=True,
-            initial_scale=self.init_loss_scale,
-            growth_interval=self.incr_every_n_steps,
-            growth_factor=self.incr_ratio,
-            backoff_multiplier=self.decr_ratio,
-            backoff_divisor=1.0,
-            hysteresis=self.decr_every_n_nan_or_inf,
-            min_scale=1.0,
-            max_scale=None,
+            True, self.init_loss_scale, self.incr_every_n_steps, self.incr_ratio,
+            backoff_multiplier=self.decr_ratio, hysteresis=self.decr_every_n_nan_or_inf,
         )
 
     def get_config(self) -> dict[str, Any]:
@@ -480,6 +415,5 @@ class ExponentialUpdateLossScaleManager(LossScale):
 
 #: The classes lossscale 0.1 pickled by name (read by :func:`_from_config`); the registry is in :mod:`._resolve`.
 _PICKLED_BY_NAME: dict[str, type[LossScale]] = {
-    cls.__name__: cls
-    for cls in (FixedLossScale, DynamicLossScale, FixedLossScaleManager, ExponentialUpdateLossScaleManager)
+    c.__name__: c for c in (FixedLossScale, DynamicLossScale, FixedLossScaleManager, ExponentialUpdateLossScaleManager)
 }

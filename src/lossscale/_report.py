@@ -1,9 +1,4 @@
-"""``underflow_report``: which tensors float16 flushes, from one sample of ``gradient_stats``.
-
-The dual of the torch binding's overflow report: that one names the tensors
-that held Inf/NaN on a skipped step, this one the tensors that lose the most
-to the other edge, on any binding.
-"""
+"""``underflow_report``: which tensors float16 flushes, from one sample of ``gradient_stats`` (any binding)."""
 
 from __future__ import annotations
 
@@ -18,14 +13,8 @@ __all__ = ["UnderflowReport", "underflow_report"]
 
 @dataclass(frozen=True)
 class UnderflowReport:
-    """The tensors of one sample, worst first.
-
-    Attributes:
-        step: the step the sample was taken at.
-        zero_fraction, subnormal_fraction, headroom_bits: the overall values.
-        rows: ``(name, zero_fraction, subnormal_fraction, headroom_bits)``
-            per tensor, sorted by zero share, then subnormal share, largest first.
-    """
+    """The tensors of one sample, worst first: the sample's ``step``, its overall values, and ``rows`` of
+    ``(name, zero_fraction, subnormal_fraction, headroom_bits)`` sorted by zero share, then subnormal share."""
 
     step: int
     zero_fraction: float
@@ -34,13 +23,11 @@ class UnderflowReport:
     rows: tuple[tuple[str, float, float, float], ...]
 
     def __str__(self) -> str:
-        lines = [
-            (
-                f"gradient statistics at step {self.step}: {100 * self.zero_fraction:.2f}% exactly zero, "
-                f"{100 * self.subnormal_fraction:.2f}% below float16's smallest normal (2**-14), "
-                f"headroom {self.headroom_bits:.1f} bits below float16's max"
-            ),
-        ]
+        lines = [(
+            f"gradient statistics at step {self.step}: {100 * self.zero_fraction:.2f}% exactly zero, "
+            f"{100 * self.subnormal_fraction:.2f}% below float16's smallest normal (2**-14), "
+            f"headroom {self.headroom_bits:.1f} bits below float16's max"
+        )]
         for name, zeros, subnormal, headroom in self.rows:
             lines.append(f"  {name}: {100 * zeros:.2f}% zero, {100 * subnormal:.2f}% subnormal, headroom {headroom:.1f} bits")
         if self.zero_fraction > 0.01:
@@ -83,24 +70,17 @@ def underflow_report(stats: Any, top: int = 10, names: Sequence[str] | None = No
     """The ``top`` tensors that lose the most to underflow in ``stats`` (an optimizer's ``gradient_stats``).
 
     Args:
-        stats: the ``gradient_stats`` mapping of any binding (torch
-            ``LossScaleOptimizer``/``GradScaler``, a JAX state, a Keras
-            ``LossScaleOptimizer``), or the object itself. Given the
-            object, an error before the first sample says when it comes.
+        stats: any binding's ``gradient_stats`` mapping, or the optimizer (or ``GradScaler``) itself: then an
+            error before the first sample says when it comes.
         top: how many tensors to list.
-        names: tensor names, overriding ``stats["per_tensor"]["names"]``, in
-            the order of the sampled gradients (e.g.
-            ``lossscale.jax.tensor_names(params)``; on torch the parameters
-            that had a gradient, in the optimizer's ``param_groups`` order).
+        names: tensor names in the order of the sampled gradients, overriding ``stats["per_tensor"]["names"]`` (e.g.
+            ``lossscale.jax.tensor_names(params)``; on torch the parameters with a gradient, in ``param_groups`` order).
 
-    Cost: one transfer of the sample to the host (a host sync); call it when
-    you look, not every step.
+    Cost: one transfer of the sample to the host (a host sync).
 
     Raises:
-        TypeError: ``stats`` is not a sample, or the optimizer records none
-            (no ``stats_every``).
-        ValueError: no sample yet (the message says at which step the first
-            is taken), a bad ``top``, or ``names`` of the wrong length.
+        TypeError: ``stats`` is not a sample, or the optimizer records none (no ``stats_every``).
+        ValueError: no sample yet (saying when the first comes), a bad ``top``, or ``names`` of the wrong length.
 
     >>> import numpy as np
     >>> from lossscale._stats import as_mapping, gradient_stats

@@ -1,10 +1,5 @@
-"""What a user passes as ``loss_scale``, made a policy: :func:`get`/:func:`serialize` and the two constructor forms.
-
-:func:`get` and :func:`serialize` are the registry (built-in classes by
-name; your own through ``custom_objects``). :func:`resolve_loss_scale` maps
-TF's experimental ``LossScaleOptimizer(opt, loss_scale)`` and stable
-``LossScaleOptimizer(opt, dynamic, initial_scale, dynamic_growth_steps)``
-onto one :class:`LossScale`, as TF's API pages pair them.
+"""What a user passes as ``loss_scale``, made a policy: the registry (:func:`get`/:func:`serialize`: built-in
+classes by name, your own through ``custom_objects``) and TF's two constructor forms (:func:`resolve_loss_scale`).
 """
 
 from __future__ import annotations
@@ -15,41 +10,24 @@ from numbers import Real
 from typing import Any, cast
 
 from ._auto import AutoLossScale
-from ._policy import (
-    _PICKLED_BY_NAME,
-    DynamicLossScale,
-    FixedLossScale,
-    LossScale,
-    _fixed_value,
-)
+from ._policy import _PICKLED_BY_NAME, DynamicLossScale, FixedLossScale, LossScale, _fixed_value
 
 __all__ = ["built_in_names", "get", "resolve_loss_scale", "serialize", "stable_form"]
-
-DEFAULT_INITIAL_SCALE = 2.0**15
-DEFAULT_GROWTH_STEPS = 2000
-
 
 _EXTRAS = ("min_loss_scale", "max_loss_scale", "hysteresis")
 
 
 def resolve_loss_scale(
-    loss_scale: Any = None,
-    *,
-    dynamic: bool | None = None,
-    initial_scale: float | None = None,
-    dynamic_growth_steps: int | None = None,
-    min_loss_scale: float | None = None,
-    max_loss_scale: float | None = None,
+    loss_scale: Any = None, *, dynamic: bool | None = None, initial_scale: float | None = None,
+    dynamic_growth_steps: int | None = None, min_loss_scale: float | None = None, max_loss_scale: float | None = None,
     hysteresis: int | None = None,
 ) -> LossScale:
-    """The policy that either constructor form describes.
+    """The policy that TF's experimental ``LossScaleOptimizer(opt, loss_scale)`` or stable
+    ``LossScaleOptimizer(opt, dynamic, initial_scale, dynamic_growth_steps)`` form describes.
 
-    ``min_loss_scale``, ``max_loss_scale`` and ``hysteresis`` (None: the
-    :class:`DynamicLossScale` defaults, 1, none and 1) refine the dynamic
-    scale of the stable form (``dynamic=True``, the default) or
-    ``loss_scale="dynamic"``; a policy object carries its own. Errors:
-    ``TypeError`` for a value of the wrong type, ``ValueError`` for a wrong
-    value or a conflicting pair, each naming the keyword and the fix.
+    ``min_loss_scale``, ``max_loss_scale`` and ``hysteresis`` (None: the :class:`DynamicLossScale` defaults)
+    refine the dynamic scale of the stable form or of ``loss_scale="dynamic"``. ``TypeError`` for a wrong type,
+    ``ValueError`` for a wrong value or a conflicting pair, each naming the keyword and the fix.
 
     >>> resolve_loss_scale(123) == resolve_loss_scale(dynamic=False, initial_scale=123)
     True
@@ -73,7 +51,11 @@ def resolve_loss_scale(
     given = [k for k, v in stable.items() if v is not None]
     if loss_scale is not None:
         if given:
-            raise _not_both(loss_scale, given)
+            raise ValueError(
+                f"Pass either loss_scale={loss_scale!r} or {', '.join(f'{k}=' for k in given)}, not both: "
+                "loss_scale is the experimental form and dynamic/initial_scale/dynamic_growth_steps the stable "
+                "form of the same setting."
+            )
         if not extras:  # "dynamic" with extras is the stable form's dynamic scale
             return cast(LossScale, get(loss_scale))  # only get(None) is None
     if dynamic is None:
@@ -81,29 +63,16 @@ def resolve_loss_scale(
     if not isinstance(dynamic, bool):
         raise TypeError(f"dynamic must be True or False, got {dynamic!r}.")
     if dynamic:
-        return _in_stable_names(
-            DynamicLossScale,
-            initial_loss_scale=DEFAULT_INITIAL_SCALE if initial_scale is None else initial_scale,
-            increment_period=DEFAULT_GROWTH_STEPS if dynamic_growth_steps is None else dynamic_growth_steps,
-            **extras,
-        )
+        own = {"initial_loss_scale": initial_scale, "increment_period": dynamic_growth_steps}  # None: the defaults
+        kwargs = {k: v for k, v in own.items() if v is not None}
+        return cast(LossScale, built_in_names(_STABLE_NAMES, DynamicLossScale, **kwargs, **extras))
     if initial_scale is None:
         raise ValueError(
             "dynamic=False needs initial_scale, the fixed loss scale: for example dynamic=False, initial_scale=1024."
         )
     if dynamic_growth_steps is not None:
-        raise ValueError(
-            "dynamic_growth_steps only applies to a dynamic loss scale: drop it, or set dynamic=True."
-        )
-    return _in_stable_names(FixedLossScale, initial_scale)
-
-
-def _not_both(loss_scale: Any, given: list[str]) -> ValueError:
-    return ValueError(
-        f"Pass either loss_scale={loss_scale!r} or {', '.join(f'{k}=' for k in given)}, not both: "
-        "loss_scale is the experimental form and dynamic/initial_scale/dynamic_growth_steps the stable "
-        "form of the same setting."
-    )
+        raise ValueError("dynamic_growth_steps only applies to a dynamic loss scale: drop it, or set dynamic=True.")
+    return cast(LossScale, built_in_names(_STABLE_NAMES, FixedLossScale, initial_scale))
 
 
 # The policies' argument names in validation errors, and the stable form's names for them.
@@ -115,12 +84,8 @@ _STABLE_NAMES = (
 
 
 def built_in_names(names: tuple[tuple[str, str], ...], build: Any, *args: Any, **kwargs: Any) -> Any:
-    """``build(*args, **kwargs)``, a validation error re-raised with each policy argument name renamed.
-
-    ``names`` pairs a policy's argument name with the caller's (``("initial_loss_scale", "initial_scale")``),
-    so that an error names the argument the caller passed. Used for the stable form here and for
-    ``torch.amp.GradScaler``'s names in ``lossscale.torch.GradScaler``.
-    """
+    """``build(*args, **kwargs)``, a validation error re-raised in the caller's argument names: ``names`` pairs a
+    policy's name with the caller's (the stable form here, ``torch.amp.GradScaler``'s in the torch binding)."""
     try:
         return build(*args, **kwargs)
     except (TypeError, ValueError) as error:
@@ -128,11 +93,6 @@ def built_in_names(names: tuple[tuple[str, str], ...], build: Any, *args: Any, *
         for ours, theirs in names:
             message = message.replace(ours, theirs)
         raise type(error)(message) from None
-
-
-def _in_stable_names(build: Any, *args: Any, **kwargs: Any) -> LossScale:
-    """``build(*args, **kwargs)``, a validation error re-raised in the names the caller passed (``initial_scale``)."""
-    return cast(LossScale, built_in_names(_STABLE_NAMES, build, *args, **kwargs))
 
 
 def stable_form(policy: LossScale) -> dict[str, Any]:
@@ -145,12 +105,8 @@ def stable_form(policy: LossScale) -> dict[str, Any]:
     }
 
 
-#: The built-in policies, by the class name that :func:`serialize` writes. Classes of your own are found only
-#: through ``get(..., custom_objects=...)``; nothing registers itself here.
+#: The built-in policies by class name; classes of your own are found only through ``custom_objects``.
 _BUILTINS: dict[str, type[LossScale]] = {**_PICKLED_BY_NAME, AutoLossScale.__name__: AutoLossScale}
-
-
-# ------------------------------------------------------------------ get/serialize
 
 
 def serialize(loss_scale: LossScale) -> dict[str, Any]:
@@ -173,9 +129,7 @@ def _is_number(value: Any) -> bool:
 def _class_for(identifier: Mapping[str, Any], custom_objects: Mapping[str, Any] | None) -> type[LossScale]:
     class_name = identifier.get("class_name")
     custom = dict(custom_objects or {})
-    cls = None
-    if isinstance(class_name, str):
-        cls = custom.get(class_name, _BUILTINS.get(class_name))
+    cls = custom.get(class_name, _BUILTINS.get(class_name)) if isinstance(class_name, str) else None
     if cls is None or set(identifier) - {"class_name", "config"}:
         known = ", ".join(sorted(set(_BUILTINS) | set(custom)))
         raise ValueError(
@@ -195,11 +149,8 @@ def get(identifier: Any, custom_objects: Mapping[str, Any] | None = None) -> Los
     * a number or a 0-d array -> ``FixedLossScale(identifier)``;
     * ``"dynamic"`` -> ``DynamicLossScale()``; ``"auto"`` -> ``AutoLossScale()`` (experimental);
     * a :class:`LossScale` -> itself;
-    * ``{"class_name": ..., "config": {...}}`` (see :func:`serialize`) -> that
-      policy. ``class_name`` names a built-in class, or a class of your own
-      given in ``custom_objects`` (``{"MyLossScale": MyLossScale}``), which
-      takes precedence. No class is found by name anywhere else: a checkpoint
-      cannot make ``get`` build a class you did not pass.
+    * ``{"class_name": ..., "config": {...}}`` (:func:`serialize`) -> that policy: a built-in class, or one of
+      yours given in ``custom_objects`` (``{"MyLossScale": MyLossScale}``, first); no other class is found by name.
 
     Anything else raises ``ValueError``.
 
@@ -217,10 +168,8 @@ def get(identifier: Any, custom_objects: Mapping[str, Any] | None = None) -> Los
     if _is_number(identifier):
         return FixedLossScale(_fixed_value("loss_scale", identifier))  # passed as loss_scale=: errors name it
     if isinstance(identifier, str):
-        if identifier == "dynamic":
-            return DynamicLossScale()
-        if identifier == "auto":
-            return AutoLossScale()
+        if identifier in ("dynamic", "auto"):
+            return DynamicLossScale() if identifier == "dynamic" else AutoLossScale()
         raise ValueError(
             f'Invalid loss scale string {identifier!r}: the only string accepted is "dynamic" '
             '(and "auto", the experimental AutoLossScale).'

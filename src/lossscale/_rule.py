@@ -1,18 +1,6 @@
-"""The one scale-update rule, written once over an array namespace.
-
-``next_state(params, state, finite, xp)`` runs unchanged with ``xp`` = numpy
-(the reference every binding is tested against), ``torch`` and
-``jax.numpy``, and over ``keras.ops`` on TensorFlow's tensors. It uses arithmetic with Python scalars, comparisons and
-``xp.where`` only (no bool added to an int: TensorFlow's tensors run it as
-they are): no Python ``if`` on an array, so it needs no host sync,
-stays on the device and traces under ``jax.jit`` and ``torch.compile``.
-Branches on :class:`~lossscale._policy.RuleParams` are on static Python
-numbers and are resolved when the function is traced.
-
-:func:`advance_in_place` runs the same function on the host for state held
-in memory the host can read (CPU tensors, numpy arrays), with numpy
-*scalars* instead of 0-d arrays: the same float32/int32 arithmetic, about
-5x less overhead.
+"""The one scale-update rule over an array namespace ``xp`` (numpy, torch, jax.numpy, keras.ops): arithmetic,
+comparisons and ``xp.where`` only, so no host sync and traceable under ``jax.jit`` and ``torch.compile``.
+:func:`advance_in_place` runs it on numpy scalars on the host (the same arithmetic, about 5x less overhead).
 """
 
 from __future__ import annotations
@@ -23,14 +11,11 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ._policy import LossScale, RuleParams
+from ._policy import COUNTER_MAX, LossScale, RuleParams
 
 __all__ = [
     "COUNTER_MAX", "LossScaleState", "advance_in_place", "count_up", "initial_state", "next_skip_counters", "next_state"
 ]
-
-#: Counters are int32 (JAX's default integer) and saturate here instead of wrapping.
-COUNTER_MAX = 2**31 - 1
 
 
 class LossScaleState(NamedTuple):
@@ -38,13 +23,10 @@ class LossScaleState(NamedTuple):
 
     Attributes:
         loss_scale: float32, the current scale ``S``.
-        good_steps: int32, finite steps since the scale last changed
-            (TF's ``dynamic_counter``).
-        bad_steps: int32, non-finite steps since the scale last changed
-            (always 0 when ``hysteresis == 1``).
+        good_steps: int32, finite steps since the scale last changed (TF's ``dynamic_counter``).
+        bad_steps: int32, non-finite steps since the scale last changed (0 when ``hysteresis == 1``).
         skipped_steps: int32, all steps skipped so far (saturating).
-        consecutive_skips: int32, non-finite steps in a row; the last step was
-            skipped iff this is positive.
+        consecutive_skips: int32, non-finite steps in a row (the last step was skipped iff positive).
     """
 
     loss_scale: Any
@@ -60,13 +42,8 @@ def initial_state(policy: LossScale | RuleParams, xp: Any, **array_kwargs: Any) 
     def counter() -> Any:
         return xp.asarray(0, dtype=xp.int32, **array_kwargs)
 
-    return LossScaleState(
-        loss_scale=xp.asarray(params.initial_scale, dtype=xp.float32, **array_kwargs),
-        good_steps=counter(),
-        bad_steps=counter(),
-        skipped_steps=counter(),
-        consecutive_skips=counter(),
-    )
+    scale = xp.asarray(params.initial_scale, dtype=xp.float32, **array_kwargs)
+    return LossScaleState(scale, counter(), counter(), counter(), counter())
 
 
 def next_state(policy: LossScale | RuleParams, state: LossScaleState, finite: Any, xp: Any) -> LossScaleState:
@@ -75,15 +52,11 @@ def next_state(policy: LossScale | RuleParams, state: LossScaleState, finite: An
     Args:
         policy: a :class:`LossScale` or its :class:`RuleParams`.
         state: the current :class:`LossScaleState`.
-        finite: a 0-d bool array of ``xp`` (a JAX tracer under ``jax.jit``),
-            or a Python or numpy bool; False if any gradient held NaN or
-            +-Inf. Anything else (an int, a float or int array, an array with
-            dimensions) raises ``TypeError``: ``~1`` is ``-2``, not False.
-        xp: the array namespace of ``state`` (numpy, torch, jax.numpy, or
-            one of ``keras.ops`` over TensorFlow tensors).
+        finite: a 0-d bool array of ``xp`` or a Python/numpy bool, False if any gradient held NaN or +-Inf;
+            anything else raises ``TypeError`` (``~1`` is ``-2``, not False).
+        xp: the array namespace of ``state`` (numpy, torch, jax.numpy, or ``keras.ops`` on TensorFlow tensors).
 
-    Cost: about 20 scalar element-wise ops on 0-d arrays; no host sync (the
-    check of ``finite`` reads its dtype and shape only).
+    Cost: about 20 scalar element-wise ops on 0-d arrays; no host sync.
 
     With ``n``/``b`` the good/bad counters and ``S`` the scale:
 
@@ -135,23 +108,15 @@ def _finite_flag(finite: Any, like: Any, xp: Any) -> Any:
 
 
 def next_skip_counters(skipped: Any, streak: Any, finite: Any, xp: Any) -> tuple[Any, Any]:
-    """The two skip counters after one step, in every mode: the step is skipped iff not ``finite``.
-
-    ``skipped += not finite`` and ``streak = 0 if finite else streak + 1``,
-    both saturating at :data:`COUNTER_MAX`. Part of :func:`next_state`; also
-    used alone for one optimizer's own counters when several share a scale.
-    ``xp`` as in :func:`next_state`, or :class:`_HostScalars` for numpy scalars.
-    Cost: about 6 scalar ops; no host sync.
-    """
+    """``skipped += not finite`` and ``streak = 0 if finite else streak + 1``, both saturating at
+    :data:`COUNTER_MAX`: part of :func:`next_state`, also used alone for one optimizer's own counters when
+    several share a scale (``xp`` may be :class:`_HostScalars`). Cost: about 6 scalar ops; no host sync."""
     return xp.where(finite, skipped, count_up(skipped, xp)), xp.where(finite, 0, count_up(streak, xp))
 
 
 def count_up(counter: Any, xp: Any) -> Any:
-    """``counter + 1``, saturating at :data:`COUNTER_MAX`: a select, no bool added to an int, no overflow computed.
-
-    So TensorFlow's tensors (which refuse ``int32 + bool``) run the rule as
-    they are, and numpy scalars never warn.
-    """
+    """``counter + 1``, saturating at :data:`COUNTER_MAX`: a select, no bool added to an int (TensorFlow refuses
+    ``int32 + bool``), no overflow computed (numpy scalars never warn)."""
     return xp.where(counter < COUNTER_MAX, counter, COUNTER_MAX - 1) + 1
 
 
@@ -203,12 +168,8 @@ def _next_state(params: RuleParams, state: LossScaleState, finite: Any, xp: Any)
 
 
 class _HostScalars:
-    """The namespace :func:`_next_state` needs, for numpy scalars (``np.float32``, ``np.int32``, ``np.bool_``).
-
-    Arithmetic and comparisons on numpy scalars keep numpy's dtypes (NEP 50, numpy 2:
-    a Python number takes the scalar's dtype), so only ``where`` and
-    ``isfinite`` need defining.
-    """
+    """The namespace :func:`_next_state` needs for numpy scalars: their arithmetic keeps their dtypes (NEP 50),
+    so only ``where`` and ``isfinite`` need defining."""
 
     @staticmethod
     def where(condition: Any, a: Any, b: Any) -> Any:
@@ -220,14 +181,8 @@ class _HostScalars:
 
 
 def advance_in_place(params: RuleParams, views: LossScaleState, finite: bool) -> None:
-    """``views <- next_state(params, views, finite)`` on 0-d numpy arrays, in place.
-
-    ``views`` are writable 0-d numpy arrays (e.g. ``tensor.numpy()`` of CPU
-    tensors, which share their memory); ``finite`` is a Python or numpy bool.
-    The arithmetic is :func:`next_state`'s, on numpy scalars of the same
-    dtypes, so the result equals ``next_state(params, views, finite, numpy)``
-    bit for bit. Cost: a few microseconds; no device involved.
-    """
+    """``views <- next_state(params, views, finite, numpy)`` bit for bit, in place, on writable 0-d numpy arrays
+    (e.g. ``tensor.numpy()`` of CPU tensors); ``finite`` is a Python or numpy bool. Cost: a few microseconds."""
     scalars = LossScaleState(*(view[()] for view in views))
     with np.errstate(over="ignore"):  # a refused growth computes an inf on purpose
         new = _next_state(params, scalars, np.bool_(finite), _HostScalars)

@@ -1,29 +1,12 @@
-"""The statistics sampler: when to measure, what to keep, and the scale rule that reads the sample.
-
-Written once over an array namespace ``xp`` (numpy, torch, jax.numpy), like
-:func:`lossscale.next_state`, and used by every binding. A binding supplies
-only how to measure its gradients (the core's :func:`lossscale._stats.gradient_stats`
-or its own kernels) and where the :class:`SamplerState` lives (tensors,
-Keras variables, an optax state). Per step::
+"""The one statistics sampler over an array namespace ``xp``: when to measure, what to keep, and the rule that
+reads the sample. A binding supplies the measurement and where the :class:`SamplerState` lives. Per step::
 
     sampled = is_due(every, count)                 # count % every == 0
     sample  = statistics of the scaled gradients   # by the binding, only when sampled
     scale, sampler = next_sampler_state(policy, scale, sampler, finite, sample, sampled, xp)
 
-:func:`next_sampler_state` keeps the new sample (the previous one when not
-sampled), runs :func:`lossscale._auto.next_auto_state` for an
-:class:`~lossscale.AutoLossScale` and :func:`lossscale.next_state` otherwise,
-and counts the step (every step, skipped ones included, saturating at
-2**31 - 1); :func:`counted_sampler_state` only keeps and counts, for a
-binding whose scale moves by its own rule (torch's ``GradScaler``, a
-shared scale). ``count`` may be a Python int (torch keeps it on the host, so an
-unsampled step does no device work at all) or a 0-d int32 array (JAX and
-Keras keep it on the device, inside the compiled step); ``sampled`` then is a
-Python bool or a 0-d bool array. No host sync either way.
-
-A checkpoint keeps the count and the auto state: :func:`sampler_record` and
-:func:`read_sampler_record` (which checks every field before anything is
-built, so a bad record changes nothing).
+``count`` is a Python int (torch: an unsampled step does no device work) or a 0-d int32 array (JAX, Keras);
+``sampled`` then a Python bool or a 0-d bool array. No host sync either way.
 """
 
 from __future__ import annotations
@@ -40,29 +23,15 @@ from ._rule import COUNTER_MAX, LossScaleState, next_state
 from ._stats import GradientStats, empty_stats
 
 __all__ = [
-    "SamplerState",
-    "check_stats_every",
-    "counted_sampler_state",
-    "initial_sampler_state",
-    "is_due",
-    "next_sampler_state",
-    "read_sampler_record",
-    "sampler_record",
+    "SamplerState", "check_stats_every", "counted_sampler_state", "initial_sampler_state", "is_due",
+    "next_sampler_state", "read_sampler_record", "sampler_record"
 ]
 
 
 class SamplerState(NamedTuple):
-    """What a binding keeps for ``stats_every``.
-
-    Attributes:
-        count: steps seen (int, or a 0-d int32 array); the step is sampled
-            iff ``count % every == 0``, and the sample's ``step`` is the
-            count it was taken at.
-        sample: the latest :class:`lossscale._stats.GradientStats` (``step``
-            -1 and every value NaN before the first).
-        auto: the :class:`lossscale._auto.AutoState` of an ``AutoLossScale``,
-            else None.
-    """
+    """What a binding keeps for ``stats_every``: ``count``, the steps seen (every step, skipped ones included,
+    saturating at 2**31 - 1); ``sample``, the latest :class:`~lossscale._stats.GradientStats` (``step`` -1 and
+    NaN before the first); ``auto``, the :class:`~lossscale._auto.AutoState` of an ``AutoLossScale``, else None."""
 
     count: Any
     sample: GradientStats
@@ -72,11 +41,8 @@ class SamplerState(NamedTuple):
 def initial_sampler_state(
     policy: LossScale, num_tensors: int, xp: Any, *, count: Any = 0, **array_kwargs: Any
 ) -> SamplerState:
-    """The :class:`SamplerState` at step 0 for ``num_tensors`` gradients.
-
-    ``count`` is 0 as a Python int; pass ``xp.asarray(0, dtype=xp.int32)``
-    to keep it on the device. ``array_kwargs`` go to ``xp.asarray``/``xp.full``
-    (e.g. ``device=``).
+    """The :class:`SamplerState` at step 0 for ``num_tensors`` gradients (``count``: a Python int, or
+    ``xp.asarray(0, dtype=xp.int32)`` on the device; ``array_kwargs`` go to ``xp.full``, e.g. ``device=``).
 
     >>> s = initial_sampler_state(AutoLossScale(), 2, np)
     >>> s.count, int(s.sample.step), s.sample.tensor_amax.shape, float(s.auto.margin)
@@ -92,8 +58,7 @@ def is_due(every: int, count: Any) -> Any:
 
 
 def _kept(sampled: Any, new: GradientStats | None, old: GradientStats, xp: Any) -> GradientStats:
-    """``new`` where ``sampled``, else ``old`` (field by field; no op for a Python bool, or when ``new`` is ``old``:
-    a binding that chose the sample already, e.g. in a ``cond``)."""
+    """``new`` where ``sampled``, else ``old`` (no op for a Python bool, or when ``new`` is ``old``)."""
     if new is None or sampled is False or new is old:
         return old
     if sampled is True:
@@ -102,33 +67,12 @@ def _kept(sampled: Any, new: GradientStats | None, old: GradientStats, xp: Any) 
 
 
 def next_sampler_state(
-    policy: LossScale,
-    scale_state: LossScaleState,
-    sampler: SamplerState,
-    finite: Any,
-    sample: GradientStats | None,
-    sampled: Any,
-    xp: Any,
-    *,
-    micro_batches: Any = 1,
+    policy: LossScale, scale_state: LossScaleState, sampler: SamplerState, finite: Any, sample: GradientStats | None,
+    sampled: Any, xp: Any, *, micro_batches: Any = 1,
 ) -> tuple[LossScaleState, SamplerState]:
-    """The scale state and sampler state after one step.
-
-    Args:
-        policy: the optimizer's policy; an :class:`~lossscale.AutoLossScale`
-            sets the scale from the samples, any other runs its TF rule.
-        scale_state: the :class:`~lossscale.LossScaleState` the step's
-            gradients were computed at.
-        sampler: the :class:`SamplerState`.
-        finite: the step's finite flag, as in :func:`lossscale.next_state`.
-        sample: this step's statistics of the scaled gradients (None, or
-            anything when not ``sampled``: the previous sample is kept).
-        sampled: :func:`is_due` of ``sampler.count``.
-        xp: the array namespace.
-        micro_batches: how many backward passes were summed into the
-            gradients (gradient accumulation); the auto rule reads the
-            sample as that many float16 backwards (see
-            :func:`lossscale._auto.next_auto_state`).
+    """The scale state and sampler state after one step: the new sample kept where ``sampled`` (:func:`is_due`),
+    the scale moved by :func:`~lossscale._auto.next_auto_state` for an :class:`~lossscale.AutoLossScale` (which
+    reads ``micro_batches``) and by :func:`lossscale.next_state` otherwise, the step counted.
 
     Cost: about 15 ops on the ``(T,)`` sample when ``sampled`` is an array
     (none for a Python bool), plus the rule's scalar ops. No host sync.
@@ -156,13 +100,8 @@ def next_sampler_state(
 
 
 def counted_sampler_state(sampler: SamplerState, sample: GradientStats | None, sampled: Any, xp: Any) -> SamplerState:
-    """The sampler state after a step whose scale the binding advanced by its own rule: the kept sample, the count + 1.
-
-    For a binding whose scale moves elsewhere (torch's ``GradScaler`` and a
-    scale shared by several optimizers advance once per iteration, with the
-    TF rule); the auto state is left as it is. Cost as :func:`next_sampler_state`
-    without the rule. No host sync.
-    """
+    """The sampler state after a step whose scale moved by another rule (torch's ``GradScaler``, a shared scale):
+    the kept sample, the count + 1, the auto state as it is. No host sync."""
     return SamplerState(_next_count(sampler.count, xp), _kept(sampled, sample, sampler.sample, xp), sampler.auto)
 
 
@@ -174,12 +113,8 @@ def _next_count(count: Any, xp: Any) -> Any:
 
 
 def sampler_record(sampler: SamplerState, to_host: Any = np.asarray) -> dict[str, Any]:
-    """A checkpoint's ``"lossscale_stats"`` entry: ``{"iteration": int, "auto": {field: array}}``.
-
-    ``auto`` is present only with an ``AutoLossScale``; ``to_host`` turns each
-    of its arrays into what the checkpoint stores (numpy by default; torch
-    keeps tensors). Reading the count of a device array is one host sync.
-    """
+    """A checkpoint's ``"lossscale_stats"`` entry: ``{"iteration": int, "auto": {field: to_host(array)}}`` (``auto``
+    with an ``AutoLossScale`` only). Reading the count of a device array is one host sync."""
     out: dict[str, Any] = {"iteration": int(sampler.count)}
     if sampler.auto is not None:
         out["auto"] = {k: to_host(v) for k, v in sampler.auto._asdict().items()}
@@ -187,11 +122,8 @@ def sampler_record(sampler: SamplerState, to_host: Any = np.asarray) -> dict[str
 
 
 def read_sampler_record(record: Any, policy: LossScale) -> tuple[int, AutoState | None]:
-    """``(count, auto state as numpy)`` from :func:`sampler_record`'s output, every field checked first.
-
-    The auto state is None unless ``policy`` is an :class:`~lossscale.AutoLossScale`,
-    whose record must hold all of :class:`~lossscale._auto.AutoState`'s fields with the
-    policy's window length. Raises ValueError naming the fix; nothing is built before every check passed.
+    """``(count, auto state as numpy, or None but for an AutoLossScale)`` from :func:`sampler_record`'s output,
+    every field checked first (ValueError naming the fix).
 
     >>> read_sampler_record({"iteration": 7}, AutoLossScale())
     Traceback (most recent call last):

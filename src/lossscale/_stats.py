@@ -1,30 +1,20 @@
-"""Gradient statistics: how close the scaled gradients are to float16's two edges.
+"""Gradient statistics: how close the scaled gradients are to float16's two edges, over an array namespace ``xp``
+like :func:`lossscale.next_state` (reductions, comparisons and ``xp.where`` only: no host sync, jittable).
 
-Written once over an array namespace ``xp`` (numpy, torch, jax.numpy), like
-:func:`lossscale.next_state`: reductions, comparisons and ``xp.where`` only,
-so it needs no host sync and traces under ``jax.jit``.
+Measured on the **scaled** gradients ``g = S * true_grad`` (what the float16 backward produced). With ``n_t``
+the size of tensor ``t``:
 
-Everything is measured on the **scaled** gradients ``g = S * true_grad``, the
-numbers the float16 backward produced (float32 ``.grad`` under autocast holds
-them too: the float16 values, widened). With ``n_t`` the size of tensor ``t``:
-
-* ``amax_t = max |g_t|`` and ``headroom_bits_t = log2(65504 / amax_t)``:
-  how many doublings of the scale the tensor can take before it overflows
-  float16 (``+inf`` for an all-zero tensor, negative once past the edge);
-* ``zero_fraction_t = #{g == 0} / n_t``: entries float16 flushed to zero
-  (with float32 gradients also the true zeros, e.g. of unused embeddings);
-* ``subnormal_fraction_t = #{0 < |g| < 2**-14} / n_t``: entries below
-  float16's smallest normal, kept with fewer than 11 significant bits;
+* ``amax_t = max |g_t|``, ``headroom_bits_t = log2(65504 / amax_t)``: doublings of the scale before float16
+  overflows (``+inf`` for an all-zero tensor, negative once past the edge);
+* ``zero_fraction_t = #{g == 0} / n_t`` (flushed to zero, or true zeros);
+* ``subnormal_fraction_t = #{0 < |g| < 2**-14} / n_t`` (below float16's smallest normal);
 * ``rms_t = sqrt(sum g**2 / n_t)``, accumulated in float32.
 
-Overall: ``amax = max_t amax_t``, fractions over all entries (weighted by
-``n_t``), and ``rms_min = min_t rms_t`` over the tensors with ``rms_t > 0``
-(0 if none): the tensor closest to the underflow edge, which
-:class:`lossscale.AutoLossScale` reads.
+Overall: ``amax = max_t amax_t``, fractions weighted by ``n_t``, and ``rms_min = min_t rms_t`` over the tensors
+with ``rms_t > 0`` (0 if none), which :class:`lossscale.AutoLossScale` reads.
 
-Cost: one read pass over each gradient (four reductions of the same input,
-fused into one loop under XLA), and about 10 ops per tensor on 0-d arrays
-plus 15 on ``(T,)`` arrays for the summary. No host sync.
+Cost: one read pass over each gradient (four reductions, fused under XLA), about 10 ops per tensor on 0-d arrays
+plus 15 on ``(T,)`` arrays. No host sync.
 """
 
 from __future__ import annotations
@@ -34,14 +24,8 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 __all__ = [
-    "FLOAT16_MAX",
-    "FLOAT16_TINY",
-    "GradientStats",
-    "as_mapping",
-    "empty_stats",
-    "gradient_stats",
-    "summarize",
-    "tensor_sums",
+    "FLOAT16_MAX", "FLOAT16_TINY", "GradientStats", "as_mapping", "empty_stats", "gradient_stats", "summarize",
+    "tensor_sums"
 ]
 
 #: The largest float16.
@@ -53,13 +37,8 @@ LOG2_FLOAT16_MAX = math.log2(FLOAT16_MAX)
 
 
 class GradientStats(NamedTuple):
-    """One sample of gradient statistics: 0-d and ``(T,)`` float32 arrays of ``xp`` (T tensors).
-
-    The overall values are 0-d, the ``tensor_*`` values ``(T,)`` in the
-    order of the gradients. ``step`` is the (0-based, int32) step the sample
-    was taken at, -1 before the first sample. :func:`as_mapping` gives the
-    public ``gradient_stats`` form.
-    """
+    """One sample: the overall values 0-d, the ``tensor_*`` values ``(T,)`` in the order of the gradients, float32;
+    ``step`` (int32) the step it was taken at, -1 before the first. :func:`as_mapping` gives the public form."""
 
     step: Any
     amax: Any
@@ -79,12 +58,8 @@ def _f32(x: Any, xp: Any) -> Any:
 
 
 def tensor_sums(g: Any, xp: Any) -> tuple[Any, Any, Any, Any]:
-    """``(max|g|, #zeros, #subnormals, sum g**2)`` of one non-empty gradient, as 0-d float32 arrays.
-
-    ``g`` is the scaled gradient in any float dtype; it is widened to float32
-    first so the squares neither overflow nor flush. NaN propagates into the
-    max and the sum of squares. Cost: one read pass (four reductions).
-    """
+    """``(max|g|, #zeros, #subnormals, sum g**2)`` of one non-empty gradient, as 0-d float32 arrays (``g`` widened to
+    float32 first, so the squares neither overflow nor flush; NaN propagates). Cost: one read pass."""
     a = xp.abs(_f32(g, xp))
     amax = xp.max(a)
     # Counted as sums of where(c, 1, 0): XLA's CPU backend vectorizes that, not a sum of a converted bool (10x slower).
@@ -96,17 +71,9 @@ def tensor_sums(g: Any, xp: Any) -> tuple[Any, Any, Any, Any]:
 def summarize(
     sums: Sequence[tuple[Any, Any, Any, Any]], sizes: Sequence[int] | Any, step: Any, xp: Any, **array_kwargs: Any
 ) -> GradientStats:
-    """The :class:`GradientStats` of per-tensor :func:`tensor_sums` (``sizes``: each tensor's element count).
-
-    ``sums`` may come from :func:`tensor_sums` or from a binding's own
-    kernels (e.g. torch's ``_foreach_norm``), as long as the four values are
-    0-d float32 arrays; an empty tensor is ``(0, 0, 0, 0)`` with size 0.
-    ``step`` is the step number recorded with the sample. ``sizes`` is a
-    list of ints, or a ``(T,)`` array on the sums' device (no copy from the
-    host: torch keeps one per parameter set). ``array_kwargs`` go to
-    ``xp.asarray`` for a list of sizes, e.g. ``device=`` (torch: the sums'
-    device, else the sizes would be a CPU tensor beside CUDA ones).
-    """
+    """The :class:`GradientStats` of per-tensor :func:`tensor_sums` (or a binding's kernels' 0-d float32 values; an
+    empty tensor is ``(0, 0, 0, 0)`` with size 0). ``sizes``: a list of element counts (``array_kwargs``, e.g.
+    ``device=``, go to its ``xp.asarray``), or a ``(T,)`` array already on the sums' device."""
     if not sums:
         raise ValueError("gradient statistics need at least one gradient; got none.")
     amax, zeros, subnormal, sumsq = (xp.stack(list(column)) for column in zip(*sums))
@@ -122,18 +89,10 @@ def summarize(
     overall = xp.max(amax)
     positive_rms = xp.where(rms > 0, rms, math.inf)  # a Python scalar: no array made on the host (a copy to a GPU)
     rms_min = xp.min(positive_rms)
-    return GradientStats(
-        step=xp.asarray(step, dtype=xp.int32),
-        amax=overall,
-        headroom_bits=_headroom(overall, xp),
-        zero_fraction=xp.sum(zeros) / total,
-        subnormal_fraction=xp.sum(subnormal) / total,
-        rms_min=xp.where(rms_min < math.inf, rms_min, 0.0),
-        tensor_amax=amax,
-        tensor_headroom_bits=_headroom(amax, xp),
-        tensor_zero_fraction=zeros / safe,
-        tensor_subnormal_fraction=subnormal / safe,
-        tensor_rms=rms,
+    return GradientStats(  # the overall values, then the per-tensor ones
+        xp.asarray(step, dtype=xp.int32), overall, _headroom(overall, xp), xp.sum(zeros) / total,
+        xp.sum(subnormal) / total, xp.where(rms_min < math.inf, rms_min, 0.0),
+        amax, _headroom(amax, xp), zeros / safe, subnormal / safe, rms,
     )
 
 
@@ -180,31 +139,12 @@ def empty_stats(num_tensors: int, xp: Any, **array_kwargs: Any) -> GradientStats
 
 
 def as_mapping(stats: GradientStats, names: Sequence[str] | None = None) -> dict[str, Any]:
-    """The public ``gradient_stats`` form of a sample: a dict of the arrays, no copy and no host sync.
-
-    Keys: ``step``, ``amax``, ``headroom_bits``, ``zero_fraction``,
-    ``subnormal_fraction``, ``rms_min`` (0-d arrays) and ``per_tensor``, a
-    dict with ``names`` (a tuple of tensor names, or ``"0"``, ``"1"``, ...)
-    and ``amax``, ``headroom_bits``, ``zero_fraction``,
-    ``subnormal_fraction``, ``rms`` as ``(T,)`` arrays in that order.
-    """
+    """The public ``gradient_stats`` form of a sample: a dict of its arrays (no copy, no host sync) whose
+    ``per_tensor`` dict holds the ``(T,)`` arrays and the tensor ``names`` (default ``"0"``, ``"1"``, ...)."""
     count = int(next(iter(stats.tensor_amax.shape)))
     names = tuple(str(i) for i in range(count)) if names is None else tuple(names)
     if len(names) != count:
         raise ValueError(f"names must name each of the {count} tensors, got {len(names)} names.")
-    return {
-        "step": stats.step,
-        "amax": stats.amax,
-        "headroom_bits": stats.headroom_bits,
-        "zero_fraction": stats.zero_fraction,
-        "subnormal_fraction": stats.subnormal_fraction,
-        "rms_min": stats.rms_min,
-        "per_tensor": {
-            "names": names,
-            "amax": stats.tensor_amax,
-            "headroom_bits": stats.tensor_headroom_bits,
-            "zero_fraction": stats.tensor_zero_fraction,
-            "subnormal_fraction": stats.tensor_subnormal_fraction,
-            "rms": stats.tensor_rms,
-        },
-    }
+    overall = {k: v for k, v in stats._asdict().items() if not k.startswith("tensor_")}
+    per_tensor = {k.removeprefix("tensor_"): v for k, v in stats._asdict().items() if k.startswith("tensor_")}
+    return {**overall, "per_tensor": {"names": names, **per_tensor}}

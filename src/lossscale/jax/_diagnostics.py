@@ -11,35 +11,18 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .._errors import LossScaleError
+from .._errors import stall_error
 from .._history import STATS_COLUMNS, History
 
-__all__ = ["StepRecorder", "check_limit", "guard_skip"]
-
-
-def check_limit(max_consecutive_skips: Any) -> int | None:
-    """``max_consecutive_skips`` validated: None or an int >= 1 (the torch binding's messages)."""
-    if max_consecutive_skips is None:
-        return None
-    if isinstance(max_consecutive_skips, bool) or not isinstance(max_consecutive_skips, (int, np.integer)):
-        raise TypeError(f"max_consecutive_skips must be an int or None, got {max_consecutive_skips!r}.")
-    if max_consecutive_skips < 1:
-        raise ValueError(f"max_consecutive_skips must be at least 1 (or None to disable), got {max_consecutive_skips}.")
-    return int(max_consecutive_skips)
+__all__ = ["StepRecorder", "guard_skip"]
 
 
 def _raise(streak: Any, scale: Any, *, limit: int) -> None:
-    raise LossScaleError(
-        f"{int(streak)} steps in a row were skipped because gradients held NaN or Inf (loss scale now "
-        f"{float(scale):g}; max_consecutive_skips={limit}). Lowering the scale has not helped, so the cause is "
-        "likely not an overflow of the scaled loss:\n"
-        "  * a NaN in the loss itself (bad inputs or labels, log(0), 0/0): check jnp.isfinite(loss), or run "
-        "with jax.config.update('jax_debug_nans', True);\n"
-        "  * a learning rate too high, so the weights diverged: lower it or add warm-up;\n"
+    raise stall_error(
+        int(streak), float(scale), limit, "jnp.isfinite(loss), or run with jax.config.update('jax_debug_nans', True)",
         "  * a model pretrained in bfloat16 and run in float16, whose activations overflow 65504: "
         "run it in bfloat16 with loss_scale=1, or keep the overflowing layers in float32;\n"
-        "  * gradients clipped or transformed *before* loss_scale_optimizer in an optax.chain.\n"
-        "Pass max_consecutive_skips=None to disable this check."
+        "  * gradients clipped or transformed *before* loss_scale_optimizer in an optax.chain.\n",
     )
 
 

@@ -15,12 +15,13 @@ import optax
 from jax import lax
 from jax.tree_util import SequenceKey
 
+from .._errors import check_skip_limit
 from .._resolve import resolve_loss_scale
 from .._rule import LossScaleState, initial_state
 from .._sampler import check_stats_every
 from .._stats import GradientStats, as_mapping
 from ._compat import eval_jaxpr_choosing, is_tracer, like
-from ._diagnostics import StepRecorder, check_limit, guard_skip
+from ._diagnostics import StepRecorder, guard_skip
 from ._grads import all_finite, check_gradients, scale_loss, squared_norm, unscale
 from ._stats import init_stats, measure, step_scale
 
@@ -420,7 +421,7 @@ def loss_scale_optimizer(
     rule = policy.rule_params()
     axes = _axis_names(axis_name)
     max_norm = _check_max_norm(clip_by_global_norm)
-    limit = check_limit(max_consecutive_skips)
+    limit = check_skip_limit(max_consecutive_skips)
     recorder = None if history is None or history is False else StepRecorder(history)
     every = check_stats_every(stats_every, policy)
     inner = optax.with_extra_args_support(inner)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from numbers import Integral
 from typing import Any
 
 import keras
@@ -12,6 +11,7 @@ import numpy as np
 from keras import ops
 
 from .. import History, LossScaleError
+from .._errors import check_skip_limit, stall_error
 from .._history import STATS_COLUMNS
 
 __all__ = ["StepObserver", "is_symbolic", "on_host"]
@@ -73,15 +73,7 @@ class StepObserver:
             history = None
         elif history is not None and not isinstance(history, History):
             raise TypeError(f"history must be True, False/None or a lossscale.History, got {type(history).__name__}.")
-        if max_consecutive_skips is not None:
-            if isinstance(max_consecutive_skips, bool) or not isinstance(max_consecutive_skips, Integral):
-                raise TypeError(f"max_consecutive_skips must be an int or None, got {max_consecutive_skips!r}.")
-            if max_consecutive_skips < 1:
-                raise ValueError(
-                    f"max_consecutive_skips must be at least 1 (or None to disable), got {max_consecutive_skips}."
-                )
-            max_consecutive_skips = int(max_consecutive_skips)
-        self.max_consecutive_skips = max_consecutive_skips
+        self.max_consecutive_skips = check_skip_limit(max_consecutive_skips)
         self.history = history
         self._step = 0
         self._loss: Any = None
@@ -145,17 +137,12 @@ class StepObserver:
     def _guard(self, consecutive_skips: Any, new_scale: Any) -> None:
         limit = self.max_consecutive_skips
         if limit is not None and int(consecutive_skips) >= limit:
-            error = LossScaleError(
-                f"{int(consecutive_skips)} steps in a row were skipped because gradients held NaN or Inf (loss "
-                f"scale now {float(new_scale):g}; max_consecutive_skips={limit}). Lowering the scale has not helped, "
-                "so the cause is likely not an overflow of the scaled loss:\n"
-                "  * a NaN in the loss itself (bad inputs or labels, log(0), 0/0): check keras.ops.isfinite(loss);\n"
-                "  * a learning rate too high, so the weights diverged: lower it or add warm-up;\n"
+            error = stall_error(
+                int(consecutive_skips), float(new_scale), limit, "keras.ops.isfinite(loss)",
                 "  * activations that overflow float16's 65504: keep those layers in float32 (dtype='float32'), "
                 "or train in mixed_bfloat16 with loss_scale=1;\n"
                 "  * gradients of the unscaled loss applied as if scaled, or the reverse (see docs/keras.md, "
-                "'Two gradient contracts').\n"
-                "Pass max_consecutive_skips=None to disable this check."
+                "'Two gradient contracts').\n",
             )
             if not self._defer:
                 raise error

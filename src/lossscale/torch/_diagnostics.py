@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .._errors import LossScaleError
+from .._errors import check_skip_limit, stall_error
 from .._history import STATS_COLUMNS, History
 from .._torch_compat import TorchDispatchMode, sparse_values
 
@@ -35,11 +35,7 @@ class SkipGuard:
     """
 
     def __init__(self, max_consecutive_skips: int) -> None:
-        if isinstance(max_consecutive_skips, bool) or not isinstance(max_consecutive_skips, int):
-            raise TypeError(f"max_consecutive_skips must be an int or None, got {max_consecutive_skips!r}.")
-        if max_consecutive_skips < 1:
-            raise ValueError(f"max_consecutive_skips must be at least 1 (or None to disable), got {max_consecutive_skips}.")
-        self.limit = max_consecutive_skips
+        self.limit = check_skip_limit(max_consecutive_skips)
         self._in_flight: tuple[torch.Tensor, Any] | None = None  # (pinned copy, CUDA event): never pickled
 
     def __getstate__(self) -> dict[str, Any]:
@@ -74,17 +70,13 @@ class SkipGuard:
     def _raise_if_stalled(self, streak: int, scale: float) -> None:
         if streak < self.limit:
             return
-        raise LossScaleError(
-            f"{streak} steps in a row were skipped because gradients held NaN or Inf (loss scale now {scale:g}; "
-            f"max_consecutive_skips={self.limit}). Lowering the scale has not helped, so the cause is likely not "
-            "an overflow of the scaled loss:\n"
-            "  * a NaN in the loss itself (bad inputs or labels, log(0), 0/0): check torch.isfinite(loss);\n"
-            "  * a learning rate too high, so the weights diverged: lower it or add warm-up;\n"
+        raise stall_error(
+            streak, scale, self.limit, "torch.isfinite(loss)",
             "  * a model pretrained in bfloat16 and run in float16, whose activations overflow 65504: "
             "run it in bfloat16 with FixedLossScale(1), or keep the overflowing layers in float32;\n"
-            "  * stale gradients: zero_grad() not called between steps, or gradients accumulated over skipped steps.\n"
-            "Pass overflow_report=True (with named_parameters=model.named_parameters()) to see which "
-            "gradients overflow, or max_consecutive_skips=None to disable this check."
+            "  * stale gradients: zero_grad() not called between steps, or gradients accumulated over skipped steps.\n",
+            "overflow_report=True (with named_parameters=model.named_parameters()) to see which gradients "
+            "overflow, or ",
         )
 
 
