@@ -102,7 +102,7 @@ def inner_from_config(inner: Any, custom_objects: Any = None) -> Any:
         )
     class_name = inner["class_name"]
     config = _translate_inner(dict(inner.get("config") or {}), class_name)
-    builtin = getattr(keras.optimizers, class_name, None)
+    builtin: type[Any] | None = getattr(keras.optimizers, class_name, None)
     module = str(inner.get("module") or "")
     from_keras = not module or module.startswith("keras.") or module == "keras"
     if from_keras and isinstance(builtin, type) and issubclass(builtin, keras.optimizers.Optimizer):

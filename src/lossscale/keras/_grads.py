@@ -35,9 +35,8 @@ def scale_loss(loss: Any, scale: Any) -> Any:
 def unscale(grads: Sequence[Any], scale: Any, keep: Sequence[bool] | None = None) -> list[Any]:
     """A new list: each gradient times ``1/scale`` in at least float32, rounded back to its dtype.
 
-    None stays None; where ``keep[i]`` (a variable Keras overwrites with its
-    "gradient") the value passes as it is. Cost: one multiply per element
-    (fused into the check and the update under ``tf.function``/``jit``).
+    None stays None; where ``keep[i]`` (a variable Keras overwrites with its "gradient") the value passes as is.
+    Cost: one multiply per element (fused into the check and the update when compiled).
     """
     inverses: dict[str, Any] = {}
     out = []
@@ -55,9 +54,7 @@ def unscale(grads: Sequence[Any], scale: Any, keep: Sequence[bool] | None = None
 
 
 def _conjunction(flags: Sequence[Any]) -> Any:
-    if not flags:
-        return ops.convert_to_tensor(True)
-    finite = flags[0]
+    finite = flags[0] if flags else ops.convert_to_tensor(True)
     for flag in flags[1:]:
         finite = ops.logical_and(finite, flag)
     return finite
@@ -70,15 +67,10 @@ def _each_finite(grads: Sequence[Any]) -> Any:
 def all_finite(grads: Sequence[Any]) -> Any:
     """A 0-d bool tensor: True iff no gradient holds a NaN or an Inf (no gradient at all is finite).
 
-    On TensorFlow and JAX, float32/float64 gradients are first checked by
-    one sum of their sums: a finite sum implies every element is finite; only
-    when it is not (a NaN or Inf, or an overflow of finite values) does the
-    exact ``all(isfinite(g))`` run, in a ``cond``. Half-precision gradients
-    (whose sums overflow at 65504) and torch use the exact check. XLA on CPU
-    reduces a float32 sum several times faster than ``all(isfinite(g))``.
-
-    Cost: one read pass (a second only on a non-finite step). No host sync
-    under ``tf.function`` and ``jit``; one in eager TensorFlow (the ``cond``).
+    On TensorFlow and JAX, float32/float64 gradients are checked by one sum of their sums (finite implies every
+    element is; XLA reduces it several times faster than ``isfinite``), and only when it is not by the exact
+    ``all(isfinite(g))`` in a ``cond``; half precision (sums overflow at 65504) and torch use the exact check.
+    Cost: one read pass (two on a non-finite step). Host syncs: one in eager TensorFlow (the ``cond``).
     """
     present = [g for g in grads if g is not None]
     if keras.backend.backend() not in ("tensorflow", "jax"):
