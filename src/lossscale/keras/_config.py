@@ -21,6 +21,7 @@ from typing import Any
 import keras
 
 from .. import DynamicLossScale, FixedLossScale, LossScale, get, serialize
+from .._auto import check_stats_every
 from .._resolve import stable_form
 
 __all__ = ["BASE_DEFAULTS", "read_config", "restore", "write_config"]
@@ -134,12 +135,16 @@ def _stable(policy: LossScale) -> dict[str, Any] | None:
     return None
 
 
-def write_config(name: str, inner: Any, policy: LossScale, max_consecutive_skips: int | None) -> dict[str, Any]:
+def write_config(
+    name: str, inner: Any, policy: LossScale, max_consecutive_skips: int | None, stats_every: int | None
+) -> dict[str, Any]:
     """tf-keras's keys (``inner_optimizer``, and the stable form's when they say it all) and ours (``loss_scale``)."""
     config = {"name": name, "inner_optimizer": keras.saving.serialize_keras_object(inner)}
     config.update(_stable(policy) or {"loss_scale": serialize(policy)})
     if max_consecutive_skips is not None:
         config["max_consecutive_skips"] = max_consecutive_skips
+    if stats_every is not None and stats_every != check_stats_every(None, policy):  # the default is not written
+        config["stats_every"] = stats_every
     return config
 
 

@@ -65,7 +65,7 @@ def replica_apply(
         sums, sizes = _replica_sums(stats, grads, variables, scale, already)
     if aggregate:
         grads = _all_reduce_sum(context, grads)
-    unscaled, finite = unscale_and_check(grads, variables, scale, already, state.at_least_one)
+    unscaled, finite = unscale_and_check(state, grads, variables, scale, already)
     if not aggregate:
         bad = context.all_reduce(tf.distribute.ReduceOp.SUM, tf.cast(tf.logical_not(finite), tf.float32))
         finite = tf.equal(bad, 0.0)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import gc
 import threading
 import weakref
@@ -422,11 +421,7 @@ class LossScaleOptimizer(TFMethods, keras.optimizers.LossScaleOptimizer):
     def get_config(self) -> dict[str, Any]:
         """tf-keras's keys (``inner_optimizer``, ``dynamic``, ``initial_scale``, ``dynamic_growth_steps``) and ours."""
         limit = self._scale.observer.max_consecutive_skips
-        config = write_config(self.name, self.inner_optimizer, self._policy, limit)
-        stats = self._scale.stats
-        if stats is not None and stats.every != check_stats_every(None, self._policy):  # the default is not written
-            config["stats_every"] = stats.every
-        return config
+        return write_config(self.name, self.inner_optimizer, self._policy, limit, self.stats_every)
 
     @classmethod
     def from_config(cls, config: dict[str, Any], custom_objects: Any = None) -> LossScaleOptimizer:
@@ -443,10 +438,6 @@ class LossScaleOptimizer(TFMethods, keras.optimizers.LossScaleOptimizer):
         custom = {type(self._policy).__name__: type(self._policy)}
         values = {str(i): ops.convert_to_numpy(v) for i, v in enumerate(self.variables)} if self.built else None
         return restore, (type(self), self.get_config(), custom, values, self.history)
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> LossScaleOptimizer:
-        restore, args = self.__reduce__()
-        return restore(*copy.deepcopy(args, memo))
 
     def __repr__(self) -> str:
         inner = type(self.inner_optimizer).__name__

@@ -7,6 +7,7 @@ under ``tf.distribute``); the rule is the core's :func:`lossscale.next_state` ov
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Sequence
 from types import SimpleNamespace
 from typing import Any
@@ -133,16 +134,11 @@ def _keep(variables: Sequence[Any]) -> list[bool]:
     return [getattr(v, "overwrite_with_gradient", False) for v in variables]
 
 
-def unscale_and_check(
-    grads: list[Any], variables: Sequence[Any], scale: Any, already: bool, scale_at_least_one: bool
-) -> tuple[list[Any], Any]:
-    """The gradients times ``1/scale`` (unless ``already`` unscaled) and whether all are finite (0-d bool).
-
-    With ``scale_at_least_one`` (``0 < 1/S <= 1``: ``g * (1/S)`` is finite iff ``g`` is) the check reads the
-    scaled gradients and need not wait for the multiply.
-    """
+def unscale_and_check(state: ScaleState, grads: list[Any], variables: Sequence[Any], scale: Any, already: bool) -> Any:
+    """The gradients times ``1/scale`` (unless ``already`` unscaled) and whether all are finite (0-d bool); with
+    ``0 < 1/S <= 1`` (``g * (1/S)`` finite iff ``g`` is) the check reads ``grads`` without waiting for the multiply."""
     unscaled = grads if already else unscale(grads, scale, _keep(variables))
-    return unscaled, all_finite(grads if scale_at_least_one else unscaled)
+    return unscaled, all_finite(grads if state.at_least_one else unscaled)
 
 
 def apply_step(state: ScaleState, inner: Any, grads: list[Any], variables: list[Any], already: bool) -> None:
@@ -159,7 +155,7 @@ def apply_step(state: ScaleState, inner: Any, grads: list[Any], variables: list[
         with torch.no_grad():  # updates must not be recorded by autograd
             return _torch_apply(state, inner, grads, variables, already)
     current = state.read()
-    unscaled, finite = unscale_and_check(grads, variables, current.loss_scale, already, state.at_least_one)
+    unscaled, finite = unscale_and_check(state, grads, variables, current.loss_scale, already)
     measured = state.measure(grads, variables, current.loss_scale, already)
     if measured is not None or state.observer.active:
         ops.cond(finite, lambda: inner.apply(unscaled, variables), lambda: None)
@@ -255,14 +251,9 @@ def jax_apply(
     all_variables = list(own_variables) + list(inner.variables)
     step = cache.get(already)
     if step is None:
-
-        def pure(o: Any, g: Any, t: Any) -> Any:
-            return stateless_step(state, inner, own_variables, trainable_variables, o, g, t, already)
-
+        pure = functools.partial(stateless_step, state, inner, own_variables, trainable_variables, already=already)
         step = cache[already] = jax.jit(pure)
     with state.observer.deferred() if state.observer.active else contextlib.nullcontext():
         new_trainable, new_optimizer = step([v.value for v in all_variables], full, [v.value for v in trainable_variables])
-    for variable, value in zip(trainable_variables, new_trainable):
-        variable.assign(value)
-    for variable, value in zip(all_variables, new_optimizer):
+    for variable, value in zip([*trainable_variables, *all_variables], [*new_trainable, *new_optimizer]):
         variable.assign(value)
