@@ -90,25 +90,6 @@ LEGACY_SCALE_NAMES = (
 )
 
 
-def _holds_0_1_optimizer(path: str) -> bool:
-    """Whether the ``tf.train.Checkpoint`` at ``path`` has a node with both an ``inner_optimizer`` child and
-    ``_bad_steps_variable``, as 0.1's ``LossScaleOptimizer`` (no other graph has both)."""
-    import tensorflow as tf
-    from google.protobuf.message import DecodeError
-    from tensorflow.core.protobuf import trackable_object_graph_pb2
-
-    try:
-        reader = tf.train.load_checkpoint(path)
-        graph = trackable_object_graph_pb2.TrackableObjectGraph()
-        graph.ParseFromString(reader.get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH"))
-    except (tf.errors.OpError, ValueError, KeyError, DecodeError):  # no object graph there: nothing of 0.1's to map
-        return False
-    return any(
-        {"inner_optimizer", "_bad_steps_variable"} <= {child.local_name for child in node.children}
-        for node in graph.nodes
-    )
-
-
 class LegacyCheckpoint:
     """Restores a ``tf.train.Checkpoint`` written by lossscale 0.1 into today's graph.
 
@@ -129,8 +110,21 @@ class LegacyCheckpoint:
         self._sinks: dict[str, Any] = {}
 
     def adapter(self, path: str) -> None:
-        """``_checkpoint_adapter``'s hook: notes whether ``path`` is a 0.1 checkpoint (no adapter is returned)."""
-        self.active = _holds_0_1_optimizer(path)
+        """``_checkpoint_adapter``'s hook: notes whether the checkpoint at ``path`` has a node with both an
+        ``inner_optimizer`` child and ``_bad_steps_variable``, as 0.1's wrapper (no other graph has both)."""
+        import tensorflow as tf
+        from google.protobuf.message import DecodeError
+        from tensorflow.core.protobuf import trackable_object_graph_pb2
+
+        try:
+            reader = tf.train.load_checkpoint(path)
+            graph = trackable_object_graph_pb2.TrackableObjectGraph()
+            graph.ParseFromString(reader.get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH"))
+        except (tf.errors.OpError, ValueError, KeyError, DecodeError):  # no object graph there: nothing of 0.1's
+            self.active = False
+            return
+        names = ({child.local_name for child in node.children} for node in graph.nodes)
+        self.active = any({"inner_optimizer", "_bad_steps_variable"} <= children for children in names)
 
     def lookup(self, name: str, inner: Any, scale_variables: list[Any]) -> tuple[bool, Any]:
         """``(handled, dependency)`` for ``name`` of a 0.1 checkpoint; ``(False, None)``: today's lookup decides."""
@@ -139,8 +133,7 @@ class LegacyCheckpoint:
         if name == "inner_optimizer":
             return True, inner
         if name in LEGACY_SCALE_NAMES:
-            index = LEGACY_SCALE_NAMES.index(name)
-            return True, scale_variables[index] if scale_variables else None
+            return True, scale_variables[LEGACY_SCALE_NAMES.index(name)] if scale_variables else None
         if name in self._UNUSED:
             return True, self._sink(name, scale_variables)
         return False, None
@@ -168,9 +161,7 @@ class LegacyCheckpoint:
     @staticmethod
     def built(optimizer: Any, scale_variables: list[Any]) -> None:
         """Hands the scale variables to restorations of a 0.1 checkpoint that waited for ``build``."""
-        waiting = getattr(optimizer, "_deferred_dependencies", None)
-        if not waiting:
-            return
+        waiting = getattr(optimizer, "_deferred_dependencies", None) or {}
         for name, variable in zip(LEGACY_SCALE_NAMES, scale_variables):
             if name in waiting:
                 optimizer._handle_deferred_dependencies(name=name, trackable=variable)
