@@ -72,9 +72,7 @@ def checkpoint_children(inner: Any, node: Any, save_type: str, **kwargs: Any) ->
     """The wrapper's children in a ``tf.train.Checkpoint``: the inner optimizer's own (so plain checkpoints
     restore into the wrapper and back, as tf-keras), plus ``loss_scale``. TensorFlow's private
     ``_trackable_children``; public replacement: none."""
-    children = dict(inner._trackable_children(save_type, **kwargs))
-    children["loss_scale"] = node
-    return children
+    return {**inner._trackable_children(save_type, **kwargs), "loss_scale": node}
 
 
 #: Names hidden from ``dir()``: TensorFlow's checkpoint writer (``checkpoint/util.py``) takes any object whose

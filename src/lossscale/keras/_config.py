@@ -150,8 +150,7 @@ def write_config(
 
 def _merged(custom_objects: Any) -> dict[str, Any]:
     """``custom_objects`` plus those of an enclosing ``keras.saving.custom_object_scope``."""
-    merged = dict(keras.saving.get_custom_objects())
-    merged.update(custom_objects or {})
+    merged = {**keras.saving.get_custom_objects(), **(custom_objects or {})}
     classes = {k: v for k, v in merged.items() if isinstance(v, type) and issubclass(v, LossScale)}
     return {**{v.__name__: v for v in classes.values()}, **classes}
 

@@ -317,10 +317,7 @@ class LossScaleOptimizer(TFMethods, keras.optimizers.LossScaleOptimizer):
         return self._scale.observer.history
 
     def get_scaled_loss(self, loss: Any) -> Any:
-        """``loss * loss_scale``, computed in at least float32 and returned in ``loss``'s dtype.
-
-        A callable gives a callable (TF's form). Cost: one scalar multiply.
-        """
+        """``loss * loss_scale`` in at least float32, in ``loss``'s dtype; a callable gives a callable (TF's form)."""
         if callable(loss):
             return lambda: self.get_scaled_loss(loss())
         self._scale.observer.note_loss(loss)
@@ -427,8 +424,7 @@ class LossScaleOptimizer(TFMethods, keras.optimizers.LossScaleOptimizer):
     def from_config(cls, config: dict[str, Any], custom_objects: Any = None) -> LossScaleOptimizer:
         """Rebuilds from :meth:`get_config`, Keras 3's own config, or any tf-keras ``LossScaleOptimizer`` config.
 
-        A custom :class:`lossscale.LossScale` subclass is found in
-        ``custom_objects`` (or Keras' registered objects), never imported.
+        A custom :class:`lossscale.LossScale` is found in ``custom_objects`` (or Keras' registry), never imported.
         """
         inner, kwargs = read_config(config, custom_objects)
         return cls(inner, **kwargs)

@@ -86,7 +86,8 @@ class TFMethods:
 
     def get_slot_names(self) -> list[str]:
         """The inner optimizer's per-variable state names (Keras 3's: Adam's ``["momentum", "velocity"]``)."""
-        return list(dict.fromkeys(name for v in self._trainable_variables for name in _slots_of(self.inner_optimizer, v)))
+        inner = self.inner_optimizer
+        return list(dict.fromkeys(name for v in self._trainable_variables for name in _slots_of(inner, v)))
 
     def get_slot(self, var: Any, slot_name: str) -> Any:
         """The inner optimizer's ``slot_name`` variable for ``var`` (Keras 3's name, or tf-keras's: ``"m"``)."""
