@@ -1,14 +1,8 @@
 """The optimizer's config (``get_config``/``from_config``, pickling) and the configs tf-keras wrote.
 
-Pickling and ``copy.deepcopy`` go through the config and the variables'
-values, as a ``.keras`` file does: a custom :class:`lossscale.LossScale` is
-rebuilt from ``custom_objects``, never imported by name. tf-keras's three
-wrapper shapes are read: TF <= 2.3's (``optimizer``, ``loss_scale``), TF
-2.4+'s (``inner_optimizer``, ``dynamic``, ``initial_scale``,
-``dynamic_growth_steps``) and Keras 3's own; inside a Keras 2 inner
-optimizer, ``is_legacy_optimizer`` and ``jit_compile`` are dropped, ``lr`` is
-``learning_rate`` and ``decay`` is ``InverseTimeDecay(lr, 1, decay)`` exactly
-(docs/keras.md, "Configs from tf-keras").
+Pickling and ``copy.deepcopy`` go through the config and the variables' values, as a ``.keras`` file does: a
+custom :class:`lossscale.LossScale` comes back through ``custom_objects``, never by import. tf-keras's wrapper
+shapes and Keras 2 inner optimizers are translated as docs/keras.md's "Configs from tf-keras" lists.
 """
 
 from __future__ import annotations
