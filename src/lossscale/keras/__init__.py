@@ -37,12 +37,6 @@ from .. import (
 from ._optimizer import LossScaleOptimizer
 
 __all__ = [
-    "DynamicLossScale",
-    "ExponentialUpdateLossScaleManager",
-    "FixedLossScale",
-    "FixedLossScaleManager",
-    "History",
-    "LossScale",
-    "LossScaleError",
-    "LossScaleOptimizer",
+    "DynamicLossScale", "ExponentialUpdateLossScaleManager", "FixedLossScale", "FixedLossScaleManager", "History",
+    "LossScale", "LossScaleError", "LossScaleOptimizer",
 ]

@@ -1,10 +1,5 @@
-"""Loads of the Keras optimizer's scale (``.keras`` files, ``load_weights``, pickle, tf.train.Checkpoint), checked first.
-
-The five scale variables (``_state.STATE_NAMES``) are
-:class:`lossscale.LossScaleState`'s fields; their saved values go through the
-core's one load rule (:func:`lossscale._checkpoint.read_record`) before any
-variable is assigned.
-"""
+"""Loads of the Keras optimizer's scale (``.keras``, ``load_weights``, pickle, tf.train.Checkpoint), checked first
+by the core's one load rule (:func:`lossscale._checkpoint.read_record`) before any variable is assigned."""
 
 from __future__ import annotations
 
@@ -30,12 +25,8 @@ def _check(optimizer: Any, values: dict[str, Any], where: str) -> None:
 
 
 def check_store(optimizer: Any, state: Sequence[Any], store: Any) -> None:
-    """Checks the loss scale's values in a Keras weights ``store`` (``load_own_variables``); assigns nothing.
-
-    ``state`` is the optimizer's scale variables, in ``STATE_NAMES`` order. A
-    store of the wrong length is left to Keras, which then loads nothing (and
-    warns).
-    """
+    """Checks the values of the scale variables ``state`` in a Keras weights ``store`` (``load_own_variables``).
+    A store of the wrong length is left to Keras, which then loads nothing (and warns)."""
     variables = list(optimizer.variables)
     if not optimizer.built or len(store.keys()) != len(variables):
         return
@@ -51,12 +42,8 @@ def check_store(optimizer: Any, state: Sequence[Any], store: Any) -> None:
 
 
 def guard_restores(optimizer: Any, state: Sequence[Any]) -> None:
-    """After the scale variables exist: tf.train.Checkpoint restores of them are checked first (TensorFlow backend).
-
-    A restore deferred until ``build`` (the variables hung on the checkpoint
-    node) has already assigned the values when this runs: they are checked
-    here, and a bad one raises.
-    """
+    """After the scale variables exist: tf.train.Checkpoint restores of them are checked first (TensorFlow backend);
+    a restore deferred until ``build`` has assigned its values already: they are checked here."""
     if keras.backend.backend() != "tensorflow":
         return
     import tensorflow as tf

@@ -12,13 +12,8 @@ from typing import Any
 import keras
 
 __all__ = [
-    "HIDDEN_FROM_DIR",
-    "LegacyCheckpoint",
-    "before_tf_restore",
-    "checkpoint_children",
-    "checkpoint_node",
-    "inner_aggregation_off",
-    "no_automatic_dependency_tracking",
+    "HIDDEN_FROM_DIR", "LegacyCheckpoint", "before_tf_restore", "checkpoint_children", "checkpoint_node",
+    "inner_aggregation_off", "no_automatic_dependency_tracking",
 ]
 
 
@@ -35,11 +30,8 @@ def no_automatic_dependency_tracking(method: Callable[..., Any]) -> Callable[...
 def before_tf_restore(variable: Any, check: Callable[[Any], None]) -> bool:
     """Calls ``check(value)`` (a numpy value) before ``tf.train.Checkpoint`` restores ``variable``; False if it can't.
 
-    TensorFlow restores a Keras variable through its private
-    ``Trackable._restore_from_tensors(tensors)``; the hook is an instance
-    attribute that runs ``check`` on ``tensors["VARIABLE_VALUE"]`` first, so a
-    value that ``check`` refuses raises and is never assigned. Public
-    replacement: none (TensorFlow offers no restore callback per variable).
+    Wraps TensorFlow's private ``Trackable._restore_from_tensors`` on the instance, so a refused value raises
+    and is never assigned. Public replacement: none (no restore callback per variable).
     """
     restore = getattr(variable, "_restore_from_tensors", None)
     if restore is None:  # pragma: no cover - a Keras/TF that moved it
@@ -57,12 +49,8 @@ def before_tf_restore(variable: Any, check: Callable[[Any], None]) -> bool:
 
 @contextlib.contextmanager
 def inner_aggregation_off(inner: Any) -> Iterator[None]:
-    """Within the block, Keras' TensorFlow optimizer ``inner`` does not all-reduce the gradients it applies.
-
-    Keras 3's private ``TFOptimizer._all_reduce_sum_gradients`` sums them in
-    every ``apply``; they are summed already (by the wrapper or the user), so
-    a second sum would multiply them by the replicas. Public replacement: none.
-    """
+    """Within the block, Keras' private ``TFOptimizer._all_reduce_sum_gradients`` of ``inner`` sums nothing: the
+    gradients are summed already, and a second sum would multiply them by the replicas. Public replacement: none."""
     object.__setattr__(inner, "_all_reduce_sum_gradients", list)
     try:
         yield
@@ -72,11 +60,7 @@ def inner_aggregation_off(inner: Any) -> Iterator[None]:
 
 def checkpoint_node() -> Any:
     """A TensorFlow ``AutoTrackable`` to hang the scale variables on for ``tf.train.Checkpoint``, else None.
-
-    Variables set on it after a restore started receive their values then
-    (TF's deferred restoration). Public replacement: none (``tf.Module`` also
-    tracks itself by name).
-    """
+    Public replacement: none (``tf.Module`` also tracks itself by name)."""
     if keras.backend.backend() != "tensorflow":
         return None
     import tensorflow as tf
@@ -85,15 +69,10 @@ def checkpoint_node() -> Any:
 
 
 def checkpoint_children(inner: Any, node: Any, save_type: str, **kwargs: Any) -> dict[str, Any]:
-    """The wrapper's children in a ``tf.train.Checkpoint``: the inner optimizer's own, plus ``loss_scale``.
-
-    So a checkpoint of the plain inner optimizer restores into the wrapper and
-    the reverse (as tf-keras). TensorFlow's private ``_trackable_children``;
-    public replacement: none.
-    """
-    children = dict(inner._trackable_children(save_type, **kwargs))
-    children["loss_scale"] = node
-    return children
+    """The wrapper's children in a ``tf.train.Checkpoint``: the inner optimizer's own (so plain checkpoints
+    restore into the wrapper and back, as tf-keras), plus ``loss_scale``. TensorFlow's private
+    ``_trackable_children``; public replacement: none."""
+    return {**inner._trackable_children(save_type, **kwargs), "loss_scale": node}
 
 
 #: Names hidden from ``dir()``: TensorFlow's checkpoint writer (``checkpoint/util.py``) takes any object whose
@@ -103,57 +82,23 @@ def checkpoint_children(inner: Any, node: Any, save_type: str, **kwargs: Any) ->
 HIDDEN_FROM_DIR = ("get_slot_names",)
 
 
-#: lossscale 0.1's names of the five scale variables, tracked on the wrapper itself (today they are the children
-#: of its ``loss_scale`` node, named as in :data:`lossscale.keras._state.STATE_NAMES`).
+#: lossscale 0.1's names of the five scale variables, tracked on the wrapper itself.
 LEGACY_SCALE_NAMES = (
     "dynamic_scale", "step_counter", "_bad_steps_variable", "_skipped_steps_variable", "_consecutive_skips_variable"
 )
 
 
-def _holds_0_1_optimizer(path: str) -> bool:
-    """Whether the ``tf.train.Checkpoint`` at ``path`` has a node shaped like a 0.1 ``LossScaleOptimizer``.
-
-    0.1's wrapper was its own node with an ``inner_optimizer`` child beside its
-    scale variables (``_bad_steps_variable``, ...); no other graph has both.
-    """
-    import tensorflow as tf
-    from google.protobuf.message import DecodeError
-    from tensorflow.core.protobuf import trackable_object_graph_pb2
-
-    try:
-        reader = tf.train.load_checkpoint(path)
-        graph = trackable_object_graph_pb2.TrackableObjectGraph()
-        graph.ParseFromString(reader.get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH"))
-    except (tf.errors.OpError, ValueError, KeyError, DecodeError):  # no object graph there: nothing of 0.1's to map
-        return False
-    return any(
-        {"inner_optimizer", "_bad_steps_variable"} <= {child.local_name for child in node.children}
-        for node in graph.nodes
-    )
-
-
 class LegacyCheckpoint:
     """Restores a ``tf.train.Checkpoint`` written by lossscale 0.1 into today's graph.
 
-    0.1's wrapper node held the inner optimizer as a child (``inner_optimizer``),
-    its five scale variables under their own names (:data:`LEGACY_SCALE_NAMES`),
-    and a ``_variables`` list, ``_iterations`` and ``_learning_rate`` of its own
-    that no step used (0 and 0.0). Today the wrapper's graph is the inner
-    optimizer's (so plain checkpoints restore), and those three names are the
-    inner's: a 0.1 checkpoint restored by name would write the unused 0 into
-    ``iterations``, and its ``_variables`` list would give the scale's int32
-    counters to Adam's float slots (TF refuses: "expected dtype float").
-
-    TensorFlow's private restore hooks: ``Trackable._checkpoint_adapter(path)``
-    is called with the checkpoint's path before the node's children are looked
-    up, and ``Trackable._lookup_dependency(name)`` resolves each child's name.
-    When the checkpoint holds a 0.1 wrapper, :meth:`lookup` maps
-    ``inner_optimizer`` to the inner optimizer, the old scale names to today's
-    variables, and the unused three to throwaway variables, so the restore is
-    complete (``assert_consumed`` passes) and nothing of today's graph is
-    written twice. Before ``build`` the scale's names wait in TF's deferred
-    restorations until :meth:`built` hands them their variables. Public
-    replacement: none.
+    0.1's wrapper node held ``inner_optimizer``, the scale under
+    :data:`LEGACY_SCALE_NAMES`, and its own unused ``_variables``,
+    ``_iterations`` and ``_learning_rate``, which today are the inner's names:
+    restored by name they would zero ``iterations`` and give int32 counters to
+    float slots. Through TensorFlow's private ``_checkpoint_adapter`` and
+    ``_lookup_dependency`` hooks, :meth:`lookup` maps the old names to today's
+    variables and the unused three to throwaway ones (``assert_consumed``
+    passes). Public replacement: none.
     """
 
     _UNUSED = ("_iterations", "_learning_rate", "_variables")
@@ -163,8 +108,21 @@ class LegacyCheckpoint:
         self._sinks: dict[str, Any] = {}
 
     def adapter(self, path: str) -> None:
-        """``_checkpoint_adapter``'s hook: notes whether ``path`` is a 0.1 checkpoint (no adapter is returned)."""
-        self.active = _holds_0_1_optimizer(path)
+        """``_checkpoint_adapter``'s hook: notes whether the checkpoint at ``path`` has a node with both an
+        ``inner_optimizer`` child and ``_bad_steps_variable``, as 0.1's wrapper (no other graph has both)."""
+        import tensorflow as tf
+        from google.protobuf.message import DecodeError
+        from tensorflow.core.protobuf import trackable_object_graph_pb2
+
+        try:
+            reader = tf.train.load_checkpoint(path)
+            graph = trackable_object_graph_pb2.TrackableObjectGraph()
+            graph.ParseFromString(reader.get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH"))
+        except (tf.errors.OpError, ValueError, KeyError, DecodeError):  # no object graph there: nothing of 0.1's
+            self.active = False
+            return
+        names = ({child.local_name for child in node.children} for node in graph.nodes)
+        self.active = any({"inner_optimizer", "_bad_steps_variable"} <= children for children in names)
 
     def lookup(self, name: str, inner: Any, scale_variables: list[Any]) -> tuple[bool, Any]:
         """``(handled, dependency)`` for ``name`` of a 0.1 checkpoint; ``(False, None)``: today's lookup decides."""
@@ -173,8 +131,7 @@ class LegacyCheckpoint:
         if name == "inner_optimizer":
             return True, inner
         if name in LEGACY_SCALE_NAMES:
-            index = LEGACY_SCALE_NAMES.index(name)
-            return True, scale_variables[index] if scale_variables else None
+            return True, scale_variables[LEGACY_SCALE_NAMES.index(name)] if scale_variables else None
         if name in self._UNUSED:
             return True, self._sink(name, scale_variables)
         return False, None
@@ -202,9 +159,7 @@ class LegacyCheckpoint:
     @staticmethod
     def built(optimizer: Any, scale_variables: list[Any]) -> None:
         """Hands the scale variables to restorations of a 0.1 checkpoint that waited for ``build``."""
-        waiting = getattr(optimizer, "_deferred_dependencies", None)
-        if not waiting:
-            return
+        waiting = getattr(optimizer, "_deferred_dependencies", None) or {}
         for name, variable in zip(LEGACY_SCALE_NAMES, scale_variables):
             if name in waiting:
                 optimizer._handle_deferred_dependencies(name=name, trackable=variable)

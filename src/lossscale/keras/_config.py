@@ -1,25 +1,119 @@
-"""The optimizer's one record: its config (``get_config``/``from_config``) and its variables' values.
+"""The optimizer's config (``get_config``/``from_config``, pickling) and the configs tf-keras wrote.
 
-``.keras`` files save the config and, through ``save_own_variables``, the
-values; pickling and ``copy.deepcopy`` go through the same two, so a custom
-:class:`lossscale.LossScale` subclass is rebuilt from ``custom_objects`` (a
-class is never imported by name) and a restored optimizer holds the same
-numbers once built.
+Pickling and ``copy.deepcopy`` go through the config and the variables' values, as a ``.keras`` file does: a
+custom :class:`lossscale.LossScale` comes back through ``custom_objects``, never by import. tf-keras's wrapper
+shapes and Keras 2 inner optimizers are translated as docs/keras.md's "Configs from tf-keras" lists.
 """
 
 from __future__ import annotations
 
+import sys
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
 import keras
-from keras import ops
 
 from .. import DynamicLossScale, FixedLossScale, LossScale, get, serialize
+from .._auto import check_stats_every
 from .._resolve import stable_form
-from ._tf_keras import inner_from_config, translate_config
 
-__all__ = ["read_config", "restore", "values_record", "write_config"]
+__all__ = ["BASE_DEFAULTS", "read_config", "restore", "write_config"]
+
+#: The base optimizer's settings, which are the inner optimizer's; Keras 3's own wrapper once wrote them, at
+#: these defaults, into its config.
+BASE_DEFAULTS = {
+    "weight_decay": None, "clipnorm": None, "global_clipnorm": None, "clipvalue": None, "use_ema": False,
+    "ema_momentum": 0.99, "ema_overwrite_frequency": None, "loss_scale_factor": None,
+    "gradient_accumulation_steps": None,
+}
+
+
+def read_config(config: Mapping[str, Any], custom_objects: Any = None) -> tuple[Any, dict[str, Any]]:
+    """The inner optimizer and the constructor's keywords of a config (any tf-keras shape, Keras 3's, ours)."""
+    config = dict(config)
+    if "optimizer" in config:
+        if "inner_optimizer" in config:
+            raise ValueError("A LossScaleOptimizer config has both 'optimizer' (TF <= 2.3) and 'inner_optimizer'.")
+        config["inner_optimizer"] = config.pop("optimizer")
+    if "inner_optimizer" not in config:
+        raise ValueError(
+            f"Not a LossScaleOptimizer config: no 'inner_optimizer' (or TF 2.3's 'optimizer') among "
+            f"{sorted(config)}. Pass what get_config() returned."
+        )
+    for key, default in BASE_DEFAULTS.items():
+        if key in config:
+            value = config.pop(key)
+            if value != default:
+                raise ValueError(
+                    f"This LossScaleOptimizer config sets {key}={value!r}, which only the inner optimizer can "
+                    f"hold: move it into the inner optimizer's config."
+                )
+    inner = inner_from_config(config.pop("inner_optimizer"), custom_objects)
+    value = config.get("loss_scale")
+    if isinstance(value, Mapping):  # ours, or TF's {"class_name", "config"} with Keras' extra keys
+        value = {k: v for k, v in value.items() if k in ("class_name", "config")}
+        config["loss_scale"] = get(value, custom_objects=_merged(custom_objects))  # a class of one's own: found only there
+        if config["loss_scale"] is None:
+            raise ValueError("loss_scale=None in a config: drop the key for the default dynamic scale.")
+    return inner, config
+
+
+def _translate_inner(config: dict[str, Any], class_name: str) -> dict[str, Any]:
+    config = dict(config)
+    config.pop("is_legacy_optimizer", None)
+    if config.pop("jit_compile", False):
+        warnings.warn(
+            f"{class_name}: jit_compile=True (a Keras 2 optimizer setting) is dropped; Keras 3 compiles the whole "
+            "train step instead: model.compile(..., jit_compile=True) ('auto', the default, already does where "
+            "it can).",
+            stacklevel=4,
+        )
+    if "lr" in config:
+        config.setdefault("learning_rate", config.pop("lr"))
+    decay = config.pop("decay", None)
+    if decay:
+        learning_rate = config.get("learning_rate", 0.001)
+        if isinstance(learning_rate, (int, float)):
+            schedule = keras.optimizers.schedules.InverseTimeDecay(float(learning_rate), 1, float(decay))
+            config["learning_rate"] = keras.saving.serialize_keras_object(schedule)
+        else:
+            warnings.warn(
+                f"{class_name}: decay={decay!r} is dropped: Keras 3 has no decay argument, and the learning rate "
+                "is already a schedule, which Keras 2 combined with decay. Fold the decay into the schedule.",
+                stacklevel=4,
+            )
+    return config
+
+
+def inner_from_config(inner: Any, custom_objects: Any = None) -> Any:
+    """The inner optimizer of a config: an instance as it is, or a serialized Keras 2 or 3 optimizer."""
+    if isinstance(inner, keras.optimizers.Optimizer):
+        return inner
+    if not isinstance(inner, Mapping) or not isinstance(inner.get("class_name"), str):
+        raise TypeError(
+            f"inner_optimizer must be an optimizer or a serialized one ({{'class_name': ..., 'config': {{...}}}}), "
+            f"got {inner!r}."
+        )
+    class_name = inner["class_name"]
+    config = _translate_inner(dict(inner.get("config") or {}), class_name)
+    builtin: type[Any] | None = getattr(keras.optimizers, class_name, None)
+    module = str(inner.get("module") or "")
+    from_keras = not module or module.startswith("keras.") or module == "keras"
+    if from_keras and isinstance(builtin, type) and issubclass(builtin, keras.optimizers.Optimizer):
+        # Keras 2 names its built-in optimizers "keras.optimizers.legacy"/"...experimental"; Keras 3 knows the
+        # same classes by name only.
+        try:
+            return builtin.from_config(config, custom_objects=custom_objects)
+        except (TypeError, ValueError, KeyError) as error:  # KeyError: e.g. a LossScaleOptimizer without its inner
+            raise ValueError(
+                f"Cannot rebuild the inner optimizer {class_name} from {config!r}: {error}. Its config carries a "
+                "setting Keras 3 does not have; remove it (see docs/keras.md, 'Configs from tf-keras')."
+            ) from error
+    # A config names modules, it doesn't import them: Keras would import a "keras.*" module the config names, so
+    # it gets one only if it is imported already (registered classes are found by registered_name).
+    inner = {key: value for key, value in inner.items() if key != "module" or value in sys.modules}
+    return keras.saving.deserialize_keras_object({**inner, "config": config}, custom_objects=custom_objects)
 
 
 _EXTRAS = ("min_loss_scale", "max_loss_scale", "hysteresis")
@@ -35,43 +129,28 @@ def _stable(policy: LossScale) -> dict[str, Any] | None:
     return None
 
 
-def write_config(name: str, inner: Any, policy: LossScale, max_consecutive_skips: int | None) -> dict[str, Any]:
+def write_config(
+    name: str, inner: Any, policy: LossScale, max_consecutive_skips: int | None, stats_every: int | None
+) -> dict[str, Any]:
     """tf-keras's keys (``inner_optimizer``, and the stable form's when they say it all) and ours (``loss_scale``)."""
     config = {"name": name, "inner_optimizer": keras.saving.serialize_keras_object(inner)}
     config.update(_stable(policy) or {"loss_scale": serialize(policy)})
     if max_consecutive_skips is not None:
         config["max_consecutive_skips"] = max_consecutive_skips
+    if stats_every is not None and stats_every != check_stats_every(None, policy):  # the default is not written
+        config["stats_every"] = stats_every
     return config
-
-
-def read_config(config: Mapping[str, Any], custom_objects: Any = None) -> tuple[Any, dict[str, Any]]:
-    """The inner optimizer and the constructor's keywords of a config (any tf-keras shape, Keras 3's, ours)."""
-    config = translate_config(config)
-    inner = inner_from_config(config.pop("inner_optimizer"), custom_objects)
-    value = config.get("loss_scale")
-    if isinstance(value, Mapping):  # ours, or TF's {"class_name", "config"} with Keras' extra keys
-        value = {k: v for k, v in value.items() if k in ("class_name", "config")}
-        config["loss_scale"] = get(value, custom_objects=_merged(custom_objects))  # a class of one's own: found only there
-        if config["loss_scale"] is None:
-            raise ValueError("loss_scale=None in a config: drop the key for the default dynamic scale.")
-    return inner, config
 
 
 def _merged(custom_objects: Any) -> dict[str, Any]:
     """``custom_objects`` plus those of an enclosing ``keras.saving.custom_object_scope``."""
-    merged = dict(keras.saving.get_custom_objects())
-    merged.update(custom_objects or {})
+    merged = {**keras.saving.get_custom_objects(), **(custom_objects or {})}
     classes = {k: v for k, v in merged.items() if isinstance(v, type) and issubclass(v, LossScale)}
     return {**{v.__name__: v for v in classes.values()}, **classes}
-
-
-def values_record(variables: list[Any]) -> dict[str, Any]:
-    """``save_own_variables``'s store: ``{"0": array, ...}`` for ``variables`` in order."""
-    return {str(i): ops.convert_to_numpy(v) for i, v in enumerate(variables)}
 
 
 def restore(cls: Any, config: dict[str, Any], custom: dict[str, Any], values: Any, history: Any) -> Any:
     """The optimizer of a pickled record: ``from_config``; ``values`` wait for :meth:`build` (the model's variables)."""
     opt = cls.from_config(dict(config), custom_objects=custom)
-    opt.restore_on_build(values, history)
+    opt._pending, opt._scale.observer.history = values, history
     return opt

@@ -116,11 +116,8 @@ class StepObserver:
     def observe(
         self, scale_used: Any, finite: Any, consecutive_skips: Any, new_scale: Any, stats: tuple[Any, ...] = ()
     ) -> None:
-        """Called once per step (when :attr:`active`) with the scale the step used, its flag and the new state.
-
-        Two host calls: the record (never raises) and the guard (stateless, so
-        that each JAX device's copy raises together, none left waiting in a collective).
-        """
+        """Called once per step (when :attr:`active`): two host calls, the record (never raises) and the guard
+        (stateless, so that each JAX device's copy raises together, none left waiting in a collective)."""
         if self.history is not None:  # ``stats``: (sampled, headroom_bits, zero_fraction, subnormal_fraction)
             on_host(self._record, scale_used, finite, *stats)
         if self.max_consecutive_skips is not None:

@@ -11,13 +11,9 @@ Per step, in each replica (``strategy.run``, ``fit``)::
         if finite: each replica runs inner.apply(u)    # its own all-reduce switched off
         S, counters = next_state(...)                  # one assign of the mirrored state
 
-Every replica takes the same branch, so a skip leaves weights, slots and
-``iterations`` alike everywhere and the scale backs off once. The branch is
-taken in the cross-replica context (as tf-keras): a ``cond`` whose branch
-reaches a ``merge_call`` cannot run in a replica context. The sample treats
-the replicas' float16 backwards as lying side by side (``amax`` the max, the
-counts and sums of squares summed, sizes times the replicas). Host syncs:
-none under ``tf.function``.
+Every replica takes the same branch (in the cross-replica context, as tf-keras: a ``cond`` whose branch
+reaches a ``merge_call`` cannot run in a replica), so a skip leaves every replica alike and the scale backs off
+once. The sample treats the replicas' backwards as side by side. Host syncs: none under ``tf.function``.
 """
 
 from __future__ import annotations
@@ -59,7 +55,7 @@ def _all_reduce_sum(context: Any, grads: list[Any]) -> list[Any]:
 def replica_apply(
     state: ScaleState, inner: Any, grads: list[Any], variables: list[Any], already: bool, aggregate: bool
 ) -> None:
-    """One step from a replica; see the module docstring. Returns nothing (the inner's updates are assigned)."""
+    """One step from a replica; see the module docstring."""
     import tensorflow as tf
 
     context = tf.distribute.get_replica_context()
@@ -69,7 +65,7 @@ def replica_apply(
         sums, sizes = _replica_sums(stats, grads, variables, scale, already)
     if aggregate:
         grads = _all_reduce_sum(context, grads)
-    unscaled, finite = unscale_and_check(grads, variables, scale, already, state.at_least_one)
+    unscaled, finite = unscale_and_check(state, grads, variables, scale, already)
     if not aggregate:
         bad = context.all_reduce(tf.distribute.ReduceOp.SUM, tf.cast(tf.logical_not(finite), tf.float32))
         finite = tf.equal(bad, 0.0)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import keras
@@ -10,12 +11,12 @@ from keras import ops
 
 __all__ = ["all_finite", "reciprocal", "scale_loss", "unscale"]
 
-_NARROW = ("float16", "bfloat16")
-
-
-def _compute_dtype(dtype: str) -> str:
-    """A gradient's own dtype, widened to float32 if narrower."""
-    return "float32" if dtype in _NARROW else dtype
+def _times(x: Any, factor: Callable[[str], Any]) -> Any:
+    """``x * factor(wide)`` in ``wide``, ``x``'s dtype widened to at least float32; rounded back to ``x``'s dtype."""
+    dtype = keras.backend.standardize_dtype(x.dtype)
+    wide = "float32" if dtype in ("float16", "bfloat16") else dtype
+    value = ops.multiply(ops.cast(x, wide), factor(wide))
+    return value if wide == dtype else ops.cast(value, dtype)
 
 
 def reciprocal(scale: Any, dtype: str = "float32") -> Any:
@@ -25,39 +26,21 @@ def reciprocal(scale: Any, dtype: str = "float32") -> Any:
 
 def scale_loss(loss: Any, scale: Any) -> Any:
     """``loss * scale``, computed in at least float32 and returned in ``loss``'s dtype. Cost: one multiply."""
-    loss = ops.convert_to_tensor(loss)
-    dtype = keras.backend.standardize_dtype(loss.dtype)
-    wide = _compute_dtype(dtype)
-    scaled = ops.multiply(ops.cast(loss, wide), ops.cast(scale, wide))
-    return scaled if wide == dtype else ops.cast(scaled, dtype)
+    return _times(ops.convert_to_tensor(loss), lambda wide: ops.cast(scale, wide))
 
 
 def unscale(grads: Sequence[Any], scale: Any, keep: Sequence[bool] | None = None) -> list[Any]:
     """A new list: each gradient times ``1/scale`` in at least float32, rounded back to its dtype.
 
-    None stays None; where ``keep[i]`` (a variable Keras overwrites with its
-    "gradient") the value passes as it is. Cost: one multiply per element
-    (fused into the check and the update under ``tf.function``/``jit``).
+    None stays None; where ``keep[i]`` (a variable Keras overwrites with its "gradient") the value passes as is.
+    Cost: one multiply per element (fused into the check and the update when compiled).
     """
-    inverses: dict[str, Any] = {}
-    out = []
-    for i, grad in enumerate(grads):
-        if grad is None or (keep is not None and keep[i]):
-            out.append(grad)
-            continue
-        dtype = keras.backend.standardize_dtype(grad.dtype)
-        wide = _compute_dtype(dtype)
-        if wide not in inverses:
-            inverses[wide] = reciprocal(scale, wide)
-        value = ops.multiply(ops.cast(grad, wide), inverses[wide])
-        out.append(value if wide == dtype else ops.cast(value, dtype))
-    return out
+    inverse = functools.cache(lambda wide: reciprocal(scale, wide))  # one reciprocal per dtype
+    return [g if g is None or (keep is not None and keep[i]) else _times(g, inverse) for i, g in enumerate(grads)]
 
 
 def _conjunction(flags: Sequence[Any]) -> Any:
-    if not flags:
-        return ops.convert_to_tensor(True)
-    finite = flags[0]
+    finite = flags[0] if flags else ops.convert_to_tensor(True)
     for flag in flags[1:]:
         finite = ops.logical_and(finite, flag)
     return finite
@@ -70,15 +53,10 @@ def _each_finite(grads: Sequence[Any]) -> Any:
 def all_finite(grads: Sequence[Any]) -> Any:
     """A 0-d bool tensor: True iff no gradient holds a NaN or an Inf (no gradient at all is finite).
 
-    On TensorFlow and JAX, float32/float64 gradients are first checked by
-    one sum of their sums: a finite sum implies every element is finite; only
-    when it is not (a NaN or Inf, or an overflow of finite values) does the
-    exact ``all(isfinite(g))`` run, in a ``cond``. Half-precision gradients
-    (whose sums overflow at 65504) and torch use the exact check. XLA on CPU
-    reduces a float32 sum several times faster than ``all(isfinite(g))``.
-
-    Cost: one read pass (a second only on a non-finite step). No host sync
-    under ``tf.function`` and ``jit``; one in eager TensorFlow (the ``cond``).
+    On TensorFlow and JAX, float32/float64 gradients are checked by one sum of their sums (finite implies every
+    element is; XLA reduces it several times faster than ``isfinite``), and only when it is not by the exact
+    ``all(isfinite(g))`` in a ``cond``; half precision (sums overflow at 65504) and torch use the exact check.
+    Cost: one read pass (two on a non-finite step). Host syncs: one in eager TensorFlow (the ``cond``).
     """
     present = [g for g in grads if g is not None]
     if keras.backend.backend() not in ("tensorflow", "jax"):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import gc
 import threading
 import weakref
@@ -10,7 +9,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import keras
-import numpy as np
 from keras import ops
 
 from .. import LossScale
@@ -24,7 +22,7 @@ from ._compat import (
     checkpoint_node,
     no_automatic_dependency_tracking,
 )
-from ._config import read_config, restore, values_record, write_config
+from ._config import BASE_DEFAULTS, read_config, restore, write_config
 from ._diagnostics import StepObserver
 from ._distributed import in_replica_of_strategy, replica_apply
 from ._grads import all_finite, scale_loss, unscale
@@ -35,17 +33,14 @@ from ._tf_methods import TFMethods
 __all__ = ["LossScaleOptimizer"]
 
 #: Base-optimizer settings that are the inner optimizer's: refused by the constructor, read and written through.
-_INNER_SETTINGS = (
-    "weight_decay", "clipnorm", "clipvalue", "global_clipnorm", "use_ema", "ema_momentum", "ema_overwrite_frequency",
-    "gradient_accumulation_steps",
-)
+_INNER_SETTINGS = tuple(k for k in BASE_DEFAULTS if k != "loss_scale_factor")
 
 _OWNERS: weakref.WeakKeyDictionary[Any, weakref.ref[Any]] = weakref.WeakKeyDictionary()  # inner -> its one wrapper
 
 
 def _check_arguments(inner: Any, kwargs: dict[str, Any]) -> None:
     """Raises unless ``inner`` is a Keras 3 optimizer without a scale of its own, and ``kwargs`` is empty."""
-    settings = [k for k in kwargs if k in _INNER_SETTINGS or k in ("loss_scale_factor", "learning_rate")]
+    settings = [k for k in kwargs if k in BASE_DEFAULTS or k == "learning_rate"]
     if settings:
         shown = ", ".join(f"{k}={kwargs[k]!r}" for k in settings)
         raise ValueError(
@@ -107,17 +102,10 @@ def _forward(name: str) -> property:
 
 
 class UnscaleStage:
-    """Which of the two gradient contracts an apply follows: remembers ``get_unscaled_gradients`` until then.
+    """Which of the two gradient contracts an apply follows (docs/keras.md, "Two gradient contracts").
 
-    :meth:`take` reads the gradients of an apply as scaled (Keras 3's contract:
-    they are unscaled) when no ``get_unscaled_gradients`` came since the last
-    apply, or when every gradient is one of the scaled tensors it was given (a
-    call on the side, e.g. for logging); anything else (what it returned, or
-    tensors computed from that, e.g. clipped) is already unscaled (TF's
-    contract). New tensors computed from the scaled gradients after such a
-    call are taken as unscaled: the one pattern it cannot tell apart. Under
-    ``tf.function`` and ``jit`` this is decided when the step is traced. The
-    record is per thread, so per replica under ``MirroredStrategy``.
+    Remembers the tensors given to ``get_unscaled_gradients`` until the next apply, per thread (so per replica
+    under ``MirroredStrategy``); under ``tf.function`` and ``jit`` this is decided when the step is traced.
     """
 
     def __init__(self) -> None:
@@ -150,10 +138,9 @@ class UnscaleStage:
 class LossScaleOptimizer(TFMethods, keras.optimizers.LossScaleOptimizer):
     """An optimizer that applies loss scaling; TF's ``tf.keras.mixed_precision.LossScaleOptimizer`` for Keras 3.
 
-    The loss is multiplied by ``S`` before differentiation and the gradients by
-    ``1/S`` (the float32 reciprocal, as TF) before the update, so that float16
-    gradients below about 6e-8 do not flush to zero (Micikevicius et al.,
-    2018, "Mixed Precision Training"). Per apply, with ``g`` the gradients::
+    The loss is multiplied by ``S`` and the gradients by ``1/S`` (the float32
+    reciprocal, as TF), so that float16 gradients below about 6e-8 do not
+    flush to zero. Per apply, with ``g`` the gradients::
 
         u = g if g already went through get_unscaled_gradients else g * (1/S)
         finite = all(isfinite(u))
@@ -161,44 +148,27 @@ class LossScaleOptimizer(TFMethods, keras.optimizers.LossScaleOptimizer):
         else:      nothing: weights, inner slots and iterations untouched
         S, counters = lossscale.next_state(policy, S, counters, finite)
 
-    A non-finite step is skipped in every mode, fixed scales included (TF's
-    fixed mode applies it). ``iterations`` does not advance on a skipped step
-    (Keras 3's convention; tf-keras advanced it).
-
-    A subclass of ``keras.optimizers.LossScaleOptimizer`` (``model.compile``
-    under ``mixed_float16`` keeps it as it is); the state is five Keras
-    variables, which ``.keras`` files save.
+    A non-finite step is skipped in every mode, fixed scales included. A
+    subclass of Keras' own class; the state is five Keras variables, which
+    ``.keras`` files save. See docs/keras.md.
 
     Args:
         inner_optimizer: the ``keras.optimizers.Optimizer`` instance to wrap.
-        loss_scale: the experimental form: a number (fixed), ``"dynamic"``, a
-            :class:`lossscale.LossScale` (contrib's managers included) or its
-            ``lossscale.serialize`` dict.
-        dynamic, initial_scale, dynamic_growth_steps: the stable form
-            (default: dynamic, 2**15, 2000).
-        min_loss_scale, max_loss_scale, hysteresis: refine the stable form's
-            dynamic scale (defaults: TF's floor 1, no ceiling, back off at
-            every overflow).
-        max_consecutive_skips: raise :class:`lossscale.LossScaleError` after
-            this many skipped steps in a row (default None: never).
-        history: True or a :class:`lossscale.History` to record each step's
-            scale and skip flag.
-        stats_every: measure the scaled gradients every ``N``-th apply
-            (default None: never; 16 with ``loss_scale="auto"``), read as
-            :attr:`gradient_stats`; ``lossscale.AutoLossScale`` sets the
-            scale from them (see docs/gradient_stats.md).
+        loss_scale: a number (fixed), ``"dynamic"``, a :class:`lossscale.LossScale` or its serialized dict.
+        dynamic, initial_scale, dynamic_growth_steps: TF's stable form (default: dynamic, 2**15, 2000).
+        min_loss_scale, max_loss_scale, hysteresis: refine the dynamic scale (defaults: 1, none, 1).
+        max_consecutive_skips: raise :class:`lossscale.LossScaleError` after this many skips in a row (None: never).
+        history: True or a :class:`lossscale.History` recording each step's scale and skip flag.
+        stats_every: measure the scaled gradients every N-th apply (None: never; 16 with ``loss_scale="auto"``).
         name: the optimizer's name.
 
     Base-optimizer settings (``clipnorm``, ``use_ema``, ...) are the inner
     optimizer's: refused here, read and written through as attributes.
 
-    Cost per step: one multiply per gradient element and one read pass for
-    the check (fused under ``jit``; a sum per gradient on TensorFlow; two
-    multi-tensor kernel calls on torch), about 20 scalar ops for the scale.
-    Host syncs: none under ``tf.function`` and ``jit``; one per step in eager
-    TensorFlow and on torch (the branch is a Python ``if``, as in Keras' own
-    class); ``history``/``max_consecutive_skips`` add one transfer of three
-    scalars per step.
+    Cost per step: one multiply per gradient element, one read pass for the
+    check, about 20 scalar ops for the scale. Host syncs: none under
+    ``tf.function`` and ``jit``; one in eager TensorFlow and on torch;
+    ``history``/``max_consecutive_skips`` add one transfer of three scalars.
     """
 
     def __init__(
@@ -228,8 +198,6 @@ class LossScaleOptimizer(TFMethods, keras.optimizers.LossScaleOptimizer):
         self._checkpoint_node = checkpoint_node()
         self._legacy_checkpoint = LegacyCheckpoint()  # restores of lossscale 0.1's tf.train.Checkpoint layout
 
-    # ------------------------------------------------------------ variables
-
     @no_automatic_dependency_tracking
     def build(self, var_list: Sequence[Any]) -> None:
         # Keras' own class names its first two variables as attributes; kept for code that reads them.
@@ -255,11 +223,6 @@ class LossScaleOptimizer(TFMethods, keras.optimizers.LossScaleOptimizer):
         check_store(self, self._scale.variables, store)
         super().load_own_variables(store)
 
-    def restore_on_build(self, values: dict[str, Any] | None, history: Any = None) -> None:
-        """Loads ``values`` (``save_own_variables``'s store) when :meth:`build` runs; sets the history record."""
-        self._pending = values
-        self._scale.observer.history = history
-
     def _trackable_children(self, save_type: str = "checkpoint", **kwargs: Any) -> dict[str, Any]:
         # tf.train.Checkpoint: the inner optimizer's graph plus "loss_scale" (see _compat.checkpoint_children).
         return checkpoint_children(self.inner_optimizer, self._checkpoint_node, save_type, **kwargs)
@@ -282,8 +245,6 @@ class LossScaleOptimizer(TFMethods, keras.optimizers.LossScaleOptimizer):
 
     def __dir__(self) -> list[str]:
         return [name for name in super().__dir__() if name not in HIDDEN_FROM_DIR]
-
-    # ------------------------------------------------------------ attributes
 
     @property
     def dynamic(self) -> bool:
@@ -348,22 +309,15 @@ class LossScaleOptimizer(TFMethods, keras.optimizers.LossScaleOptimizer):
     def _stats_progress(self) -> tuple[int, int] | None:
         """``(stats_every, applies so far)`` for ``lossscale.underflow_report``'s errors; None when off (host read)."""
         stats = self._scale.stats
-        if stats is None:
-            return None
-        return stats.every, int(np.asarray(ops.convert_to_numpy(stats.count))) if stats.built else 0
+        return None if stats is None else (stats.every, int(ops.convert_to_numpy(stats.count)) if stats.built else 0)
 
     @property
     def history(self) -> Any:
         """The :class:`lossscale.History` being recorded, or None."""
         return self._scale.observer.history
 
-    # ------------------------------------------------------------ scaling
-
     def get_scaled_loss(self, loss: Any) -> Any:
-        """``loss * loss_scale``, computed in at least float32 and returned in ``loss``'s dtype.
-
-        A callable gives a callable (TF's form). Cost: one scalar multiply.
-        """
+        """``loss * loss_scale`` in at least float32, in ``loss``'s dtype; a callable gives a callable (TF's form)."""
         if callable(loss):
             return lambda: self.get_scaled_loss(loss())
         self._scale.observer.note_loss(loss)
@@ -376,10 +330,9 @@ class LossScaleOptimizer(TFMethods, keras.optimizers.LossScaleOptimizer):
     def get_unscaled_gradients(self, grads: Sequence[Any]) -> list[Any]:
         """A new list: each gradient times ``1/loss_scale`` in its own dtype; None stays None.
 
-        The next apply (in this thread: per replica under ``tf.distribute``)
-        takes what this returns (or tensors computed from it, e.g. clipped or
-        all-reduced) as already unscaled; see docs/keras.md, "Two gradient
-        contracts". Cost: one multiply per element; no sync.
+        The next apply takes what this returns (or tensors computed from it) as
+        already unscaled (docs/keras.md, "Two gradient contracts"). Cost: one
+        multiply per element; no sync.
         """
         grads = list(grads)
         self._stage.note(grads)
@@ -392,8 +345,7 @@ class LossScaleOptimizer(TFMethods, keras.optimizers.LossScaleOptimizer):
     def apply(self, grads: Sequence[Any], trainable_variables: Sequence[Any] | None = None) -> None:
         """Unscales (unless already unscaled), checks, applies or skips, and updates the scale.
 
-        Under a ``tf.distribute`` strategy the gradients are summed over the
-        replicas first (see :meth:`apply_gradients`).
+        Under ``tf.distribute`` the gradients are summed over the replicas first.
         """
         self._apply(grads, trainable_variables, aggregate=True)
 
@@ -401,14 +353,14 @@ class LossScaleOptimizer(TFMethods, keras.optimizers.LossScaleOptimizer):
         grads = list(grads)
         if not grads:
             return
-        if trainable_variables is not None and not self.built:
+        if not self.built:
+            if trainable_variables is None:
+                raise ValueError(
+                    "apply(grads) without trainable_variables needs a built optimizer: pass the variables, "
+                    "or call optimizer.build(model.trainable_variables) first."
+                )
             with keras.name_scope(self.name, caller=self):
                 self.build(list(trainable_variables))
-        if trainable_variables is None and not self.built:
-            raise ValueError(
-                "apply(grads) without trainable_variables needs a built optimizer: pass the variables, "
-                "or call optimizer.build(model.trainable_variables) first."
-            )
         variables = list(self._trainable_variables if trainable_variables is None else trainable_variables)
         if len(grads) != len(variables):
             raise ValueError(f"Got {len(grads)} gradients for {len(variables)} variables; pass one per variable.")
@@ -443,19 +395,18 @@ class LossScaleOptimizer(TFMethods, keras.optimizers.LossScaleOptimizer):
             )
         grads = list(grads)
         already = self._stage.take(grads)
-        own = self._variables
-        return stateless_step(self._scale, self.inner_optimizer, own, trainable, values, grads, trainable_variables, already)
+        scale, inner = self._scale, self.inner_optimizer
+        return stateless_step(scale, inner, self._variables, trainable, values, grads, trainable_variables, already)
 
     def apply_gradients(
         self, grads_and_vars: Any, name: str | None = None, experimental_aggregate_gradients: bool = True
     ) -> Any:
         """Applies ``(gradient, variable)`` pairs; returns ``iterations`` (not advanced on a skip).
 
-        TF's signature. Under a ``tf.distribute`` strategy,
-        ``experimental_aggregate_gradients=True`` sums the gradients over the
-        replicas before the check (a NaN or Inf on one replica skips the step
-        on all); with False the caller has summed them and they are applied as
-        given. ``name`` is unused (Keras 3 names its ops after the optimizer).
+        TF's signature. Under ``tf.distribute``, ``experimental_aggregate_gradients=True``
+        sums the gradients over the replicas before the check (a NaN or Inf on
+        one replica skips the step on all); with False the caller has summed
+        them. ``name`` is unused.
         """
         pairs = list(grads_and_vars)
         if not pairs:
@@ -464,23 +415,16 @@ class LossScaleOptimizer(TFMethods, keras.optimizers.LossScaleOptimizer):
         self._apply(list(grads), list(variables), aggregate=bool(experimental_aggregate_gradients))
         return self.iterations
 
-    # ------------------------------------------------------------ config and copies
-
     def get_config(self) -> dict[str, Any]:
         """tf-keras's keys (``inner_optimizer``, ``dynamic``, ``initial_scale``, ``dynamic_growth_steps``) and ours."""
         limit = self._scale.observer.max_consecutive_skips
-        config = write_config(self.name, self.inner_optimizer, self._policy, limit)
-        stats = self._scale.stats
-        if stats is not None and stats.every != check_stats_every(None, self._policy):  # the default is not written
-            config["stats_every"] = stats.every
-        return config
+        return write_config(self.name, self.inner_optimizer, self._policy, limit, self.stats_every)
 
     @classmethod
     def from_config(cls, config: dict[str, Any], custom_objects: Any = None) -> LossScaleOptimizer:
         """Rebuilds from :meth:`get_config`, Keras 3's own config, or any tf-keras ``LossScaleOptimizer`` config.
 
-        A custom :class:`lossscale.LossScale` subclass is found in
-        ``custom_objects`` (or Keras' registered objects), never imported.
+        A custom :class:`lossscale.LossScale` is found in ``custom_objects`` (or Keras' registry), never imported.
         """
         inner, kwargs = read_config(config, custom_objects)
         return cls(inner, **kwargs)
@@ -488,12 +432,8 @@ class LossScaleOptimizer(TFMethods, keras.optimizers.LossScaleOptimizer):
     def __reduce__(self) -> Any:
         """Pickling and ``copy.deepcopy``: the config and the variables' values, as a ``.keras`` file holds them."""
         custom = {type(self._policy).__name__: type(self._policy)}
-        values = values_record(self.variables) if self.built else None
+        values = {str(i): ops.convert_to_numpy(v) for i, v in enumerate(self.variables)} if self.built else None
         return restore, (type(self), self.get_config(), custom, values, self.history)
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> LossScaleOptimizer:
-        restore, args = self.__reduce__()
-        return restore(*copy.deepcopy(args, memo))
 
     def __repr__(self) -> str:
         inner = type(self.inner_optimizer).__name__

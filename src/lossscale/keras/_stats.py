@@ -1,17 +1,10 @@
-"""``stats_every`` for Keras: the measurement of the scaled gradients, and the variables that keep the sampler.
+"""``stats_every`` for Keras: the per-tensor sums of the scaled gradients, and the sampler's variables.
 
-The core's :func:`lossscale._sampler.next_sampler_state` over :data:`._step.XP`
-decides when to sample, keeps the sample, runs the rule and counts. Here:
-the per-tensor :func:`lossscale._stats.tensor_sums` of the gradients as
-given to ``apply`` (times ``S`` if already unscaled; with
-``gradient_accumulation_steps``, one micro-batch's), and the variables
-(``stats_count``, 11 ``stats_*``, with ``AutoLossScale`` 5 ``auto_*``) that
-compiled steps carry and ``.keras`` files, checkpoints and pickles save.
-
-Cost, sampled: one read pass per gradient (four reductions), ~60 scalar ops.
-Unsampled: the ``cond`` (on torch a Python ``if``: one host read) and ~25
-small ops. Measured (``benchmarks/bench_stats.py``, 2-core CPU, 1M-parameter
-MLP): 1.18-1.35x the step at ``N=1``, 1.02-1.06x at ``N=16``.
+The core's :func:`lossscale._sampler.next_sampler_state` over :data:`._step.XP` decides when to sample and
+runs the rule; here are :func:`lossscale._stats.tensor_sums` of the gradients as given to ``apply`` (times
+``S`` if already unscaled) and the variables (``stats_count``, 11 ``stats_*``, with ``AutoLossScale`` 5
+``auto_*``). Cost, sampled: one read pass per gradient, ~60 scalar ops; unsampled: the ``cond`` (torch: one
+host read) and ~25 small ops (``benchmarks/bench_stats.py``: 1.18-1.35x the step at ``N=1``, 1.02-1.06x at 16).
 """
 
 from __future__ import annotations
@@ -34,8 +27,7 @@ __all__ = ["StatsVariables"]
 
 
 def _read(variable: Any) -> Any:
-    """A variable's value now: a copy except on JAX (torch updates in place; TF may hand over the variable).
-    Not ``_step.read``: the step calls this module, which would then call back into the step."""
+    """A variable's value now: a copy except on JAX (torch updates in place; TF may hand over the variable)."""
     value = ops.convert_to_tensor(variable)
     return value if keras.backend.backend() == "jax" else ops.copy(value)
 
@@ -123,8 +115,7 @@ class StatsVariables:
         sample, sampled = measured
         auto = AutoState(*(_read(v) for v in self.auto)) if self.auto else None
         given = None if sample is None else GradientStats(*sample)
-        # measure() chose this step's sample already (its cond kept the stored one when not sampled): it is the kept
-        # sample, so the sampler selects nothing again (no second read of the 11 variables, no where per field).
+        # measure() chose this step's sample already (the stored one when not sampled): the sampler selects nothing.
         kept_in = given if given is not None else GradientStats(*self.stored())
         sampler = SamplerState(_read(self.count), kept_in, auto)
         new, after = next_sampler_state(self.policy, state, sampler, finite, given, sampled, XP)
@@ -136,5 +127,6 @@ class StatsVariables:
 
     def mapping(self) -> dict[str, Any] | None:
         """``gradient_stats``: the kept sample as :func:`lossscale._stats.as_mapping` (None until built). No sync."""
-        sample = GradientStats(*(ops.convert_to_tensor(v) for v in self.sample)) if self.built else None
-        return None if sample is None else as_mapping(sample, self.names)
+        if not self.built:
+            return None
+        return as_mapping(GradientStats(*(ops.convert_to_tensor(v) for v in self.sample)), self.names)

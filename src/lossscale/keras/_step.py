@@ -1,16 +1,13 @@
 """The scale state as Keras variables, and one step per backend: unscale, check, apply or skip, advance the scale.
 
-The state is five 0-d variables holding :class:`lossscale.LossScaleState`
-(``dynamic_scale`` and ``step_counter`` named as in Keras' own class),
-created with ``aggregation="none"``: under ``tf.distribute`` they are
-mirrored and written once per step from the cross-replica context. The rule
-is the core's :func:`lossscale.next_state` over :data:`XP`, the backend's
-namespace. The tf.distribute step lives in :mod:`._distributed`.
+The state is five 0-d variables holding :class:`lossscale.LossScaleState` (``aggregation="none"``: mirrored
+under ``tf.distribute``); the rule is the core's :func:`lossscale.next_state` over :data:`XP`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Sequence
 from types import SimpleNamespace
 from typing import Any
@@ -23,7 +20,7 @@ from .._rule import LossScaleState, advance_in_place, initial_state, next_state
 from ._diagnostics import StepObserver
 from ._grads import all_finite, unscale
 
-__all__ = ["STATE_NAMES", "XP", "ScaleState", "apply_step", "jax_apply", "stateless_step", "torch_apply"]
+__all__ = ["STATE_NAMES", "XP", "ScaleState", "apply_step", "jax_apply", "stateless_step", "unscale_and_check"]
 
 STATE_NAMES = ("dynamic_scale", "step_counter", "bad_steps", "skipped_steps", "consecutive_skips")
 
@@ -55,15 +52,6 @@ def _namespace() -> Any:
 
 #: The array namespace the core's rule, sampler and statistics run over on this backend.
 XP = _namespace()
-
-
-def no_grad() -> Any:
-    """``torch.no_grad()`` on the torch backend (updates must not be recorded by autograd), else nothing."""
-    if keras.backend.backend() == "torch":
-        import torch
-
-        return torch.no_grad()
-    return contextlib.nullcontext()
 
 
 class ScaleState:
@@ -102,8 +90,7 @@ class ScaleState:
         return None if self.stats is None else self.stats.measure(grads, variables, scale, already)
 
     def read(self, copy: bool = True) -> LossScaleState:
-        """The state now: on TensorFlow one ``ReadVariableOp`` each (a snapshot ordered before this step's assigns);
-        on torch copies (its variables are updated in place) unless ``copy`` is False; on JAX the values."""
+        """The state now: a snapshot ordered before this step's assigns (torch: copies unless ``copy`` is False)."""
         backend = keras.backend.backend()
         if backend == "tensorflow":
             import tensorflow as tf
@@ -113,9 +100,8 @@ class ScaleState:
         return LossScaleState(*(ops.copy(v) if copy and backend == "torch" else v for v in values))
 
     def advance(self, state: LossScaleState, finite: Any, measured: Any = None) -> tuple[LossScaleState, tuple[Any, ...]]:
-        """The rule (``next_state`` over :data:`XP`, or with ``measured`` the core's sampler, which also assigns
-        the sampler's variables): the new state, and the sample's columns for the history. ``finite``: a 0-d bool
-        tensor, or a branch's constant Python bool. Cost: about 20 scalar ops; no host sync."""
+        """The new state by ``next_state`` (with ``measured``: by the core's sampler, which assigns its variables),
+        and the sample's columns for the history. ``finite``: a 0-d bool tensor or a Python bool. ~20 scalar ops."""
         if measured is None:
             return next_state(self.params, state, finite, XP), ()
         new, kept = self.stats.advance(state, finite, measured)
@@ -131,9 +117,8 @@ class ScaleState:
             self.observer.observe(state.loss_scale, finite, new.consecutive_skips, new.loss_scale, stats)
 
     def finish_in_place(self, finite: bool) -> bool:
-        """:meth:`finish` on the host for torch state in CPU memory (``lossscale._rule.advance_in_place``: the same
-        arithmetic on numpy scalars, through views of the variables); False (nothing done) elsewhere. About 30 us
-        against 170 us for 20 small torch ops: 5-6% of a small model's ``fit`` step on a 2-core CPU."""
+        """:meth:`finish` in numpy through views of torch state in CPU memory (``advance_in_place``); False (nothing
+        done) elsewhere. About 30 us against 170 us for 20 torch ops: 5-6% of a small model's ``fit`` step."""
         value = self.variables[0].value
         if value.device.type != "cpu" or str(value.dtype) != "torch.float32":
             return False
@@ -149,16 +134,11 @@ def _keep(variables: Sequence[Any]) -> list[bool]:
     return [getattr(v, "overwrite_with_gradient", False) for v in variables]
 
 
-def unscale_and_check(
-    grads: list[Any], variables: Sequence[Any], scale: Any, already: bool, scale_at_least_one: bool
-) -> tuple[list[Any], Any]:
-    """The gradients times ``1/scale`` (unless ``already`` unscaled) and whether all are finite (0-d bool).
-
-    With ``scale_at_least_one`` (``0 < 1/S <= 1``: ``g * (1/S)`` is finite iff ``g`` is) the check reads the
-    scaled gradients and need not wait for the multiply.
-    """
+def unscale_and_check(state: ScaleState, grads: list[Any], variables: Sequence[Any], scale: Any, already: bool) -> Any:
+    """The gradients times ``1/scale`` (unless ``already`` unscaled) and whether all are finite (0-d bool); with
+    ``0 < 1/S <= 1`` (``g * (1/S)`` finite iff ``g`` is) the check reads ``grads`` without waiting for the multiply."""
     unscaled = grads if already else unscale(grads, scale, _keep(variables))
-    return unscaled, all_finite(grads if scale_at_least_one else unscaled)
+    return unscaled, all_finite(grads if state.at_least_one else unscaled)
 
 
 def apply_step(state: ScaleState, inner: Any, grads: list[Any], variables: list[Any], already: bool) -> None:
@@ -169,36 +149,28 @@ def apply_step(state: ScaleState, inner: Any, grads: list[Any], variables: list[
     multiply and one read pass over the gradients; host syncs: none under
     ``tf.function``, two in eager TensorFlow (the check's ``cond``, the branch).
     """
-    with no_grad():
-        if keras.backend.backend() == "torch":
-            torch_apply(state, inner, grads, variables, already)
-            return
-        current = state.read()
-        unscaled, finite = unscale_and_check(grads, variables, current.loss_scale, already, state.at_least_one)
-        measured = state.measure(grads, variables, current.loss_scale, already)
-        if measured is not None or state.observer.active:
-            ops.cond(finite, lambda: inner.apply(unscaled, variables), lambda: None)
-            state.finish(current, finite, measured)
-            return
+    if keras.backend.backend() == "torch":
+        import torch
 
-        def apply_and_advance() -> None:
-            inner.apply(unscaled, variables)
-            state.finish(current, True)
+        with torch.no_grad():  # updates must not be recorded by autograd
+            return _torch_apply(state, inner, grads, variables, already)
+    current = state.read()
+    unscaled, finite = unscale_and_check(state, grads, variables, current.loss_scale, already)
+    measured = state.measure(grads, variables, current.loss_scale, already)
+    if measured is not None or state.observer.active:
+        ops.cond(finite, lambda: inner.apply(unscaled, variables), lambda: None)
+        return state.finish(current, finite, measured)
 
-        ops.cond(finite, apply_and_advance, lambda: state.finish(current, False))
+    def apply_and_advance() -> None:
+        inner.apply(unscaled, variables)
+        state.finish(current, True)
+
+    ops.cond(finite, apply_and_advance, lambda: state.finish(current, False))
 
 
-def torch_apply(state: ScaleState, inner: Any, grads: list[Any], variables: list[Any], already: bool) -> None:
-    """The eager step on torch: the multi-tensor kernels of ``lossscale._torch_kernels``, a Python ``if``, the rule.
-
-    Scaled gradients are unscaled into new tensors and those are checked (one
-    multi-tensor call each per (device, dtype)); the caller's tensors are only
-    read. Gradients already unscaled, and those of variables Keras overwrites
-    with their "gradient", are checked as they are. The rule runs on the host
-    where the state is in CPU memory (:meth:`ScaleState.finish_in_place`).
-    Cost: two passes over the gradients (the multiply into new tensors, the
-    check of the copies); one host sync (the found-inf flag).
-    """
+def _torch_apply(state: ScaleState, inner: Any, grads: list[Any], variables: list[Any], already: bool) -> None:
+    """The eager step on torch: ``lossscale._torch_kernels``' multi-tensor unscale-and-check into new tensors (the
+    caller's are only read), a Python ``if``, the rule. Cost: two passes over the gradients; one host sync."""
     from .._torch_kernels import combine_flags, reciprocal, unscaled_copies
 
     scale = state.variables[0].value
@@ -221,10 +193,8 @@ def stateless_step(
 ) -> tuple[list[Any], list[Any]]:
     """New weights and optimizer values for one step (``own_variables``' values first), touching no variable.
 
-    The inner ``stateless_apply`` runs in the taken branch of ``ops.cond``;
-    the rule runs in each branch with its flag a constant (XLA folds it to the
-    few ops that branch needs), or, with ``stats_every`` or an observer, once
-    before the branch inside a ``keras.StatelessScope``.
+    The inner ``stateless_apply`` runs in the taken branch of ``ops.cond``; the rule runs in each branch with its
+    flag a constant, or, with ``stats_every`` or an observer, once before the branch.
     """
     own = len(own_variables)
     mapping = list(zip(list(own_variables) + list(inner.variables), optimizer_values))
@@ -281,14 +251,9 @@ def jax_apply(
     all_variables = list(own_variables) + list(inner.variables)
     step = cache.get(already)
     if step is None:
-
-        def pure(o: Any, g: Any, t: Any) -> Any:
-            return stateless_step(state, inner, own_variables, trainable_variables, o, g, t, already)
-
+        pure = functools.partial(stateless_step, state, inner, own_variables, trainable_variables, already=already)
         step = cache[already] = jax.jit(pure)
     with state.observer.deferred() if state.observer.active else contextlib.nullcontext():
         new_trainable, new_optimizer = step([v.value for v in all_variables], full, [v.value for v in trainable_variables])
-    for variable, value in zip(trainable_variables, new_trainable):
-        variable.assign(value)
-    for variable, value in zip(all_variables, new_optimizer):
+    for variable, value in zip([*trainable_variables, *all_variables], [*new_trainable, *new_optimizer]):
         variable.assign(value)

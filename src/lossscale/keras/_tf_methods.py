@@ -1,9 +1,7 @@
 """tf-keras's TensorFlow-era methods over Keras 3: ``minimize``, ``get_gradients`` and the slot accessors.
 
-Slots: tf-keras's per-variable state (Adam's ``m``/``v``) is Keras 3's
-optimizer variables named ``{variable.path with "/" as "_"}_{prefix}``, with
-its own prefixes (Adam's ``momentum``/``velocity``); :data:`_TF_KERAS_SLOTS`
-maps tf-keras's names onto them.
+A slot is the inner optimizer's variable named ``{variable.path with "/" as "_"}_{prefix}``, Keras 3's prefix
+(Adam's ``momentum``) or tf-keras's name mapped onto it (``m``).
 """
 
 from __future__ import annotations
@@ -26,12 +24,14 @@ _TF_KERAS_SLOTS = {
     "Adadelta": {"accum_grad": "accumulated_grad", "accum_var": "accumulated_delta_var"},
 }
 
-_OTHER_WAY = {
-    "jax": "differentiate get_scaled_loss(loss) with jax.grad (or let model.fit do it) and pass the gradients to "
-    "apply(grads, variables), which unscales them",
-    "torch": "call get_scaled_loss(loss).backward() and pass [v.value.grad for v in variables] to "
-    "apply(grads, variables), which unscales them",
-}
+
+def _tensorflow_only(method: str, needs: str) -> None:
+    backend = keras.backend.backend()
+    if backend != "tensorflow":
+        raise NotImplementedError(
+            f"{method}() needs {needs} (TensorFlow backend); on {backend} compute the gradients of "
+            "get_scaled_loss(loss) and call apply(grads, variables), which unscales them."
+        )
 
 
 def _slots_of(inner: Any, variable: Any) -> dict[str, Any]:
@@ -56,12 +56,7 @@ class TFMethods:
 
     def minimize(self, loss: Any, var_list: Sequence[Any], tape: Any = None) -> Any:
         """TF's ``minimize`` (TensorFlow backend): scale, differentiate, unscale, apply; returns ``iterations``."""
-        backend = keras.backend.backend()
-        if backend != "tensorflow":
-            raise NotImplementedError(
-                f"minimize() needs tf.GradientTape (TensorFlow backend); on {backend} compute the gradients of "
-                "get_scaled_loss(loss) and call apply(grads, variables)."
-            )
+        _tensorflow_only("minimize", "tf.GradientTape")
         import tensorflow as tf
 
         variables = list(var_list)
@@ -76,9 +71,7 @@ class TFMethods:
     def get_gradients(self, loss: Any, params: Sequence[Any]) -> list[Any]:
         """TF's ``get_gradients``: ``tf.gradients`` of ``get_scaled_loss(loss)``, unscaled (TensorFlow backend,
         inside a ``tf.function``, as tf-keras). Cost: one backward pass, one multiply per gradient element."""
-        backend = keras.backend.backend()
-        if backend != "tensorflow":
-            raise NotImplementedError(f"get_gradients() is the TensorFlow backend's; on {backend}, {_OTHER_WAY[backend]}.")
+        _tensorflow_only("get_gradients", "tf.gradients")
         import tensorflow as tf
 
         if tf.executing_eagerly():
@@ -93,18 +86,13 @@ class TFMethods:
 
     def get_slot_names(self) -> list[str]:
         """The inner optimizer's per-variable state names (Keras 3's: Adam's ``["momentum", "velocity"]``)."""
-        names: list[str] = []
-        for variable in self._trainable_variables:
-            for name in _slots_of(self.inner_optimizer, variable):
-                if name not in names:
-                    names.append(name)
-        return names
+        inner = self.inner_optimizer
+        return list(dict.fromkeys(name for v in self._trainable_variables for name in _slots_of(inner, v)))
 
     def get_slot(self, var: Any, slot_name: str) -> Any:
         """The inner optimizer's ``slot_name`` variable for ``var`` (Keras 3's name, or tf-keras's: ``"m"``)."""
         inner = self.inner_optimizer
-        slots = _slots_of(inner, var)
-        name = _slot_name(inner, slot_name)
+        slots, name = _slots_of(inner, var), _slot_name(inner, slot_name)
         if name in slots:
             return slots[name]
         if not inner.built:
@@ -122,8 +110,5 @@ class TFMethods:
         the optimizer, not used by its update rule.
         """
         inner = self.inner_optimizer
-        name = _slot_name(inner, slot_name)
-        existing = _slots_of(inner, var)
-        if name in existing:
-            return existing[name]
-        return inner.add_variable_from_reference(var, name, initializer=initializer)
+        slots, name = _slots_of(inner, var), _slot_name(inner, slot_name)
+        return slots[name] if name in slots else inner.add_variable_from_reference(var, name, initializer=initializer)
