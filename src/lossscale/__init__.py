@@ -1,8 +1,6 @@
 """lossscale: loss scaling for mixed-precision training, TF's design for every framework.
 
-The package root imports numpy and nothing else; :mod:`lossscale.torch`, :mod:`lossscale.jax` and
-:mod:`lossscale.keras` import their framework when *they* are imported.
-"""
+The root imports numpy only; :mod:`lossscale.torch`, ``.jax`` and ``.keras`` import their framework when imported."""
 
 from ._auto import AutoLossScale
 from ._errors import LossScaleError
@@ -21,8 +19,6 @@ from ._rule import LossScaleState, initial_state, next_state
 
 __version__ = "0.2.0"
 
-__all__ = [
-    "AutoLossScale", "DynamicLossScale", "ExponentialUpdateLossScaleManager", "FixedLossScale", "FixedLossScaleManager",
-    "History", "LossScale", "LossScaleError", "LossScaleState", "RuleParams", "get", "initial_state", "next_state",
-    "resolve_loss_scale", "serialize", "underflow_report"
-]
+__all__ = ["AutoLossScale", "DynamicLossScale", "ExponentialUpdateLossScaleManager", "FixedLossScale",
+           "FixedLossScaleManager", "History", "LossScale", "LossScaleError", "LossScaleState", "RuleParams", "get",
+           "initial_state", "next_state", "resolve_loss_scale", "serialize", "underflow_report"]

@@ -1,6 +1,5 @@
 """``AutoLossScale`` (EXPERIMENTAL): a scale set from measured gradient statistics, and its rule
-:func:`next_auto_state`, over an array namespace ``xp`` like :func:`lossscale.next_state` (no host sync, jittable).
-"""
+:func:`next_auto_state`, over an array namespace ``xp`` like :func:`lossscale.next_state` (no host sync, jittable)."""
 
 from __future__ import annotations
 
@@ -85,15 +84,12 @@ class AutoLossScale(LossScale):
             raise ValueError(f"initial_loss_scale={initial!r} is above 2**{_MAX_EXPONENT}; pick a smaller initial scale.")
         counted = [f.name for f in fields(self) if f.name.endswith(("bits", "window", "steps"))]
         counts = {name: count(name, getattr(self, name)) for name in counted}
-        if counts["max_margin_bits"] < counts["margin_bits"]:
-            raise ValueError(
-                f"max_margin_bits={counts['max_margin_bits']} is below margin_bits={counts['margin_bits']}; "
-                "raise max_margin_bits (the margin only grows from margin_bits)."
-            )
-        if counts["margin_bits"] > 15:
-            raise ValueError(
-                f"margin_bits={counts['margin_bits']} leaves no room below float16's max (2**16): use 1 to 15."
-            )
+        margin, most = counts["margin_bits"], counts["max_margin_bits"]
+        if most < margin:
+            raise ValueError(f"max_margin_bits={most} is below margin_bits={margin}; raise max_margin_bits (the margin "
+                             "only grows from margin_bits).")
+        if margin > 15:
+            raise ValueError(f"margin_bits={margin} leaves no room below float16's max (2**16): use 1 to 15.")
         _set(self, initial_loss_scale=initial, min_loss_scale=min_scale, max_loss_scale=max_scale, **counts)
 
     @property
@@ -158,15 +154,13 @@ def _window_range(window: Any, xp: Any) -> tuple[Any, Any]:
 
 
 def _overflow_bound(policy: AutoLossScale, m: Any, top: Any, low: Any, xp: Any) -> Any:
-    """``hi = floor(F - max(m + low, margin_bits + top))``: the remembered spike ``m`` bits over the window's
-    typical (lowest) gradient, and every sampled gradient at least ``margin_bits`` under overflow."""
+    """``hi = floor(F - max(m + low, margin_bits + top))`` (see :class:`AutoLossScale`)."""
     need = xp.where(m + low > policy.margin_bits + top, m + low, policy.margin_bits + top)
     return xp.floor(LOG2_FLOAT16_MAX - need)
 
 
 def _floor_log2(scale: Any, xp: Any) -> Any:
-    """``floor(log2(scale))`` exactly, for a positive float32 ``scale``: XLA's CPU ``log2`` is a few ulps off at
-    some powers of two, so the exact ``2**e`` (``ldexp``) corrects it by one either way."""
+    """``floor(log2(scale))`` exactly (XLA's CPU ``log2`` is a few ulps off at some powers of two)."""
     e = xp.floor(xp.log2(scale))
     e = xp.where(_pow2(e + 1.0, xp) <= scale, e + 1.0, e)
     return xp.where(_pow2(e, xp) > scale, e - 1.0, e)
@@ -183,10 +177,8 @@ def next_auto_state(
         finite: as in :func:`lossscale.next_state`.
         stats: this step's :class:`~lossscale._stats.GradientStats` of the scaled gradients, or None.
         sampled: a 0-d bool array or Python bool, whether ``stats`` was measured on this step.
-        micro_batches: the backward passes summed into the measured gradients
-            (gradient accumulation; 1 without): ``lo`` reads ``rms_min / micro_batches``,
-            the smallest a micro-batch's RMS can be, so the scale suits one
-            float16 backward; ``amax`` is read as measured.
+        micro_batches: the backward passes summed into the measured gradients (gradient accumulation): ``lo``
+            reads ``rms_min / micro_batches``, so the scale suits one float16 backward; ``amax`` is read as is.
 
     The skip counters move as in :func:`lossscale.next_state`; ``bad_steps`` stays 0. Cost: about 60 scalar
     ops plus three on the ``(window,)`` array; no host sync.
@@ -204,8 +196,7 @@ def next_auto_state(
     window = auto.window
     top, low = _window_range(window, xp)
 
-    # Overflow: before any measured sample (lo is NaN) back off by start_backoff_bits; after one, the spike
-    # passed F at e, so it was more than F - e - low bits tall: remember it in the margin, go to that margin's hi.
+    # Overflow before any measured sample (lo is NaN): back off start_backoff_bits; after one: grow m, go to its hi.
     measured = auto.lo == auto.lo  # False for NaN
     filled = top > -math.inf
     guess = LOG2_FLOAT16_MAX - e - m  # an empty window: as if the scale sat at the margin
@@ -231,7 +222,6 @@ def next_auto_state(
         hi_new = _overflow_bound(policy, m, *_window_range(window, xp), xp)
         r = xp.log2(xp.where(rms_min > 0, rms_min / micro_batches, 1.0)) - log_s
         lo_new = xp.where(rms_min > 0, xp.ceil(_LOG2_TINY + policy.underflow_bits - r), -math.inf)
-        # Raise only when short of "enough", to lo + 1 but no closer than one bit under hi (hysteresis).
         up = xp.where(lo_new + 1 < hi_new - 1, lo_new + 1, hi_new - 1)
         up = xp.where(up > e + policy.max_jump_bits, e + policy.max_jump_bits, up)
         chosen = xp.where((e < lo_new) & (up > e), up, e)
@@ -255,11 +245,7 @@ def next_auto_state(
 
 
 def check_stats_every(stats_every: Any, policy: LossScale) -> int | None:
-    """``stats_every`` validated (None or an int >= 1); 16 for ``AutoLossScale`` when not given.
-
-    >>> check_stats_every(None, AutoLossScale()), check_stats_every(1, AutoLossScale())
-    (16, 1)
-    """
+    """``stats_every`` validated (None or an int >= 1); 16 for ``AutoLossScale`` when not given."""
     if stats_every is None:
         return 16 if isinstance(policy, AutoLossScale) else None
     if isinstance(stats_every, bool) or not isinstance(stats_every, Integral):

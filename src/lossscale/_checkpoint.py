@@ -1,9 +1,7 @@
 """The one load rule: a saved loss scale (checkpoint, pickle, restore) -> a policy and numpy values, all checked first.
 
-Every binding reads its saved fields through :func:`read_record` (or its parts) *before* it changes anything, so
-a load succeeds whole or raises (TypeError or ValueError naming the field, the value and the fix) and leaves the
-object as it was. Cost: a few Python comparisons, and one host read (``.item()``) per field still on a device.
-"""
+Bindings read saved fields through :func:`read_record` before changing anything, so a load succeeds whole or raises
+(naming the field, the value and the fix). Cost: one host read (``.item()``) per field still on a device."""
 
 from __future__ import annotations
 
@@ -157,8 +155,7 @@ def read_record(
     """``(policy, values)``: the policy checked, and the fields of :data:`FIELDS` in ``record`` as np.float32/int32.
 
     ``record`` maps names to numbers or one-element arrays; ``policy``: a policy, its ``serialize`` dict or None
-    (no bounds); ``where`` names ``record`` in errors; ``extra``: ``"ignore"`` or ``"refuse"`` other keys.
-    """
+    (no bounds); ``where`` names ``record`` in errors; ``extra``: ``"ignore"`` or ``"refuse"`` other keys."""
     if not isinstance(record, Mapping):
         raise TypeError(f"{where} must be a dict of the loss scale's fields, got {_describe(record)}; {_fix(where, 'one')}")
     missing = [name for name in required if name not in record]

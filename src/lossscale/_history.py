@@ -61,11 +61,8 @@ def _column(name: str, values: Any, dtype: Any) -> np.ndarray:
 class History:
     """Per-step loss scale, skip flag and (optionally) loss and gradient statistics, stored as numpy arrays.
 
-    Steps must increase strictly across calls (a resumed run appends; nothing
-    interleaves); a step without a loss stores NaN. Cost: :meth:`extend`
-    copies its batch once and the arrays are concatenated lazily: O(1)
-    amortised per batch.
-    """
+    Steps must increase strictly across calls (a resumed run appends); a step without a loss stores NaN.
+    Cost: :meth:`extend` copies its batch once; the arrays are concatenated lazily, O(1) amortised per batch."""
 
     def __init__(self) -> None:
         self._chunks: list[tuple[np.ndarray, ...]] = []
@@ -73,8 +70,7 @@ class History:
         self._last_step: int | None = None
 
     def extend(self, steps: Any, loss_scales: Any, skipped: Any, losses: Any = None, stats: Any = None) -> None:
-        """Records a batch of steps: array-likes of equal length (lists, numpy arrays or CPU tensors; move device
-        values once per batch, e.g. ``torch.stack(scales).cpu()``).
+        """Records a batch of steps: array-likes of equal length (lists, numpy arrays or CPU tensors).
 
         Args:
             steps: integers, strictly increasing and after every step already recorded.
@@ -114,8 +110,7 @@ class History:
         self.extend([step], [loss_scale], [skipped], None if loss is None else [loss], one)
 
     def truncate(self, before_step: int) -> None:
-        """Drops every row whose step is ``before_step`` or later (a run rolled back to a checkpoint;
-        ``LossScaleOptimizer.load_state_dict`` calls it)."""
+        """Drops every row at ``before_step`` or later (a run rolled back to a checkpoint: ``load_state_dict``)."""
         if isinstance(before_step, bool) or not isinstance(before_step, Integral):
             raise TypeError(f"before_step must be an int, got {before_step!r}.")
         steps = self.steps

@@ -1,8 +1,6 @@
-"""Loss-scale policies (TF's v1 and contrib classes and config keys): immutable, each read by the rule as
-:class:`RuleParams`. Every argument is checked here and normalised to a Python ``float``/``int``: Python and
-numpy numbers and 0-d int/float arrays of any framework (duck-typed, one host read) are accepted; bools,
-bool/complex arrays, arrays of several elements and numbers the float32 rule cannot use are refused.
-"""
+"""Loss-scale policies (TF's v1 and contrib classes and config keys): immutable, read by the rule as
+:class:`RuleParams`. Arguments are checked and normalised to Python ``float``/``int``; 0-d int/float arrays of any
+framework are accepted (one host read), bools and numbers the float32 rule cannot use are refused."""
 
 from __future__ import annotations
 
@@ -16,10 +14,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = [
-    "DynamicLossScale", "ExponentialUpdateLossScaleManager", "FixedLossScale", "FixedLossScaleManager", "LossScale",
-    "RuleParams"
-]
+__all__ = ["DynamicLossScale", "ExponentialUpdateLossScaleManager", "FixedLossScale", "FixedLossScaleManager",
+           "LossScale", "RuleParams"]
 
 #: Counters are int32 (JAX's default integer) and saturate here instead of wrapping.
 COUNTER_MAX = 2**31 - 1
@@ -138,11 +134,7 @@ def factor(name: str, value: Any, *, grows: bool) -> float:
 
 
 def scale_bounds(initial: Any, min_loss_scale: Any, max_loss_scale: Any) -> tuple[float, float, float | None]:
-    """``(initial, min, max)`` checked as loss scales, with ``min <= initial <= max`` (``max`` None: no ceiling).
-
-    >>> scale_bounds(2**15, 1, None)
-    (32768.0, 1.0, None)
-    """
+    """``(initial, min, max)`` checked as loss scales, with ``min <= initial <= max`` (``max`` None: no ceiling)."""
     min_scale = scale("min_loss_scale", min_loss_scale, example="1.0")
     max_scale = None
     if max_loss_scale is not None:
@@ -163,11 +155,8 @@ def scale_bounds(initial: Any, min_loss_scale: Any, max_loss_scale: Any) -> tupl
 
 @dataclass(frozen=True)
 class RuleParams:
-    """What the update rule (:func:`lossscale.next_state`) needs to know of a policy; plain Python numbers.
-
-    Two backoff constants let TF's ``scale / multiplier`` and contrib's
-    ``scale * decr_ratio`` both be computed exactly (the other one is 1).
-    """
+    """What the update rule (:func:`lossscale.next_state`) reads of a policy, as plain Python numbers; two backoff
+    constants keep TF's ``scale / multiplier`` and contrib's ``scale * decr_ratio`` exact (the other is 1)."""
 
     dynamic: bool
     initial_scale: float
@@ -184,8 +173,7 @@ class LossScale(abc.ABC):
     """Base class of every loss-scale policy: an immutable value (equal configs, equal policies).
 
     Subclasses define :attr:`dynamic`, :meth:`get_config` and :meth:`rule_params`. A policy pickles as its class
-    and config, validated again when unpickled.
-    """
+    and config, validated again when unpickled."""
 
     __slots__ = ()
 
@@ -217,7 +205,6 @@ class LossScale(abc.ABC):
         return f"{type(self).__name__}({args})"
 
     def __reduce__(self) -> tuple[Any, ...]:
-        # The class travels by reference (module and qualified name), never by a bare name.
         return (_rebuild, (type(self), self.get_config()))
 
 
@@ -258,9 +245,8 @@ class FixedLossScale(LossScale):
     """A loss scale that never changes.
 
     Args:
-        loss_scale_value: the scale, a finite number >= 1 (as in TF). Use
-            ``FixedLossScale(1)`` for skip-only mode: no scaling, but steps with
-            a non-finite gradient are still skipped (useful with bfloat16).
+        loss_scale_value: the scale, a finite number >= 1 (as in TF). ``FixedLossScale(1)`` is skip-only mode:
+            no scaling, but steps with a non-finite gradient are still skipped (useful with bfloat16).
 
     >>> FixedLossScale(128).get_config()
     {'loss_scale_value': 128.0}
@@ -284,8 +270,8 @@ class FixedLossScale(LossScale):
 class DynamicLossScale(LossScale):
     """TF's dynamic loss scale, with keyword-only extensions.
 
-    The rule, per step, with ``n`` the count of finite steps since the scale
-    last changed and ``b`` the count of non-finite ones::
+    The rule per step, exactly TF's at the keyword-only extensions' defaults, with ``n`` the count of finite steps
+    since the scale last changed and ``b`` the count of non-finite ones::
 
         if all gradients are finite:
             n += 1
@@ -300,19 +286,15 @@ class DynamicLossScale(LossScale):
                 scale = max(scale / multiplier, min_loss_scale)   # or * backoff_factor
                 b = 0
 
-    At the defaults of the keyword-only extensions this is exactly TF's rule.
-
     Args:
         initial_loss_scale: the scale at step 0.
         increment_period: finite steps in a row before the scale grows.
         multiplier: the growth factor, and TF's backoff divisor.
         min_loss_scale: the floor (TF: 1); any normal float32 (>= about 1.2e-38).
         max_loss_scale: an optional ceiling; growth is clamped to it.
-        backoff_factor: if given, the scale is *multiplied* by this number in
-            (0, 1) on backoff instead of divided by ``multiplier``.
-        hysteresis: non-finite steps since the scale last changed before it
-            backs off (contrib's ``decr_every_n_nan_or_inf``; 1 is TF's rule).
-            docs/concepts.md compares it with DeepSpeed's and Megatron's.
+        backoff_factor: if given, in (0, 1): a backoff multiplies the scale by it instead of dividing by ``multiplier``.
+        hysteresis: non-finite steps since the scale last changed before it backs off (contrib's
+            ``decr_every_n_nan_or_inf``; 1 is TF's rule).
 
     Every number may also be a 0-d array (numpy, JAX, torch).
 
@@ -377,14 +359,10 @@ class FixedLossScaleManager(LossScale):
 
 @dataclass(frozen=True, repr=False)
 class ExponentialUpdateLossScaleManager(LossScale):
-    """contrib's dynamic manager, with contrib's exact rule: :class:`DynamicLossScale` with ``hysteresis`` and
-    ``backoff_factor`` set.
-
-    The scale is multiplied by ``incr_ratio`` (if the product is finite) after
-    ``incr_every_n_steps`` finite steps in a row, and by ``decr_ratio``
-    (floored at 1) after ``decr_every_n_nan_or_inf`` non-finite steps counted
-    since the scale last changed.
-    """
+    """contrib's dynamic manager, with contrib's exact rule (:class:`DynamicLossScale` with ``hysteresis`` and
+    ``backoff_factor`` set): the scale is multiplied by ``incr_ratio`` (if the product is finite) after
+    ``incr_every_n_steps`` finite steps in a row, and by ``decr_ratio`` (floored at 1) after
+    ``decr_every_n_nan_or_inf`` non-finite steps counted since the scale last changed."""
 
     dynamic = True
     init_loss_scale: float

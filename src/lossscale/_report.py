@@ -70,24 +70,16 @@ def underflow_report(stats: Any, top: int = 10, names: Sequence[str] | None = No
     """The ``top`` tensors that lose the most to underflow in ``stats`` (an optimizer's ``gradient_stats``).
 
     Args:
-        stats: any binding's ``gradient_stats`` mapping, or the optimizer (or ``GradScaler``) itself: then an
-            error before the first sample says when it comes.
+        stats: a binding's ``gradient_stats``, or the optimizer or ``GradScaler``: errors then say when a sample comes.
         top: how many tensors to list.
         names: tensor names in the order of the sampled gradients, overriding ``stats["per_tensor"]["names"]`` (e.g.
             ``lossscale.jax.tensor_names(params)``; on torch the parameters with a gradient, in ``param_groups`` order).
 
-    Cost: one transfer of the sample to the host (a host sync).
+    Cost: one transfer of the sample to the host (a host sync). Typical use: ``print(underflow_report(opt))``.
 
     Raises:
         TypeError: ``stats`` is not a sample, or the optimizer records none (no ``stats_every``).
         ValueError: no sample yet (saying when the first comes), a bad ``top``, or ``names`` of the wrong length.
-
-    >>> import numpy as np
-    >>> from lossscale._stats import as_mapping, gradient_stats
-    >>> g = [np.array([0.0, 0.0, 1.0], np.float16), np.array([1.0, 2.0**-20], np.float16)]
-    >>> report = underflow_report(as_mapping(gradient_stats(g, np), ["w", "b"]))
-    >>> ", ".join(row[0] for row in report.rows)
-    'w, b'
     """
     holder = None
     if not isinstance(stats, Mapping) and hasattr(stats, "gradient_stats"):

@@ -1,6 +1,5 @@
 """What a user passes as ``loss_scale``, made a policy: the registry (:func:`get`/:func:`serialize`: built-in
-classes by name, your own through ``custom_objects``) and TF's two constructor forms (:func:`resolve_loss_scale`).
-"""
+classes by name, your own through ``custom_objects``) and TF's two constructor forms (:func:`resolve_loss_scale`)."""
 
 from __future__ import annotations
 
@@ -29,11 +28,6 @@ def resolve_loss_scale(
     refine the dynamic scale of the stable form or of ``loss_scale="dynamic"``. ``TypeError`` for a wrong type,
     ``ValueError`` for a wrong value or a conflicting pair, each naming the keyword and the fix.
 
-    >>> resolve_loss_scale(123) == resolve_loss_scale(dynamic=False, initial_scale=123)
-    True
-    >>> stable = resolve_loss_scale(initial_scale=2048, dynamic_growth_steps=500)
-    >>> resolve_loss_scale(DynamicLossScale(2048, 500)) == stable
-    True
     >>> refined = resolve_loss_scale(dynamic_growth_steps=500, min_loss_scale=0.5)
     >>> refined == DynamicLossScale(2**15, 500, min_loss_scale=0.5)
     True
@@ -58,8 +52,7 @@ def resolve_loss_scale(
             )
         if not extras:  # "dynamic" with extras is the stable form's dynamic scale
             return cast(LossScale, get(loss_scale))  # only get(None) is None
-    if dynamic is None:
-        dynamic = True
+    dynamic = True if dynamic is None else dynamic
     if not isinstance(dynamic, bool):
         raise TypeError(f"dynamic must be True or False, got {dynamic!r}.")
     if dynamic:
@@ -76,11 +69,8 @@ def resolve_loss_scale(
 
 
 # The policies' argument names in validation errors, and the stable form's names for them.
-_STABLE_NAMES = (
-    ("initial_loss_scale", "initial_scale"),
-    ("loss_scale_value", "initial_scale"),
-    ("increment_period", "dynamic_growth_steps"),
-)
+_STABLE_NAMES = (("initial_loss_scale", "initial_scale"), ("loss_scale_value", "initial_scale"),
+                 ("increment_period", "dynamic_growth_steps"))
 
 
 def built_in_names(names: tuple[tuple[str, str], ...], build: Any, *args: Any, **kwargs: Any) -> Any:
@@ -98,11 +88,8 @@ def built_in_names(names: tuple[tuple[str, str], ...], build: Any, *args: Any, *
 def stable_form(policy: LossScale) -> dict[str, Any]:
     """``dynamic``, ``initial_scale`` and ``dynamic_growth_steps`` of a policy (Keras's attributes)."""
     params = policy.rule_params()
-    return {
-        "dynamic": params.dynamic,
-        "initial_scale": params.initial_scale,
-        "dynamic_growth_steps": params.growth_interval if params.dynamic else None,
-    }
+    growth = params.growth_interval if params.dynamic else None
+    return {"dynamic": params.dynamic, "initial_scale": params.initial_scale, "dynamic_growth_steps": growth}
 
 
 #: The built-in policies by class name; classes of your own are found only through ``custom_objects``.
@@ -145,19 +132,13 @@ def _class_for(identifier: Mapping[str, Any], custom_objects: Mapping[str, Any] 
 def get(identifier: Any, custom_objects: Mapping[str, Any] | None = None) -> LossScale | None:
     """Turns what a user may pass as ``loss_scale`` into a policy, as ``keras.*.get`` does.
 
-    * ``None`` -> ``None``;
+    * ``None`` -> ``None``; a :class:`LossScale` -> itself;
     * a number or a 0-d array -> ``FixedLossScale(identifier)``;
     * ``"dynamic"`` -> ``DynamicLossScale()``; ``"auto"`` -> ``AutoLossScale()`` (experimental);
-    * a :class:`LossScale` -> itself;
     * ``{"class_name": ..., "config": {...}}`` (:func:`serialize`) -> that policy: a built-in class, or one of
-      yours given in ``custom_objects`` (``{"MyLossScale": MyLossScale}``, first); no other class is found by name.
+      yours given in ``custom_objects`` (``{"MyLossScale": MyLossScale}``, first); no other class is found by name;
+    * anything else raises ``ValueError``.
 
-    Anything else raises ``ValueError``.
-
-    >>> get(128)
-    FixedLossScale(loss_scale_value=128.0)
-    >>> get("dynamic") == DynamicLossScale()
-    True
     >>> get({"class_name": "DynamicLossScale", "config": {"initial_loss_scale": 1024}})
     DynamicLossScale(initial_loss_scale=1024.0, increment_period=2000, multiplier=2.0)
     """

@@ -1,7 +1,6 @@
 """The one scale-update rule over an array namespace ``xp`` (numpy, torch, jax.numpy, keras.ops): arithmetic,
 comparisons and ``xp.where`` only, so no host sync and traceable under ``jax.jit`` and ``torch.compile``.
-:func:`advance_in_place` runs it on numpy scalars on the host (the same arithmetic, about 5x less overhead).
-"""
+:func:`advance_in_place` runs it on numpy scalars on the host (the same arithmetic, about 5x less overhead)."""
 
 from __future__ import annotations
 
@@ -13,9 +12,8 @@ import numpy as np
 
 from ._policy import COUNTER_MAX, LossScale, RuleParams
 
-__all__ = [
-    "COUNTER_MAX", "LossScaleState", "advance_in_place", "count_up", "initial_state", "next_skip_counters", "next_state"
-]
+__all__ = ["COUNTER_MAX", "LossScaleState", "advance_in_place", "count_up", "initial_state", "next_skip_counters",
+           "next_state"]
 
 
 class LossScaleState(NamedTuple):
@@ -39,11 +37,8 @@ class LossScaleState(NamedTuple):
 def initial_state(policy: LossScale | RuleParams, xp: Any, **array_kwargs: Any) -> LossScaleState:
     """The state at step 0, as ``xp`` arrays (``array_kwargs`` go to ``xp.asarray``, e.g. ``device=``)."""
     params = policy if isinstance(policy, RuleParams) else policy.rule_params()
-    def counter() -> Any:
-        return xp.asarray(0, dtype=xp.int32, **array_kwargs)
-
     scale = xp.asarray(params.initial_scale, dtype=xp.float32, **array_kwargs)
-    return LossScaleState(scale, counter(), counter(), counter(), counter())
+    return LossScaleState(scale, *(xp.asarray(0, dtype=xp.int32, **array_kwargs) for _ in range(4)))
 
 
 def next_state(policy: LossScale | RuleParams, state: LossScaleState, finite: Any, xp: Any) -> LossScaleState:
@@ -58,15 +53,9 @@ def next_state(policy: LossScale | RuleParams, state: LossScaleState, finite: An
 
     Cost: about 20 scalar element-wise ops on 0-d arrays; no host sync.
 
-    With ``n``/``b`` the good/bad counters and ``S`` the scale:
-
-    * finite: ``n + 1 >= growth_interval`` -> ``S <- min(S * growth, max)``
-      if that is finite, ``n = b = 0``; otherwise ``n += 1``.
-    * non-finite: ``n = 0``; ``b + 1 >= hysteresis`` ->
-      ``S <- max(S * backoff_multiplier / backoff_divisor, min_scale)``,
-      ``b = 0``; otherwise ``b += 1``.
-    * fixed policies keep ``S``, ``n`` and ``b`` as they are.
-
+    The rule is :class:`~lossscale.DynamicLossScale`'s, in :class:`RuleParams`' terms (a backoff is
+    ``S <- max(S * backoff_multiplier / backoff_divisor, min_scale)``); fixed policies keep the scale and
+    ``good_steps``/``bad_steps``.
     The skip counters move in every mode: the step is skipped iff not finite.
 
     >>> import numpy as np
@@ -108,9 +97,8 @@ def _finite_flag(finite: Any, like: Any, xp: Any) -> Any:
 
 
 def next_skip_counters(skipped: Any, streak: Any, finite: Any, xp: Any) -> tuple[Any, Any]:
-    """``skipped += not finite`` and ``streak = 0 if finite else streak + 1``, both saturating at
-    :data:`COUNTER_MAX`: part of :func:`next_state`, also used alone for one optimizer's own counters when
-    several share a scale (``xp`` may be :class:`_HostScalars`). Cost: about 6 scalar ops; no host sync."""
+    """``skipped += not finite``, ``streak = 0 if finite else streak + 1``, saturating: part of :func:`next_state`,
+    also alone for an optimizer's own counters when several share a scale. Cost: about 6 scalar ops."""
     return xp.where(finite, skipped, count_up(skipped, xp)), xp.where(finite, 0, count_up(streak, xp))
 
 
@@ -127,9 +115,7 @@ def _next_state(params: RuleParams, state: LossScaleState, finite: Any, xp: Any)
     if not params.dynamic:
         return LossScaleState(scale, good, bad, skipped, streak)
 
-    # Branches below are on static numbers, so a common policy (TF's: one
-    # overflow backs off, no ceiling) traces to about 20 scalar ops.
-    # ``good``/``bad`` never pass their thresholds, so they cannot overflow.
+    # Branches on static numbers: TF's policy traces to about 20 scalar ops. good/bad stay under their thresholds.
     good_plus = good + 1
     grow_due = good_plus >= params.growth_interval
     grown = scale * params.growth_factor
@@ -151,9 +137,8 @@ def _next_state(params: RuleParams, state: LossScaleState, finite: Any, xp: Any)
     if params.backoff_divisor != 1.0:
         divisor: Any = params.backoff_divisor
         if math.frexp(divisor)[0] != 0.5:
-            # Not a power of two: XLA (jax.jit) would turn the division by a constant into a multiplication by its
-            # rounded reciprocal, 1 ulp off TF's scale / multiplier. A divisor computed from the (finite) scale is
-            # not a constant; it costs two scalar ops.
+            # Not a power of two: XLA would multiply by the rounded reciprocal of a constant divisor, 1 ulp off
+            # TF's scale / multiplier; a divisor computed from the scale is no constant (two scalar ops).
             divisor = scale * 0 + divisor
         backed = backed / divisor
     backed = xp.where(backed < params.min_scale, params.min_scale, backed)
@@ -168,8 +153,7 @@ def _next_state(params: RuleParams, state: LossScaleState, finite: Any, xp: Any)
 
 
 class _HostScalars:
-    """The namespace :func:`_next_state` needs for numpy scalars: their arithmetic keeps their dtypes (NEP 50),
-    so only ``where`` and ``isfinite`` need defining."""
+    """The namespace :func:`_next_state` needs for numpy scalars (their arithmetic keeps dtypes, NEP 50)."""
 
     @staticmethod
     def where(condition: Any, a: Any, b: Any) -> Any:

@@ -6,8 +6,7 @@ reads the sample. A binding supplies the measurement and where the :class:`Sampl
     scale, sampler = next_sampler_state(policy, scale, sampler, finite, sample, sampled, xp)
 
 ``count`` is a Python int (torch: an unsampled step does no device work) or a 0-d int32 array (JAX, Keras);
-``sampled`` then a Python bool or a 0-d bool array. No host sync either way.
-"""
+``sampled`` then a Python bool or a 0-d bool array. No host sync either way."""
 
 from __future__ import annotations
 
@@ -42,12 +41,7 @@ def initial_sampler_state(
     policy: LossScale, num_tensors: int, xp: Any, *, count: Any = 0, **array_kwargs: Any
 ) -> SamplerState:
     """The :class:`SamplerState` at step 0 for ``num_tensors`` gradients (``count``: a Python int, or
-    ``xp.asarray(0, dtype=xp.int32)`` on the device; ``array_kwargs`` go to ``xp.full``, e.g. ``device=``).
-
-    >>> s = initial_sampler_state(AutoLossScale(), 2, np)
-    >>> s.count, int(s.sample.step), s.sample.tensor_amax.shape, float(s.auto.margin)
-    (0, -1, (2,), 4.0)
-    """
+    ``xp.asarray(0, dtype=xp.int32)`` on the device; ``array_kwargs`` go to ``xp.full``, e.g. ``device=``)."""
     auto = initial_auto_state(policy, xp, **array_kwargs) if isinstance(policy, AutoLossScale) else None
     return SamplerState(count, empty_stats(num_tensors, xp, **array_kwargs), auto)
 
@@ -74,10 +68,9 @@ def next_sampler_state(
     the scale moved by :func:`~lossscale._auto.next_auto_state` for an :class:`~lossscale.AutoLossScale` (which
     reads ``micro_batches``) and by :func:`lossscale.next_state` otherwise, the step counted.
 
-    Cost: about 15 ops on the ``(T,)`` sample when ``sampled`` is an array
-    (none for a Python bool), plus the rule's scalar ops. No host sync.
+    Cost: about 15 ops on the ``(T,)`` sample if ``sampled`` is an array, plus the rule's. No host sync.
 
-    >>> from lossscale import DynamicLossScale, initial_state
+    >>> from lossscale import initial_state
     >>> from lossscale._stats import gradient_stats
     >>> p = AutoLossScale()
     >>> s = initial_sampler_state(p, 1, np)
@@ -123,13 +116,7 @@ def sampler_record(sampler: SamplerState, to_host: Any = np.asarray) -> dict[str
 
 def read_sampler_record(record: Any, policy: LossScale) -> tuple[int, AutoState | None]:
     """``(count, auto state as numpy, or None but for an AutoLossScale)`` from :func:`sampler_record`'s output,
-    every field checked first (ValueError naming the fix).
-
-    >>> read_sampler_record({"iteration": 7}, AutoLossScale())
-    Traceback (most recent call last):
-    ...
-    ValueError: The checkpoint has no AutoLossScale state (saved with another policy?); expected the keys margin, window, calm_steps, lo, hi.
-    """
+    every field checked first (ValueError naming the fix)."""
     iteration = record.get("iteration") if isinstance(record, Mapping) else None
     if isinstance(iteration, bool) or not isinstance(iteration, Integral) or not 0 <= int(iteration) <= COUNTER_MAX:
         raise ValueError(f"Invalid stats record {record!r}: expected StatsSampler.state_dict()'s output.")
@@ -151,7 +138,7 @@ def read_sampler_record(record: Any, policy: LossScale) -> tuple[int, AutoState 
 
 
 def _host(value: Any, dtype: Any) -> np.ndarray:
-    """A checkpoint value (numpy, a number, or a framework tensor with ``.cpu()``) as a numpy array of ``dtype``."""
+    """A checkpoint value (a number, a numpy or a framework array) as a numpy array of ``dtype``."""
     if hasattr(value, "detach"):
         value = value.detach().cpu().numpy()
     return np.array(value, dtype=dtype)

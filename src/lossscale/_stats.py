@@ -14,8 +14,7 @@ Overall: ``amax = max_t amax_t``, fractions weighted by ``n_t``, and ``rms_min =
 with ``rms_t > 0`` (0 if none), which :class:`lossscale.AutoLossScale` reads.
 
 Cost: one read pass over each gradient (four reductions, fused under XLA), about 10 ops per tensor on 0-d arrays
-plus 15 on ``(T,)`` arrays. No host sync.
-"""
+plus 15 on ``(T,)`` arrays. No host sync."""
 
 from __future__ import annotations
 
@@ -23,10 +22,8 @@ import math
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-__all__ = [
-    "FLOAT16_MAX", "FLOAT16_TINY", "GradientStats", "as_mapping", "empty_stats", "gradient_stats", "summarize",
-    "tensor_sums"
-]
+__all__ = ["FLOAT16_MAX", "FLOAT16_TINY", "GradientStats", "as_mapping", "empty_stats", "gradient_stats", "summarize",
+           "tensor_sums"]
 
 #: The largest float16.
 FLOAT16_MAX = 65504.0
@@ -99,7 +96,6 @@ def summarize(
 def _headroom(amax: Any, xp: Any) -> Any:
     """``log2(65504 / amax)``: +inf for 0, NaN for NaN, -inf for +inf (no warning for 0)."""
     positive = amax > 0
-    # Not positive: 0 (no gradient at all: +inf), or NaN (an overflowed step: NaN, not the safest-looking +inf).
     unmeasured = xp.where(amax >= 0, math.inf, amax)
     return xp.where(positive, LOG2_FLOAT16_MAX - xp.log2(xp.where(positive, amax, 1.0)), unmeasured)
 
@@ -110,12 +106,8 @@ def gradient_stats(grads: Sequence[Any], xp: Any, step: Any = 0) -> GradientStat
     >>> import numpy as np
     >>> g = [np.array([0.0, 1.0, 2.0**-20, -4.0], np.float16), np.zeros(2, np.float16)]
     >>> s = gradient_stats(g, np)
-    >>> float(s.amax), round(float(s.headroom_bits), 3)
-    (4.0, 13.999)
-    >>> float(s.zero_fraction), round(float(s.subnormal_fraction), 4)
-    (0.5, 0.1667)
-    >>> s.tensor_zero_fraction.tolist()
-    [0.25, 1.0]
+    >>> float(s.amax), round(float(s.headroom_bits), 3), float(s.zero_fraction), s.tensor_zero_fraction.tolist()
+    (4.0, 13.999, 0.5, [0.25, 1.0])
     """
     zero = _f32(0.0, xp)
     sums = [tensor_sums(g, xp) if _size(g) else (zero, zero, zero, zero) for g in grads]
