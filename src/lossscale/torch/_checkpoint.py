@@ -1,17 +1,8 @@
 """Checkpoints and pickles of the torch binding: tensors <-> the core's one load rule, and the atomic inner load.
 
-A ``LossScaleOptimizer.state_dict()`` is the inner optimizer's plus a ``"lossscale"`` entry (a
-``SharedLossScale.state_dict()`` is its first two keys)::
-
-    {"policy": serialize(policy),                # ScaleRecord (older checkpoints: "loss_scale")
-     "state": {"loss_scale": f32, "good_steps": i32, "bad_steps": i32,
-               "skipped_steps": i32, "consecutive_skips": i32},
-     "optimizer": {"steps": int, "skipped_steps": i32 | None, "consecutive_skips": i32 | None}}  # CounterRecord
-
-GradScaler's is torch's five keys plus a ``"lossscale"`` entry of plain values. Every field is checked by
-:mod:`lossscale._checkpoint` and copied (on the saved tensor's device) before anything loads: a malformed entry
-raises ``ValueError`` and changes nothing. Pickles use the same records, with the policy object itself. Cost:
-one ``.item()`` and one 0-d copy per field.
+A ``LossScaleOptimizer`` state dict's ``"lossscale"`` entry is ``{"policy", "state", "optimizer"}``
+(:class:`ScaleRecord`, :class:`CounterRecord`); GradScaler's is torch's five keys plus plain values. Every field
+is checked and copied before anything loads (one ``.item()`` and one 0-d copy each); pickles use the same records.
 """
 
 from __future__ import annotations
@@ -46,7 +37,7 @@ def _tensor(value: Any, saved: Any) -> torch.Tensor:
     return torch.tensor(value, device=saved.device if isinstance(saved, torch.Tensor) else "cpu")
 
 
-def _refused(error: Exception) -> ValueError:  # the one error documented for a malformed checkpoint
+def _refused(error: Exception) -> ValueError:
     return ValueError(f"{_NOT_OURS}: {error}")
 
 
@@ -93,8 +84,7 @@ class ScaleRecord:
 
 @dataclass(frozen=True)
 class CounterRecord:
-    """One optimizer's own counters: its ``step()`` calls, skips and skip streak (the last two None in older
-    checkpoints: the loader then takes the scale's)."""
+    """One optimizer's ``step()`` calls, skips and skip streak (the last two None in older checkpoints)."""
 
     steps: int = 0
     skipped_steps: torch.Tensor | None = None
@@ -170,8 +160,7 @@ with_torch_names = functools.partial(built_in_names, _TORCH_NAMES)
 
 
 def growth_interval(value: Any) -> int:
-    """torch's ``growth_interval``: any int >= 1, saturated at 2**31 - 1 (the int32 growth counter cannot tell a
-    longer one apart, so torch's "huge growth_interval" idiom for a fixed scale keeps working)."""
+    """torch's ``growth_interval``: any int >= 1, saturated at 2**31 - 1 (torch's "huge interval" idiom works)."""
     fix = "Pass a positive whole number of steps, for example growth_interval=2000 (torch's default)."
     if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_floating_point():
         value = int(value)
@@ -225,12 +214,8 @@ def _number(saved: Mapping, key: str, integral: bool = False) -> Any:
 def gradscaler_record(
     saved: Any, policy: DynamicLossScale, state: LossScaleState, custom_objects: Mapping[str, type] | None = None
 ) -> ScaleRecord:
-    """The validated record ``saved`` describes, for a GradScaler now at ``policy``/``state``; nothing is changed.
-
-    Raises:
-        RuntimeError: ``saved`` is empty (torch's message: a disabled scaler's).
-        ValueError: a key is missing or malformed, naming it.
-    """
+    """The validated record ``saved`` describes, for a GradScaler now at ``policy``/``state``. Raises RuntimeError
+    if ``saved`` is empty (torch's message), ValueError naming a missing or malformed key."""
     if not isinstance(saved, Mapping):
         raise TypeError(f"load_state_dict() takes a dict, as state_dict() returns; got {type(saved).__name__}.")
     if len(saved) == 0:
@@ -298,10 +283,8 @@ def _check(inner: torch.optim.Optimizer) -> None:
 
 
 def load_inner(inner: torch.optim.Optimizer, saved: Mapping[str, Any]) -> None:
-    """``inner.load_state_dict(saved)``, all or nothing: torch loads another optimizer's groups as they are (an SGD
-    state dict into AdamW fails at the next step) and leaves a failed load half done. Checked after loading: each
-    group holds every key of ``defaults``, each state tensor is shaped like its parameter; on failure the kept
-    state dict is loaded back and a ValueError names the cause. Cost: a walk over groups and shapes."""
+    """``inner.load_state_dict(saved)``, all or nothing: each group must hold every key of ``defaults`` and each
+    state tensor be shaped like its parameter, else the kept state is loaded back and a ValueError names the cause."""
     kept = inner.state_dict()
     try:
         inner.load_state_dict(dict(saved))

@@ -48,27 +48,15 @@ class LossScaleOptimizer(TFv1Methods, torch.optim.Optimizer):
     """An optimizer that applies loss scaling; TF's ``LossScaleOptimizer`` for torch (usage: ``docs/torch.md``).
 
     Loss scaling multiplies the loss by ``S`` before backprop and the gradients by ``1/S`` before the update,
-    so that float16 gradients below about 6e-8 do not flush to zero (Micikevicius et al., 2018). A step whose
-    gradients hold a NaN or an Inf is skipped (weights, inner state and step counts unchanged) in every mode,
-    fixed included, and the scale is updated either way. The wrapper is itself a ``torch.optim.Optimizer``
-    whose ``param_groups``, ``state`` and ``defaults`` are the inner one's (LR schedulers reach it).
+    so that float16 gradients below about 6e-8 do not flush to zero. A step whose gradients hold a NaN or an Inf
+    is skipped (weights, inner state, step counts unchanged) in every mode, and the scale is updated either way.
+    ``param_groups``, ``state`` and ``defaults`` are the inner optimizer's (LR schedulers reach it).
 
-    Cost per ``step()`` (R/W: a read/write pass over the gradients):
-
-    ========================== ========================================== ==========================
-    inner optimizer            passes over gradients                      host syncs
-    ========================== ========================================== ==========================
-    fused (``fused=True``)     1 unscale+check (R+W; float16 gradients: a 0: the kernel skips [*]
-                               check only, the kernel unscales in float32)
-    anything else              1 unscale+check (R+W)                      1 (``found_inf``)
-    with ``clip_grad_norm_``   +1 norm (R), +1 R+W unless fused           as above
-    ``min_loss_scale < 1``     +1 check (R+W): ``g / S`` can overflow     as above
-    no gradient at all         none: a no-op (scale, counters unchanged)  0
-    ========================== ========================================== ==========================
-
-    [*] 1 on a step in which a parameter gets its first gradient (a device-side skip would leave its new inner
-    state behind). The scale update adds no sync (about 20 scalar ops). Closure optimizers (LBFGS): the closure
-    calls ``opt.get_scaled_loss(loss).backward()`` and returns ``loss``; every evaluation is checked.
+    Cost per ``step()`` (``docs/concepts.md``, the cost model): one unscale+check pass (R+W; fused with float16
+    gradients: a check only, the kernel unscales in float32); ``clip_grad_norm_`` adds a norm (R), and unless fused
+    an R+W; ``min_loss_scale < 1`` adds an R+W recheck. Host syncs: fused 0 (1 on a step in which a parameter gets
+    its first gradient), else 1 (``found_inf``); the scale update adds none. No gradient at all: a no-op. Closure
+    optimizers (LBFGS): the closure calls ``opt.get_scaled_loss(loss).backward()``; every evaluation is checked.
 
     Args:
         optimizer: the ``torch.optim.Optimizer`` instance to wrap.
@@ -79,10 +67,9 @@ class LossScaleOptimizer(TFv1Methods, torch.optim.Optimizer):
         dynamic_growth_steps: finite steps before the scale doubles; default 2000.
         min_loss_scale, max_loss_scale, hysteresis: refine the dynamic scale (defaults 1, none, 1; see
             :class:`lossscale.DynamicLossScale`).
-        process_group: a ``torch.distributed`` group (a ``DeviceMesh``: all its ranks) over which the found-inf
-            flag is MAX-all-reduced, so that ranks holding different gradients skip together: one scalar
-            all-reduce per step. Not needed with plain DDP; None with DTensor parameters (FSDP2): their mesh.
-            See ``docs/distributed.md``.
+        process_group: a ``torch.distributed`` group (or ``DeviceMesh``) over which the found-inf flag is
+            MAX-all-reduced, so ranks with different gradients skip together: one scalar all-reduce per step. Not
+            needed with plain DDP; None with DTensor parameters: their mesh (``docs/distributed.md``).
         max_consecutive_skips: raise :class:`lossscale.LossScaleError`, with likely causes and fixes, at the n-th
             skipped ``step()`` in a row of *this* optimizer (default None: never). No sync (on CUDA it raises one
             step late).
@@ -92,10 +79,8 @@ class LossScaleOptimizer(TFv1Methods, torch.optim.Optimizer):
         history: True or a :class:`lossscale.History`: each step's scale, skip flag and loss (the one given to
             :meth:`get_scaled_loss`), moved in batches, no per-step sync.
         stats_every: measure the *scaled* gradients every ``N``-th step (default None; 16 with
-            ``loss_scale="auto"``) before anything unscales them; the latest sample is :attr:`gradient_stats`
-            (``docs/gradient_stats.md``); ``lossscale.AutoLossScale`` sets the scale from it, reading the
-            :meth:`get_scaled_loss` calls since the last step as micro-batches. Cost: a sampled step, about 8
-            kernels per gradient, no sync (a step 1.04x at ``N=1``, 1.005x at ``N=16``, ``benchmarks/bench_stats.py``).
+            ``loss_scale="auto"``): :attr:`gradient_stats` (``docs/gradient_stats.md``), which ``AutoLossScale``
+            sets the scale from. Cost: about 8 kernels per gradient on a sampled step, no sync.
 
     >>> import torch
     >>> w = torch.nn.Parameter(torch.tensor([1.0]))
@@ -153,22 +138,20 @@ class LossScaleOptimizer(TFv1Methods, torch.optim.Optimizer):
         self._steps.forget()
 
     def unscale_(self) -> None:
-        """Unscales the gradients in place now (to clip or inspect them); again before ``step()``, nothing. After a
-        fused :meth:`clip_grad_norm_` it applies that clip's ``coef / S``. Cost: one R+W pass; no sync."""
+        """Unscales the gradients in place now (to clip or inspect them); again before ``step()``, nothing. Cost:
+        one R+W pass; no sync."""
         self._steps.unscale_(self._inner)
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
         """Clips the gradients' global norm to ``max_norm``, folding in the unscale; once per iteration.
 
-        Returns the *unscaled* gradients' norm (0-d, no sync), as ``torch.nn.utils.clip_grad_norm_``; a non-finite
-        one skips the step. Fused: the norm is the only pass (R), ``S/coef`` goes into the kernel; otherwise one
-        more R+W applies ``coef/S``. ``norm_type``: any p > 0 or ``inf``."""
+        Returns the *unscaled* gradients' norm (0-d, no sync); a non-finite one skips the step. Cost: one R pass,
+        plus an R+W unless fused. ``norm_type``: any p > 0 or ``inf``."""
         return self._steps.clip_grad_norm_(self._inner, max_norm, norm_type)
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
         """Unscales and checks the gradients, steps or skips, and updates the scale (costs: the class docstring).
-        With a closure, every evaluation is checked and an overflow restores weights and inner state; returns
-        the closure's loss."""
+        With a closure, an overflow in any evaluation restores weights and inner state; returns its loss."""
         if closure is not None:
             return self._steps.step_with_closure(self._inner, closure, self._named_grads)
         self._steps.step(self._inner, named_grads=self._named_grads)
@@ -291,13 +274,10 @@ class LossScaleOptimizer(TFv1Methods, torch.optim.Optimizer):
         return state
 
     def load_state_dict(self, state_dict: Any, custom_objects: Mapping[str, type] | None = None) -> None:
-        """Restores :meth:`state_dict`'s output; the saved policy replaces the current one.
-
-        Everything is validated first: a malformed ``"lossscale"`` entry raises ``ValueError`` and changes
-        nothing. A plain inner state dict keeps the current scale. A history past the restored step is cut back
-        to it. A policy class of your own comes from ``custom_objects`` (``{"MyLossScale": MyLossScale}``) or is
-        the current policy's class; nothing is imported by a name read from the checkpoint.
-        """
+        """Restores :meth:`state_dict`'s output, saved policy included; a malformed ``"lossscale"`` entry raises
+        ``ValueError`` and changes nothing, a plain inner state dict keeps the current scale, a history is cut back
+        to the restored step. A policy class of your own comes from ``custom_objects``, else it is the current one's
+        (nothing is imported by name)."""
         record = None
         if isinstance(state_dict, Mapping) and "lossscale_stats" in state_dict:
             record = state_dict["lossscale_stats"]
@@ -313,8 +293,7 @@ class LossScaleOptimizer(TFv1Methods, torch.optim.Optimizer):
         self._sampler = self._steps.sampler = sampler
 
     def _sampler_for(self, policy: LossScale, record: Any) -> StatsSampler | None:
-        """The sampler after loading ``policy`` and a ``"lossscale_stats"`` ``record`` (None: none saved), validated;
-        ``stats_every`` stays, an ``AutoLossScale`` loaded without one gets its default."""
+        """The sampler after loading ``policy`` and a ``"lossscale_stats"`` ``record`` (None: none), validated."""
         current = self._sampler
         every = check_stats_every(None, policy) if current is None else current.every
         if every is None:
@@ -326,8 +305,7 @@ class LossScaleOptimizer(TFv1Methods, torch.optim.Optimizer):
         return current.restored(record, policy)
 
     def __getstate__(self) -> dict[str, Any]:
-        """The inner optimizer and the step's record (``OptimizerStep.pickled``); parameter names and process
-        groups are not kept."""
+        """The inner optimizer and ``OptimizerStep.pickled``; parameter names and process groups are not kept."""
         return {"inner": self._inner, **self._steps.pickled(), "sampler": self._sampler}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
