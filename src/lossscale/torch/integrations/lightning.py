@@ -25,11 +25,9 @@ __all__ = ["LossScaleMonitor"]
 class LossScaleMonitor(Callback):
     """Logs ``{prefix}loss_scale`` and ``{prefix}skipped_steps`` after every optimizer step, to the Trainer's loggers.
 
-    Sources: the precision plugin's scaler when it is a ``lossscale.torch.GradScaler``, and every
-    ``LossScaleOptimizer`` of ``configure_optimizers``; several get a suffix (``loss_scale/optimizer_1``). The
-    values are 0-d tensors logged with ``on_step=True``: no host sync of its own (Lightning reads them every
-    ``log_every_n_steps``). With ``stats_every=N`` it also logs the latest sample's ``headroom_bits``,
-    ``zero_fraction`` and ``subnormal_fraction``.
+    Sources: the precision plugin's ``lossscale.torch.GradScaler`` and every ``LossScaleOptimizer``; several get a
+    suffix (``loss_scale/optimizer_1``). 0-d tensors, no host sync of its own. With ``stats_every=N`` it also logs
+    the latest sample's ``headroom_bits``, ``zero_fraction`` and ``subnormal_fraction``.
 
     Args:
         prefix: the metric name prefix (default ``"lossscale/"``).
