@@ -1,5 +1,4 @@
-"""One skip decision for every rank: the found-inf flag MAX-all-reduced before the decision (sharded setups check
-different gradients per rank; plain DDP needs nothing), and a debug check that the replicated state agrees."""
+"""One skip decision for every rank (the found-inf flag MAX-all-reduced), and a check that the replicas agree."""
 
 from __future__ import annotations
 
@@ -49,7 +48,7 @@ _MESH_GROUPS: weakref.WeakKeyDictionary[Any, list[Any]] = weakref.WeakKeyDiction
 
 def _mesh_groups(mesh: Any) -> list[Any]:
     """Groups whose successive MAX all-reduces cover ``mesh``: the world's when it spans every rank, else one
-    per mesh dimension (each rank's line along every dimension)."""
+    per mesh dimension."""
     groups = _MESH_GROUPS.get(mesh)
     if groups is None:
         dist = torch.distributed
@@ -84,8 +83,8 @@ def agreement_groups(process_group: Any, params: Iterable[torch.Tensor]) -> list
 
 
 def all_reduce_max(flag: torch.Tensor, groups: Sequence[Any]) -> torch.Tensor:
-    """A copy of ``flag`` MAX-all-reduced over each of ``groups`` in turn: one scalar all-reduce per group
-    (``async_op`` and waited on at once: on NCCL a stream wait, no host sync; on gloo the host blocks)."""
+    """A copy of ``flag`` MAX-all-reduced over each of ``groups`` in turn: one scalar all-reduce per group (NCCL:
+    no host sync; gloo: the host blocks)."""
     if not groups:
         return flag
     if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
@@ -100,8 +99,7 @@ def all_reduce_max(flag: torch.Tensor, groups: Sequence[Any]) -> torch.Tensor:
 
 
 class FlagAgreement:
-    """The groups one optimizer's found-inf flag is reduced over (:func:`agreement_groups`): ``groups`` is None
-    until :meth:`resolve` works them out, again after :meth:`reset` (parameters added)."""
+    """The groups one optimizer's flag is reduced over; ``groups`` is None until :meth:`resolve`, after :meth:`reset`."""
 
     def __init__(self, process_group: Any, params: Any) -> None:
         self.process_group = validate_process_group(process_group)
