@@ -166,8 +166,7 @@ def unscaled_copies(
 
 
 def scaled_norm(grads: GradGroups, norm_type: float, *, out_device: torch.device) -> torch.Tensor:
-    """The ``norm_type``-norm of all gradients together, in float32: one R pass (DTensors: one scalar all-reduce
-    per mesh and sharded dimensions)."""
+    """The ``norm_type``-norm of all gradients together, in float32: one R pass (DTensors: + scalar all-reduces)."""
     if grads.sharded is not None:
         return _sharded_norm(grads.sharded, norm_type, out_device)
     norms: list[torch.Tensor] = []

@@ -114,8 +114,7 @@ class OverflowReporter:
 
     def observe(self, step: int, found_inf: torch.Tensor, skipped: bool | None, loss_scale: torch.Tensor,
                 named_grads: Any) -> None:
-        """The report of a skipped step (``skipped`` None: read with one sync); ``named_grads``: ``(name, grad)``
-        pairs, or a callable returning them."""
+        """Reports a skipped step (``skipped`` None: one sync reads it); ``named_grads``: pairs, or a callable."""
         if skipped is None:
             skipped = bool(found_inf.item())  # the report's sync on the fused path
         if not skipped:
@@ -138,8 +137,7 @@ class OverflowReporter:
 
 
 class StepRecorder:
-    """Per-step scale, skip flag and loss, kept on the device and moved to a :class:`lossscale.History` every
-    ``flush_every`` rows (one sync per flush)."""
+    """Per-step scale, skip flag and loss, kept on the device; moved to the History every ``flush_every`` rows."""
 
     def __init__(self, history: Any = None, flush_every: int = 100) -> None:
         if isinstance(flush_every, bool) or not isinstance(flush_every, int) or flush_every < 1:

@@ -47,8 +47,7 @@ _MESH_GROUPS: weakref.WeakKeyDictionary[Any, list[Any]] = weakref.WeakKeyDiction
 
 
 def _mesh_groups(mesh: Any) -> list[Any]:
-    """Groups whose successive MAX all-reduces cover ``mesh``: the world's when it spans every rank, else one
-    per mesh dimension."""
+    """Groups whose successive MAX all-reduces cover ``mesh``: the world's if it spans every rank, else one per dim."""
     groups = _MESH_GROUPS.get(mesh)
     if groups is None:
         dist = torch.distributed

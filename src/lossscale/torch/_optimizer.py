@@ -52,32 +52,27 @@ class LossScaleOptimizer(TFv1Methods, torch.optim.Optimizer):
     is skipped (weights, inner state, step counts unchanged) in every mode, and the scale is updated either way.
     ``param_groups``, ``state`` and ``defaults`` are the inner optimizer's (LR schedulers reach it).
 
-    Cost per ``step()`` (``docs/concepts.md``, the cost model): one unscale+check pass (R+W; fused with float16
-    gradients: a check only, the kernel unscales in float32); ``clip_grad_norm_`` adds a norm (R), and unless fused
-    an R+W; ``min_loss_scale < 1`` adds an R+W recheck. Host syncs: fused 0 (1 on a step in which a parameter gets
-    its first gradient), else 1 (``found_inf``); the scale update adds none. No gradient at all: a no-op. Closure
-    optimizers (LBFGS): the closure calls ``opt.get_scaled_loss(loss).backward()``; every evaluation is checked.
+    Cost per ``step()`` (``docs/concepts.md``): one unscale+check pass (R+W; fused float16 gradients: a check, the
+    kernel unscales); ``clip_grad_norm_`` adds a norm (R), and an R+W unless fused; ``min_loss_scale < 1`` an R+W
+    recheck. Host syncs: fused 0 (1 when a parameter gets its first gradient), else 1; the scale update adds none.
+    No gradient: a no-op. Closure optimizers (LBFGS): every evaluation of ``step(closure)`` is checked.
 
     Args:
         optimizer: the ``torch.optim.Optimizer`` instance to wrap.
         loss_scale: the experimental form: a number (fixed), ``"dynamic"``, any :class:`lossscale.LossScale`
             (managers included), or a :class:`SharedLossScale` to share with other optimizers.
-        dynamic: the stable form (default True).
-        initial_scale: the initial (or, when ``dynamic=False``, fixed) scale; default 2**15.
-        dynamic_growth_steps: finite steps before the scale doubles; default 2000.
-        min_loss_scale, max_loss_scale, hysteresis: refine the dynamic scale (defaults 1, none, 1; see
-            :class:`lossscale.DynamicLossScale`).
+        dynamic, initial_scale, dynamic_growth_steps: the stable form (defaults True, 2**15, 2000 finite steps
+            before the scale doubles; ``initial_scale`` is the fixed scale when ``dynamic=False``).
+        min_loss_scale, max_loss_scale, hysteresis: refine the dynamic scale (defaults 1, none, 1).
         process_group: a ``torch.distributed`` group (or ``DeviceMesh``) over which the found-inf flag is
             MAX-all-reduced, so ranks with different gradients skip together: one scalar all-reduce per step. Not
             needed with plain DDP; None with DTensor parameters: their mesh (``docs/distributed.md``).
-        max_consecutive_skips: raise :class:`lossscale.LossScaleError`, with likely causes and fixes, at the n-th
-            skipped ``step()`` in a row of *this* optimizer (default None: never). No sync (on CUDA it raises one
-            step late).
-        overflow_report: on a skipped step, log (logger ``"lossscale"``) and keep in :attr:`last_overflow_report`
-            which gradients held NaN or Inf. Cost: one sync per step on the fused path, one more on a skip.
+        max_consecutive_skips: raise :class:`lossscale.LossScaleError` at the n-th skipped ``step()`` in a row of
+            *this* optimizer (default None: never). No sync (on CUDA it raises one step late).
+        overflow_report: on a skipped step, log and keep in :attr:`last_overflow_report` which gradients held NaN
+            or Inf. Cost: one sync per step on the fused path, one more on a skip.
         named_parameters: names for that report, e.g. ``model.named_parameters()``.
-        history: True or a :class:`lossscale.History`: each step's scale, skip flag and loss (the one given to
-            :meth:`get_scaled_loss`), moved in batches, no per-step sync.
+        history: True or a :class:`lossscale.History`: each step's scale, skip flag and loss, no per-step sync.
         stats_every: measure the *scaled* gradients every ``N``-th step (default None; 16 with
             ``loss_scale="auto"``): :attr:`gradient_stats` (``docs/gradient_stats.md``), which ``AutoLossScale``
             sets the scale from. Cost: about 8 kernels per gradient on a sampled step, no sync.
@@ -86,8 +81,7 @@ class LossScaleOptimizer(TFv1Methods, torch.optim.Optimizer):
     >>> w = torch.nn.Parameter(torch.tensor([1.0]))
     >>> opt = LossScaleOptimizer(torch.optim.SGD([w], lr=0.25), "dynamic")
     >>> opt.get_scaled_loss((w ** 2).sum()).backward()
-    >>> opt.step()
-    >>> w.detach()
+    >>> opt.step(); w.detach()
     tensor([0.5000])
     """
 
@@ -161,8 +155,8 @@ class LossScaleOptimizer(TFv1Methods, torch.optim.Optimizer):
         return self._steps.diagnostics.named_grads(self._inner.param_groups)
 
     def check_replicas_agree(self, process_group: Any = None) -> None:
-        """Debug check: raises :class:`lossscale.LossScaleError` unless every rank of ``process_group`` (default:
-        the flag's group, else the world) holds the same scale, counters and policy. One all-gather, one sync."""
+        """Raises :class:`lossscale.LossScaleError` unless every rank of ``process_group`` (default: the flag's,
+        else the world) holds the same scale, counters and policy. One all-gather, one sync."""
         agree = self._steps.agree
         group = agree.process_group if process_group is None else validate_process_group(process_group)  # type: ignore[union-attr]
         owner = self._steps.owner

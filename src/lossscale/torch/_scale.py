@@ -62,8 +62,7 @@ class ScaleState:
             self._set_tensors(LossScaleState(*(t.to(device) for t in self.tensors)))
 
     def advance(self, found_inf: torch.Tensor) -> None:
-        """``state <- next_state(policy, state, found_inf == 0)`` in place: about 20 scalar ops (CPU: numpy views);
-        no sync."""
+        """``state <- next_state(policy, state, found_inf == 0)`` in place: about 20 scalar ops, no sync."""
         if found_inf.device != self.tensors.loss_scale.device:
             found_inf = move(found_inf, self.device)
         views = self._host_views_now()
@@ -242,8 +241,7 @@ class SharedLossScale(ScaleOwner):
         self._pending = found_inf if self._pending is None else torch.maximum(self._pending, found_inf)
 
     def update(self) -> None:
-        """Advances the scale once from every optimizer's flag since the last update (none: nothing); about 20
-        scalar ops, no sync."""
+        """Advances the scale once from the flags since the last update (none: nothing); no sync."""
         pending = self._close()
         if pending is not None:
             self.advance(pending)
@@ -314,8 +312,7 @@ class IterationScale(SharedLossScale):
         return self._pending
 
     def update(self, new_scale: Any = None) -> None:  # type: ignore[override]
-        """Advances the scale once, or sets ``new_scale`` (a positive finite number or a 1-element tensor not
-        requiring grad; the growth counter stays). No sync."""
+        """Advances the scale once, or sets ``new_scale`` (the growth counter stays). No sync."""
         if new_scale is None:
             super().update()
             return

@@ -57,8 +57,7 @@ class StatsSampler:
         self._sums, self.backwards = {}, 0
 
     def advance(self, scale: LossScaleState | None, found_inf: torch.Tensor | None, recorder: Any = None) -> Any:
-        """Ends a step: the auto rule's new scale state for the caller to write (None: the caller's rule moves it);
-        ``recorder`` gets a sample's history columns."""
+        """Ends a step: the auto rule's new scale state for the caller to write (None: the caller's rule moves it)."""
         parts, self._sums, self.backwards = [self._sums[k] for k in sorted(self._sums)], {}, 0
         sample = None
         if parts:
