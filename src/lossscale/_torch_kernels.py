@@ -65,7 +65,6 @@ class GradGroups:
 
     @classmethod
     def of(cls, param_groups: Iterable[dict]) -> GradGroups:
-        """The ``.grad`` of every parameter in ``param_groups`` that has one."""
         return cls([p.grad for group in param_groups for p in group["params"] if p.grad is not None])
 
 

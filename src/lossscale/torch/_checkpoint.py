@@ -219,9 +219,8 @@ def gradscaler_record(
     if not isinstance(saved, Mapping):
         raise TypeError(f"load_state_dict() takes a dict, as state_dict() returns; got {type(saved).__name__}.")
     if len(saved) == 0:
-        raise RuntimeError(
-            "The source state dict is empty, possibly because it was saved from a disabled instance of GradScaler."
-        )
+        raise RuntimeError("The source state dict is empty, possibly because it was saved from a disabled instance "
+                           "of GradScaler.")
     missing = [key for key in TORCH_KEYS if key not in saved]
     if missing:
         raise _fail(f"missing {missing}")

@@ -149,9 +149,6 @@ def check_replicas_agree(state: LossScaleState, policy: LossScale, groups: Seque
                                   for r, v in zip(ranks, values))
                 problems.append(f"{name} differs ({shown})")
         if problems:
-            raise LossScaleError(
-                "The loss scale has drifted apart across ranks: "
-                + "; ".join(problems)
-                + ". Every rank must take the same skip decision: pass process_group= (or use DTensor "
-                "parameters) when ranks hold different gradients, and load the same checkpoint on every rank."
-            )
+            raise LossScaleError(f"The loss scale has drifted apart across ranks: {'; '.join(problems)}. Every rank "
+                                 "must take the same skip decision: pass process_group= (or use DTensor parameters) "
+                                 "when ranks hold different gradients, and load the same checkpoint on every rank.")

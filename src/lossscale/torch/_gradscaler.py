@@ -10,31 +10,15 @@ from typing import Any
 import torch
 
 from .._policy import DynamicLossScale
-from ._checkpoint import gradscaler_record, gradscaler_state_dict, growth_interval, replace_policy, with_torch_names
+from ._checkpoint import gradscaler_record, gradscaler_state_dict, replace_policy, with_torch_names
+from ._checkpoint import growth_interval as checked_interval
 from ._diagnostics import Diagnostics, OverflowReport, StepRecorder
 from ._distributed import FlagAgreement
 from ._scale import IterationScale
 from ._stats import StatsSampler, check_stats_every
 from ._step import OptimizerStep, Stage
 
-__all__ = ["GradScaler", "torch_policy"]
-
-
-def torch_policy(
-    init_scale: Any, growth_factor: Any, backoff_factor: Any, growth_interval_: Any, *, min_loss_scale: Any = 1.0,
-    max_loss_scale: Any = None, hysteresis: Any = 1,
-) -> DynamicLossScale:
-    """The :class:`~lossscale.DynamicLossScale` of torch GradScaler's arguments, validated (errors in torch's names).
-
-    >>> torch_policy(2.0**16, 2.0, 0.5, 2000).get_config()
-    {'initial_loss_scale': 65536.0, 'increment_period': 2000, 'multiplier': 2.0, 'backoff_factor': 0.5}
-    """
-    return with_torch_names(
-        DynamicLossScale, initial_loss_scale=init_scale, increment_period=growth_interval(growth_interval_),
-        multiplier=growth_factor, backoff_factor=backoff_factor, max_loss_scale=max_loss_scale,
-        min_loss_scale=1.0 if min_loss_scale is None else min_loss_scale,
-        hysteresis=1 if hysteresis is None else hysteresis,
-    )
+__all__ = ["GradScaler"]
 
 
 class GradScaler:
@@ -79,8 +63,12 @@ class GradScaler:
         if self._enabled and self._device == "cuda" and not torch.cuda.is_available():
             warnings.warn("lossscale.torch.GradScaler is enabled, but CUDA is not available.  Disabling.", stacklevel=2)
             self._enabled = False
-        policy = torch_policy(init_scale, growth_factor, backoff_factor, growth_interval, min_loss_scale=min_loss_scale,
-                              max_loss_scale=max_loss_scale, hysteresis=hysteresis)
+        policy = with_torch_names(  # validation errors in torch's names
+            DynamicLossScale, initial_loss_scale=init_scale, increment_period=checked_interval(growth_interval),
+            multiplier=growth_factor, backoff_factor=backoff_factor, max_loss_scale=max_loss_scale,
+            min_loss_scale=1.0 if min_loss_scale is None else min_loss_scale,
+            hysteresis=1 if hysteresis is None else hysteresis,
+        )
         every = check_stats_every(stats_every, policy)
         self._owner = IterationScale(policy)
         self._placed = False

@@ -55,7 +55,7 @@ class LossScaleOptimizer(TFv1Methods, torch.optim.Optimizer):
     Cost per ``step()`` (``docs/concepts.md``): one unscale+check pass (R+W; fused float16 gradients: a check, the
     kernel unscales); ``clip_grad_norm_`` adds a norm (R), and an R+W unless fused; ``min_loss_scale < 1`` an R+W
     recheck. Host syncs: fused 0 (1 when a parameter gets its first gradient), else 1; the scale update adds none.
-    No gradient: a no-op. Closure optimizers (LBFGS): every evaluation of ``step(closure)`` is checked.
+    No gradient: a no-op.
 
     Args:
         optimizer: the ``torch.optim.Optimizer`` instance to wrap.
@@ -145,7 +145,8 @@ class LossScaleOptimizer(TFv1Methods, torch.optim.Optimizer):
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
         """Unscales and checks the gradients, steps or skips, and updates the scale (costs: the class docstring).
-        With a closure, an overflow in any evaluation restores weights and inner state; returns its loss."""
+        A closure (LBFGS) calls ``opt.get_scaled_loss(loss).backward()`` and returns ``loss``; an overflow in any
+        evaluation restores weights and inner state."""
         if closure is not None:
             return self._steps.step_with_closure(self._inner, closure, self._named_grads)
         self._steps.step(self._inner, named_grads=self._named_grads)

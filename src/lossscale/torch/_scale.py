@@ -26,14 +26,7 @@ __all__ = [
 
 
 class ScaleState:
-    """A policy and its five live 0-d tensors (float32 scale, four int32 counters); the only code that changes them.
-
-    >>> import torch, lossscale
-    >>> s = ScaleState(lossscale.DynamicLossScale(8.0, 2))
-    >>> s.advance(torch.tensor(0.0)); s.advance(torch.tensor(0.0))
-    >>> float(s.tensors.loss_scale), float(s.inv_scale())
-    (16.0, 0.0625)
-    """
+    """A policy and its five live 0-d tensors (float32 scale, four int32 counters); the only code that changes them."""
 
     def __init__(self, policy: LossScale, device: torch.device | str | None = None) -> None:
         self._set_policy(policy)
@@ -204,10 +197,8 @@ class PrivateLossScale(ScaleOwner):
 class SharedLossScale(ScaleOwner):
     """A loss scale that one or more optimizers share.
 
-    Args:
-        loss_scale, dynamic, initial_scale, dynamic_growth_steps, min_loss_scale, max_loss_scale, hysteresis: the
-            policy, in either of TF's forms (see :class:`LossScaleOptimizer`).
-        device: where the state lives; by default the first gradient's device.
+    Takes :class:`LossScaleOptimizer`'s policy arguments (either of TF's forms) and ``device`` (where the state
+    lives; by default the first gradient's device).
 
     Several optimizers driven by one loss::
 
@@ -329,7 +320,6 @@ class IterationScale(SharedLossScale):
         self.set_scale(value, self._close())
 
     def overwrite(self, *, scale: float | None = None, growth_tracker: int | None = None) -> None:
-        """Sets the scale and/or the growth counter in place."""
         if scale is not None:
             self.set_scale(torch.tensor(float(scale)))
         if growth_tracker is not None:

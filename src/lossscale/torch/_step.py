@@ -442,7 +442,6 @@ class OptimizerStep:
         self.record.reset()
 
     def load(self, checkpoint: Checkpoint) -> None:
-        """Takes over a validated checkpoint's scale and counters."""
         if checkpoint.scale is not None:
             self.owner.load(checkpoint.scale)
             self._load_counters(checkpoint.counters or CounterRecord())
