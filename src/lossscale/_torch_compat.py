@@ -30,7 +30,7 @@ AMP_SCALING = "_step_supports_amp_scaling"
 
 
 def group_in_python(tensorlists: list[list[torch.Tensor]], with_indices: bool) -> dict:
-    """:data:`group_tensors_by_device_and_dtype` in Python, for ``torch.compile`` (torch 2.5 cannot trace the C++ one)."""
+    """:data:`group_tensors_by_device_and_dtype` in Python, for ``torch.compile`` (torch 2.5 cannot trace it)."""
     groups: dict = {}
     for i, first in enumerate(tensorlists[0]):
         lists, indices = groups.setdefault((first.device, first.dtype), ([[] for _ in tensorlists], []))
@@ -52,8 +52,7 @@ def sparse_values(grad: torch.Tensor) -> torch.Tensor:
 
 def step_with_scale(optimizer: Any, grad_scale: torch.Tensor | None, found_inf: torch.Tensor,
                     args: tuple = (), kwargs: dict | None = None) -> Any:
-    """``optimizer.step(*args, **kwargs)`` with a fused kernel dividing by ``grad_scale`` and skipping when
-    ``found_inf`` is 1: the attributes ``torch.amp.GradScaler.step`` sets."""
+    """``optimizer.step(...)`` with the attributes ``torch.amp.GradScaler.step`` sets for a fused kernel."""
     optimizer.grad_scale, optimizer.found_inf = grad_scale, found_inf
     try:
         return optimizer.step(*args, **(kwargs or {}))

@@ -92,8 +92,8 @@ def combine_flags(flags: list[torch.Tensor], device: torch.device) -> torch.Tens
 
 def unscale_and_check_(grads: GradGroups, inv_scale: torch.Tensor, *, out_device: torch.device,
                        recheck: bool = False) -> torch.Tensor:
-    """``g *= inv_scale`` in place for every gradient; the found-inf flag (of the values before) on ``out_device``.
-    One R+W pass; ``recheck`` (``S`` may be below 1, so ``g / S`` can overflow): a second R+W pass checks the results."""
+    """``g *= inv_scale`` in place and the found-inf flag on ``out_device``: one R+W pass; ``recheck`` (for ``S``
+    below 1, where ``g / S`` can overflow): a second one."""
     flags: list[torch.Tensor] = []
     for (device, _dtype), tensors in grads.dense.items():
         found = torch.zeros((), dtype=torch.float32, device=device)

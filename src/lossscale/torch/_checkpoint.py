@@ -41,13 +41,6 @@ def _refused(error: Exception) -> ValueError:
     return ValueError(f"{_NOT_OURS}: {error}")
 
 
-def _counter(where: str, value: Any) -> torch.Tensor:
-    try:
-        return _tensor(np.int32(check_counter(where, value)), value)
-    except (TypeError, ValueError) as error:
-        raise _refused(error) from error
-
-
 @dataclass(frozen=True)
 class ScaleRecord:
     """A loss scale's policy and state tensors (copies), validated."""
@@ -108,11 +101,13 @@ class CounterRecord:
             raise ValueError(f"{_NOT_OURS}: its step count is {steps!r}; pass what state_dict() returned.")
         refuse_extra(saved, ("steps", "skipped_steps", "consecutive_skips"), "the 'lossscale' entry's optimizer",
                      f"{_NOT_OURS}: ")
-        counts = [
-            None if saved.get(name) is None else _counter(f"the 'lossscale' entry's optimizer[{name!r}]", saved[name])
-            for name in ("skipped_steps", "consecutive_skips")
-        ]
-        return cls(int(steps), *counts)
+        try:
+            where = "the 'lossscale' entry's optimizer"
+            counts = {name: _tensor(np.int32(check_counter(f"{where}[{name!r}]", saved[name])), saved[name])
+                      for name in ("skipped_steps", "consecutive_skips") if saved.get(name) is not None}
+        except (TypeError, ValueError) as error:
+            raise _refused(error) from error
+        return cls(int(steps), **counts)
 
 
 @dataclass(frozen=True)

@@ -58,8 +58,7 @@ def _mesh_groups(mesh: Any) -> list[Any]:
 
 
 def agreement_groups(process_group: Any, params: Iterable[torch.Tensor]) -> list[Any]:
-    """The groups the found-inf flag is MAX-reduced over, in order: ``process_group`` (a ``DeviceMesh``: all its
-    ranks), else the parameters' DTensor meshes, else none. Cost: an ``isinstance`` per parameter."""
+    """The groups the flag is MAX-reduced over: ``process_group``'s, else the parameters' DTensor meshes', else none."""
     if process_group is not None:
         mesh_type = device_mesh_type()
         if mesh_type is not None and isinstance(process_group, mesh_type):
@@ -98,7 +97,7 @@ def all_reduce_max(flag: torch.Tensor, groups: Sequence[Any]) -> torch.Tensor:
 
 
 class FlagAgreement:
-    """The groups one optimizer's flag is reduced over; ``groups`` is None until :meth:`resolve`, after :meth:`reset`."""
+    """The groups one optimizer's flag is reduced over; ``groups``: None until :meth:`resolve`, after :meth:`reset`."""
 
     def __init__(self, process_group: Any, params: Any) -> None:
         self.process_group = validate_process_group(process_group)

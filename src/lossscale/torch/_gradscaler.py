@@ -1,4 +1,4 @@
-"""``GradScaler``: ``torch.amp.GradScaler``'s interface over one ``IterationScale`` and an ``OptimizerStep`` per optimizer."""
+"""``GradScaler``: ``torch.amp.GradScaler``'s interface over an ``IterationScale`` and an ``OptimizerStep`` each."""
 
 from __future__ import annotations
 
@@ -24,11 +24,9 @@ __all__ = ["GradScaler"]
 class GradScaler:
     """``torch.amp.GradScaler``'s interface over lossscale's dynamic loss scale.
 
-    Cost per ``step(optimizer)`` as ``LossScaleOptimizer.step()``; ``sync_skips=True``: 1 sync when fused too.
-    ``scale()`` and ``update()`` add no sync; ``get_scale()`` and ``state_dict()`` one. Differences from torch
-    (``docs/migration/gradscaler.md``): the scale never backs off below ``min_loss_scale``, grows only while
-    ``S * growth_factor`` stays finite, and a ``step()`` without gradients or an ``update()`` without a step is a
-    no-op.
+    Cost per ``step(optimizer)`` as ``LossScaleOptimizer.step()``; ``scale()`` and ``update()`` add no sync,
+    ``get_scale()`` and ``state_dict()`` one. Unlike torch's (``docs/migration/gradscaler.md``), the scale never
+    backs off below ``min_loss_scale``, and a ``step()`` without gradients or an ``update()`` without a step is a no-op.
 
     Args:
         device, init_scale, growth_factor, backoff_factor, growth_interval, enabled: as ``torch.amp.GradScaler``
@@ -36,8 +34,7 @@ class GradScaler:
         min_loss_scale, max_loss_scale, hysteresis: the rest of the policy (see :class:`lossscale.DynamicLossScale`).
         max_consecutive_skips, overflow_report, named_parameters: as :class:`LossScaleOptimizer` (per optimizer).
         history: True or a :class:`lossscale.History`: one row per ``update()`` (scale, skipped, ``scale()``'s loss).
-        sync_skips: decide a fused optimizer's skip on the host, so a skip calls no ``optimizer.step`` (default
-            False; accelerate's ``attach`` sets it).
+        sync_skips: decide a fused optimizer's skip on the host (1 sync), so a skip calls no ``optimizer.step``.
         stats_every: measure the scaled gradients every ``N``-th iteration (default None): :attr:`gradient_stats`;
             ``scale()`` calls count the micro-batches.
 
@@ -58,8 +55,7 @@ class GradScaler:
         named_parameters: Iterable[tuple[str, torch.Tensor]] | None = None, history: Any = None,
         sync_skips: bool = False, stats_every: int | None = None,
     ) -> None:
-        self._device = str(device)
-        self._enabled = bool(enabled)
+        self._device, self._enabled = str(device), bool(enabled)
         if self._enabled and self._device == "cuda" and not torch.cuda.is_available():
             warnings.warn("lossscale.torch.GradScaler is enabled, but CUDA is not available.  Disabling.", stacklevel=2)
             self._enabled = False
@@ -274,7 +270,8 @@ class GradScaler:
     def __getstate__(self) -> dict[str, Any]:
         """The scale and the settings; no live object (CUDA event, per-optimizer records, parameter names)."""
         if any(step.record.stage is not Stage.READY for step in self._steps.values()):
-            raise RuntimeError("A GradScaler may be pickled only between iterations (before scale() or after update()).")
+            raise RuntimeError("A GradScaler may be pickled only between iterations "
+                               "(before scale() or after update()).")
         history = None if self._recorder is None else self._recorder.history
         if self._recorder is not None:
             self._recorder.flush()

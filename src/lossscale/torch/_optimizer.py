@@ -259,8 +259,7 @@ class LossScaleOptimizer(TFv1Methods, torch.optim.Optimizer):
         return None if reporter is None else reporter.last
 
     def state_dict(self) -> dict[str, Any]:
-        """The inner optimizer's state dict plus a ``"lossscale"`` entry: the policy (key ``"policy"``), the scale
-        and its counters, and this optimizer's own counters (steps, skipped steps, skip streak)."""
+        """The inner optimizer's state dict plus a ``"lossscale"`` entry: the policy, the scale and the counters."""
         inner = dict(self._inner.state_dict())
         steps = self._steps
         state = Checkpoint(inner, steps.owner.record(), steps.counters.record()).to_state_dict()

@@ -89,7 +89,7 @@ class StepRecord:
 
 
 class StepCounters:
-    """One optimizer's own ``steps``, ``skipped_steps`` and ``consecutive_skips`` (the core's ``next_skip_counters``)."""
+    """One optimizer's own ``steps``, ``skipped_steps`` and ``consecutive_skips`` (core: ``next_skip_counters``)."""
 
     def __init__(self) -> None:
         self.steps = 0
@@ -220,8 +220,7 @@ def require_unscalable(grads: GradGroups, what: str) -> None:
 
 
 class OptimizerStep:
-    """One optimizer's step over one scale owner; ``slot`` None: the ``sampler`` is this step's own, an int: a
-    GradScaler's, shared by its optimizers and advanced by ``update()``."""
+    """One optimizer's step over one scale owner; ``slot``: its index in a GradScaler's shared ``sampler``."""
 
     def __init__(self, owner: Any, agree: FlagAgreement | None = None, diagnostics: Diagnostics | None = None,
                  sampler: StatsSampler | None = None, slot: int | None = None) -> None:

@@ -65,9 +65,8 @@ class TFv1Methods:
         grads = torch.autograd.grad(scaled, variables, grad_outputs=grad_loss, allow_unused=True)
         return list(zip(self.get_unscaled_gradients(grads), variables))  # type: ignore[attr-defined]
 
-    def apply_gradients(
-        self, grads_and_vars: Iterable[tuple[torch.Tensor | None, torch.Tensor]], global_step: torch.Tensor | None = None
-    ) -> torch.Tensor:
+    def apply_gradients(self, grads_and_vars: Iterable[tuple[torch.Tensor | None, torch.Tensor]],
+                        global_step: torch.Tensor | None = None) -> torch.Tensor:
         """Applies *unscaled* gradients if all are finite (else nothing, ``global_step`` included, a tensor
         incremented in place); updates the scale either way; ``.grad`` stays. Returns a 0-d bool tensor, True if
         applied. Cost: one R+W check, syncs as ``step()``."""
@@ -147,8 +146,8 @@ class TFv1Methods:
         inner = opt_cls(params, **_constructor_kwargs(opt_cls, spec["config"]))
         if config.get("loss_scale") is not None:
             return cls(inner, loss_scale=read_policy(config["loss_scale"], custom_objects, None))  # type: ignore[call-arg]
-        return cls(inner, dynamic=config.get("dynamic"), initial_scale=config.get("initial_scale"),  # type: ignore[call-arg]
-                   dynamic_growth_steps=config.get("dynamic_growth_steps"))
+        stable = {k: config.get(k) for k in ("dynamic", "initial_scale", "dynamic_growth_steps")}
+        return cls(inner, **stable)  # type: ignore[call-arg]
 
 
 def optimizer_class(spec: Mapping[str, Any], custom_objects: Mapping[str, type] | None = None) -> type:

@@ -35,12 +35,11 @@ def attach(accelerator: Accelerator, scaler: Any, *, sync_skips: bool = True) ->
 
     Args:
         accelerator: an ``accelerate.Accelerator`` with ``mixed_precision="fp16"`` (``TrainingArguments(fp16=True)``).
-        scaler: any object with torch GradScaler's methods: ``lossscale.torch.GradScaler`` or ``torch.amp.GradScaler``.
+        scaler: ``lossscale.torch.GradScaler`` or ``torch.amp.GradScaler``.
 
     Raises:
-        TypeError: ``accelerator`` is not an ``Accelerator``, or ``scaler`` lacks a GradScaler method.
-        ValueError: not float16 mixed precision, or a backend with its own loss scaler (DeepSpeed, Megatron-LM,
-            FSDP v1).
+        TypeError: not an ``Accelerator``, or ``scaler`` lacks a GradScaler method.
+        ValueError: not float16, or a backend with its own loss scaler (DeepSpeed, Megatron-LM, FSDP v1).
         RuntimeError: a model was prepared before attaching where accelerate had float16 autocast off.
     """
     if not isinstance(accelerator, Accelerator):

@@ -33,8 +33,7 @@ class LossScaleMonitor(Callback):
         prefix: the metric name prefix (default ``"lossscale/"``).
         prog_bar: also show the scale in the progress bar.
 
-    Raises:
-        RuntimeError: when training starts with no lossscale GradScaler or ``LossScaleOptimizer`` to read.
+    Raises RuntimeError when training starts with no lossscale GradScaler or ``LossScaleOptimizer`` to read.
     """
 
     def __init__(self, prefix: str = "lossscale/", prog_bar: bool = False) -> None:
