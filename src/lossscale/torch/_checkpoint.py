@@ -1,9 +1,5 @@
 """Checkpoints and pickles of the torch binding: tensors <-> the core's one load rule, and the atomic inner load.
-
-A ``LossScaleOptimizer`` state dict's ``"lossscale"`` entry is ``{"policy", "state", "optimizer"}``
-(:class:`ScaleRecord`, :class:`CounterRecord`); GradScaler's is torch's five keys plus plain values. Every field
-is checked and copied before anything loads (one ``.item()`` and one 0-d copy each); pickles use the same records.
-"""
+Every field is checked and copied before anything loads (one ``.item()`` and one 0-d copy each)."""
 
 from __future__ import annotations
 
@@ -56,9 +52,8 @@ class ScaleRecord:
         }
 
     @classmethod
-    def from_dict(
-        cls, saved: Any, custom_objects: Mapping[str, type] | None = None, current: LossScale | None = None
-    ) -> ScaleRecord:
+    def from_dict(cls, saved: Any, custom_objects: Mapping[str, type] | None = None,
+                  current: LossScale | None = None) -> ScaleRecord:
         if not isinstance(saved, Mapping):
             raise _not_a_state_dict(f"the loss scale entry is a {type(saved).__name__}")
         if "policy" in saved and "loss_scale" in saved:
@@ -119,9 +114,8 @@ class Checkpoint:
     counters: CounterRecord | None
 
     @classmethod
-    def from_state_dict(
-        cls, state_dict: Any, custom_objects: Mapping[str, type] | None = None, current: LossScale | None = None
-    ) -> Checkpoint:
+    def from_state_dict(cls, state_dict: Any, custom_objects: Mapping[str, type] | None = None,
+                        current: LossScale | None = None) -> Checkpoint:
         """Splits and checks ``state_dict`` (not modified). A plain inner state dict has no lossscale records."""
         if not isinstance(state_dict, Mapping):
             raise TypeError(f"load_state_dict() takes a dict, as state_dict() returns; got {type(state_dict).__name__}.")
@@ -206,9 +200,8 @@ def _number(saved: Mapping, key: str, integral: bool = False) -> Any:
         raise _fail(f"{key!r} is an int of {len(str(value))} digits, not a finite number") from None
 
 
-def gradscaler_record(
-    saved: Any, policy: DynamicLossScale, state: LossScaleState, custom_objects: Mapping[str, type] | None = None
-) -> ScaleRecord:
+def gradscaler_record(saved: Any, policy: DynamicLossScale, state: LossScaleState,
+                      custom_objects: Mapping[str, type] | None = None) -> ScaleRecord:
     """The validated record ``saved`` describes, for a GradScaler now at ``policy``/``state``. Raises RuntimeError
     if ``saved`` is empty (torch's message), ValueError naming a missing or malformed key."""
     if not isinstance(saved, Mapping):

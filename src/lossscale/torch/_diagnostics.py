@@ -192,9 +192,8 @@ class Diagnostics:
         if not isinstance(overflow_report, bool):
             raise TypeError(f"overflow_report must be True or False, got {overflow_report!r}.")
         if named_parameters is not None and not overflow_report:
-            raise ValueError(
-                "named_parameters only names the gradients of the overflow report: pass overflow_report=True too."
-            )
+            raise ValueError("named_parameters only names the gradients of the overflow report: pass "
+                             "overflow_report=True too.")
         self.guard = None if max_consecutive_skips is None else SkipGuard(max_consecutive_skips)
         self.reporter = OverflowReporter(named_parameters) if overflow_report else None
         self.recorder = None if history is None or history is False else StepRecorder(history)
@@ -205,11 +204,8 @@ class Diagnostics:
         recorder = self.recorder
         if recorder is not None:
             recorder.flush()
-        return {
-            "max_consecutive_skips": None if self.guard is None else self.guard.limit,
-            "overflow_report": self.reporter is not None,
-            "history": None if recorder is None else recorder.history,
-        }
+        return {"max_consecutive_skips": None if self.guard is None else self.guard.limit,
+                "overflow_report": self.reporter is not None, "history": None if recorder is None else recorder.history}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         if "max_consecutive_skips" not in state:  # a 0.1 pickle: its __dict__ (guard, reporter, recorder)

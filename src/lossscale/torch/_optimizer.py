@@ -22,9 +22,8 @@ from ._tf_methods import TFv1Methods
 
 __all__ = ["LossScaleOptimizer"]
 
-_OWN_SCALE_FIX = (
-    "Use one LossScaleOptimizer per scale, or loss_scale='dynamic' with stats_every=N for the statistics alone."
-)
+_OWN_SCALE_FIX = ("Use one LossScaleOptimizer per scale, or loss_scale='dynamic' with stats_every=N for the "
+                  "statistics alone.")
 
 # inner optimizer -> the LossScaleOptimizer wrapping it (weakly, both ways): two wrappers would unscale twice.
 _WRAPPED: weakref.WeakKeyDictionary[torch.optim.Optimizer, weakref.ref] = weakref.WeakKeyDictionary()

@@ -1,7 +1,4 @@
-"""accelerate and the transformers Trainer: make an ``Accelerator`` scale losses with your GradScaler.
-
-accelerate builds its own ``torch.amp.GradScaler``; :func:`attach` puts yours in its place on every path
-accelerate drives it (``backward``, ``clip_grad_norm_``, ``optimizer.step``, ``save_state``/``load_state``)::
+"""accelerate and the transformers Trainer: :func:`attach` puts your GradScaler in the place of accelerate's own::
 
     accelerator = Accelerator(mixed_precision="fp16")
     attach(accelerator, GradScaler("cuda"))          # before prepare(); the Trainer: attach(trainer.accelerator, ...)
