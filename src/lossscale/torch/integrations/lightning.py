@@ -65,7 +65,5 @@ class LossScaleMonitor(Callback):
             if stats is not None:
                 values.update({k: stats[k] for k in ("headroom_bits", "zero_fraction", "subnormal_fraction")})
             for name, value in values.items():
-                pl_module.log(
-                    f"{self.prefix}{name}{suffix}", value, on_step=True, on_epoch=False, batch_size=1,
-                    prog_bar=self.prog_bar and name == "loss_scale", logger=True,
-                )
+                pl_module.log(f"{self.prefix}{name}{suffix}", value, on_step=True, on_epoch=False, batch_size=1,
+                              prog_bar=self.prog_bar and name == "loss_scale", logger=True)
