@@ -14,13 +14,10 @@ __all__ = ["AMP_SCALING", "TorchDispatchMode", "foreach_copy_", "foreach_mul", "
            "group_in_python", "group_tensors_by_device_and_dtype", "init_step_hooks", "non_finite_check_and_unscale_",
            "sparse_values", "step_with_scale"]
 
-# TorchDispatchMode: how torch's debugging modes intercept ops (HostSyncCounter counts scalar reads with it).
-
 #: ``{(device, dtype): (tensorlists, indices)}``, grouped in C++ (torch.optim's foreach and fused paths use it).
 group_tensors_by_device_and_dtype = _group_tensors_by_device_and_dtype
 
 #: ``tensors *= inv_scale`` in place (float32 math for half types); ``found_inf = 1.0`` on a NaN/Inf input.
-#: ``torch.amp.GradScaler.unscale_`` calls it.
 non_finite_check_and_unscale_ = torch._amp_foreach_non_finite_check_and_unscale_
 
 # Multi-tensor kernels (torch's "beta" foreach API; torch.optim and clip_grad_norm_ call them).
@@ -33,8 +30,7 @@ AMP_SCALING = "_step_supports_amp_scaling"
 
 
 def group_in_python(tensorlists: list[list[torch.Tensor]], with_indices: bool) -> dict:
-    """:data:`group_tensors_by_device_and_dtype` in Python, for ``torch.compile``: torch 2.5's dynamo cannot
-    trace the C++ one, and the groups depend only on devices and dtypes, which it guards on."""
+    """:data:`group_tensors_by_device_and_dtype` in Python, for ``torch.compile`` (torch 2.5 cannot trace it)."""
     groups: dict = {}
     for i, first in enumerate(tensorlists[0]):
         lists, indices = groups.setdefault((first.device, first.dtype), ([[] for _ in tensorlists], []))
@@ -50,15 +46,13 @@ def foreach_norm(tensors: list[torch.Tensor], norm_type: float) -> list[torch.Te
 
 
 def sparse_values(grad: torch.Tensor) -> torch.Tensor:
-    """A sparse COO tensor's stored values, duplicates included, as a view (``values()`` refuses an uncoalesced
-    tensor, and coalescing copies)."""
+    """A sparse COO tensor's stored values, duplicates included, as a view (``values()`` refuses uncoalesced ones)."""
     return grad._values()
 
 
 def step_with_scale(optimizer: Any, grad_scale: torch.Tensor | None, found_inf: torch.Tensor,
                     args: tuple = (), kwargs: dict | None = None) -> Any:
-    """``optimizer.step(*args, **kwargs)`` with a fused kernel dividing by ``grad_scale`` and skipping when
-    ``found_inf`` is 1: the attributes ``torch.amp.GradScaler.step`` sets."""
+    """``optimizer.step(...)`` with the attributes ``torch.amp.GradScaler.step`` sets for a fused kernel."""
     optimizer.grad_scale, optimizer.found_inf = grad_scale, found_inf
     try:
         return optimizer.step(*args, **(kwargs or {}))
@@ -72,8 +66,7 @@ _HOOK_DICTS = ("_optimizer_step_pre_hooks", "_optimizer_step_post_hooks", "_opti
 
 
 def init_step_hooks(optimizer: torch.optim.Optimizer) -> None:
-    """Gives an Optimizer built without ``Optimizer.__init__`` (a wrapper owns no parameters) its hook tables
-    and hooked ``step``, so that ``register_step_pre_hook`` & co. work."""
+    """Gives an Optimizer built without ``Optimizer.__init__`` its hook tables and hooked ``step``."""
     for name in _HOOK_DICTS:
         setattr(optimizer, name, OrderedDict())
     optimizer._patch_step_function()  # type: ignore[attr-defined]

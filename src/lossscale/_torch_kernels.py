@@ -1,10 +1,6 @@
-"""The torch kernels, shared by ``lossscale.torch`` and Keras on torch: passes over gradients (unscale-and-check,
-check-only, copies, norms) and the statistics sums. Costs: passes (R: read every element, W: write); none syncs.
-
-A found-inf flag is a 0-d float32 tensor, 1.0 on any NaN or +-Inf (what torch's fused optimizers read). Dense
-gradients go by (device, dtype) group through one multi-tensor kernel (float32 math for half types); sparse COO
-ones one by one; DTensors (FSDP2, tensor parallel) as their local shards, with no collective per kernel.
-"""
+"""The torch passes over gradients (R: read, W: write; none syncs), shared by ``lossscale.torch`` and Keras on
+torch. A found-inf flag is a 0-d float32 tensor, 1.0 on any NaN or +-Inf. Dense gradients go by (device, dtype)
+group through one multi-tensor kernel; sparse COO ones one by one; DTensors as their local shards."""
 
 from __future__ import annotations
 
@@ -41,8 +37,7 @@ def _grouped(tensorlists: list[list[Any]], with_indices: bool = False) -> dict:
 
 
 class GradGroups:
-    """One step's gradients, grouped once by (device, dtype), sparse ones apart; DTensors as their local shards
-    (``sharded`` keeps the originals for :func:`scaled_norm`). Python cost: one loop over the gradients."""
+    """One step's gradients, grouped once by (device, dtype), sparse ones apart; ``sharded``: the DTensor originals."""
 
     __slots__ = ("dense", "device", "has_float16", "sharded", "sparse", "tensors")
 
@@ -70,12 +65,11 @@ class GradGroups:
 
     @classmethod
     def of(cls, param_groups: Iterable[dict]) -> GradGroups:
-        """The ``.grad`` of every parameter in ``param_groups`` that has one."""
         return cls([p.grad for group in param_groups for p in group["params"] if p.grad is not None])
 
 
 def move(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """``tensor`` on ``device``; non-blocking unless the copy lands on the host, which may read it at once."""
+    """``tensor`` on ``device``; non-blocking unless the copy lands on the host."""
     if tensor.device == device:
         return tensor
     return tensor.to(device, non_blocking=device.type != "cpu")
@@ -87,8 +81,7 @@ def reciprocal(scale: torch.Tensor) -> torch.Tensor:
 
 
 def combine_flags(flags: list[torch.Tensor], device: torch.device) -> torch.Tensor:
-    """The per-group found-inf flags as one on ``device``, exactly 0.0 or 1.0 (a fused kernel skips only on
-    1.0, and subtracts it from its step counters)."""
+    """The per-group found-inf flags as one on ``device``, exactly 0.0 or 1.0 (as a fused kernel needs)."""
     if not flags:
         return torch.zeros((), dtype=torch.float32, device=device)
     total = move(flags[0], device)
@@ -99,8 +92,8 @@ def combine_flags(flags: list[torch.Tensor], device: torch.device) -> torch.Tens
 
 def unscale_and_check_(grads: GradGroups, inv_scale: torch.Tensor, *, out_device: torch.device,
                        recheck: bool = False) -> torch.Tensor:
-    """``g *= inv_scale`` in place for every gradient; the found-inf flag (of the values before) on ``out_device``.
-    One R+W pass; ``recheck`` (``S`` may be below 1, so ``g / S`` can overflow): a second R+W pass checks the results."""
+    """``g *= inv_scale`` in place and the found-inf flag on ``out_device``: one R+W pass; ``recheck`` (for ``S``
+    below 1, where ``g / S`` can overflow): a second one."""
     flags: list[torch.Tensor] = []
     for (device, _dtype), tensors in grads.dense.items():
         found = torch.zeros((), dtype=torch.float32, device=device)
@@ -119,9 +112,7 @@ def unscale_and_check_(grads: GradGroups, inv_scale: torch.Tensor, *, out_device
 def check_param_grads_(param_groups: Iterable[dict], inv_scale: torch.Tensor, *, fused: bool,
                        recheck: bool) -> tuple[GradGroups, torch.Tensor | None]:
     """The ``.grad`` of ``param_groups``, grouped, unscaled and checked, and their flag (None: no gradient). float16
-    gradients are not unscaled: with ``fused`` only checked (the kernel unscales in float32; ``g / S`` overflows
-    float32 only for ``S`` below about 2**-112, so no recheck), otherwise the flag is None (for the caller to refuse).
-    """
+    gradients are only checked with ``fused`` (the kernel unscales in float32), else the flag is None."""
     grads = GradGroups.of(param_groups)
     device = grads.device
     if device is None:
@@ -132,8 +123,7 @@ def check_param_grads_(param_groups: Iterable[dict], inv_scale: torch.Tensor, *,
 
 
 def check_finite(grads: GradGroups, *, out_device: torch.device) -> torch.Tensor:
-    """The found-inf flag, values unchanged: :func:`unscale_and_check_` by exactly 1 (R+W; on CPU as fast as any
-    read-only multi-tensor reduction torch offers, ``benchmarks/bench_torch.py``)."""
+    """The found-inf flag, values unchanged: :func:`unscale_and_check_` by exactly 1 (R+W)."""
     one = torch.ones((), dtype=torch.float32, device=out_device)
     with torch.no_grad():
         return unscale_and_check_(grads, one, out_device=out_device)
@@ -143,8 +133,7 @@ def unscaled_copies(
     grads: Sequence[torch.Tensor | None], inv_scale: torch.Tensor, found_inf: list[torch.Tensor] | None = None
 ) -> list[torch.Tensor | None]:
     """New tensors ``g * inv_scale`` in their gradient's dtype (None stays None), half types in float32 and rounded
-    once. Cost: one R and one W pass into new memory (+R+W for half types). With ``found_inf`` (a list), one flag
-    per (device, dtype) group is appended (from one more R+W check, except for half types)."""
+    once: one R and one W pass (+R+W for half types). ``found_inf``: a list to append each group's flag to (+R+W)."""
     out: list[torch.Tensor | None] = list(grads)
     present = [i for i, g in enumerate(grads) if g is not None]
     dense = [i for i in present if grads[i].layout == torch.strided]  # type: ignore[union-attr]
@@ -176,8 +165,7 @@ def unscaled_copies(
 
 
 def scaled_norm(grads: GradGroups, norm_type: float, *, out_device: torch.device) -> torch.Tensor:
-    """The ``norm_type``-norm of all gradients together, in float32: one R pass; DTensors: from the local shards
-    and one scalar all-reduce per (mesh, sharded dimensions)."""
+    """The ``norm_type``-norm of all gradients together, in float32: one R pass (DTensors: + scalar all-reduces)."""
     if grads.sharded is not None:
         return _sharded_norm(grads.sharded, norm_type, out_device)
     norms: list[torch.Tensor] = []
@@ -193,7 +181,7 @@ def scaled_norm(grads: GradGroups, norm_type: float, *, out_device: torch.device
 
 
 def _sharded_norm(grads: Sequence[torch.Tensor], norm_type: float, out_device: torch.device) -> torch.Tensor:
-    """:func:`scaled_norm` over DTensor gradients: local norms, then a SUM (MAX for inf) over the shard dimensions."""
+    """:func:`scaled_norm` over DTensors: local norms, then a SUM (MAX for inf) over the shard dimensions."""
     import torch.distributed as dist
 
     dtensor = dtensor_type()
@@ -227,8 +215,7 @@ def _sharded_norm(grads: Sequence[torch.Tensor], norm_type: float, out_device: t
 
 
 def _sparse_values(grad: torch.Tensor) -> torch.Tensor:
-    """The stored values of a sparse COO gradient; float16 ones coalesced first (duplicates could overflow when
-    summed), as GradScaler's."""
+    """The stored values of a sparse COO gradient; float16 ones coalesced first, as GradScaler's."""
     if grad.layout != torch.sparse_coo:
         raise TypeError(f"lossscale supports dense (strided) and sparse COO gradients, got layout {grad.layout}. "
                         "Convert the gradient with .to_dense() or .to_sparse() before step().")
@@ -267,14 +254,13 @@ Sums = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 
 
 def tensor_sums(g: torch.Tensor, factor: torch.Tensor | None = None) -> Sums:
-    """``(max|g|, #zeros, #subnormals, sum g**2)`` of one gradient (times ``factor``), 0-d float32 tensors, all
-    arithmetic (torch's CPU comparisons ran 10-100x slower). Cost: one float32 copy of ``|g|``, about 8 kernels;
-    a sparse gradient's coalesce is one sync on CUDA."""
+    """``(max|g|, #zeros, #subnormals, sum g**2)`` of one gradient (times ``factor``), 0-d float32 tensors. Cost: one
+    float32 copy of ``|g|``, about 8 kernels; a sparse gradient's coalesce is one sync on CUDA."""
     n = g.numel()
     g = g.detach()
     if g.layout == torch.sparse_coo:
         g = g.coalesce()._values()  # the stored values; the other n - nnz entries are zeros
-    a = g.reshape(-1).float().abs()  # the one copy of |g| (two temporaries in all: fresh pages cost)
+    a = g.reshape(-1).float().abs()  # the one copy of |g|
     if factor is not None:
         a.mul_(factor)
     if not a.numel():
@@ -287,8 +273,8 @@ def tensor_sums(g: torch.Tensor, factor: torch.Tensor | None = None) -> Sums:
 
 
 def gradient_stats(grads: Sequence[torch.Tensor], step: Any = 0) -> GradientStats:
-    """:func:`lossscale._stats.gradient_stats` of the (scaled) ``grads`` in arithmetic kernels: :func:`tensor_sums`
-    per tensor, then about 30 kernels on ``(T,)`` tensors. No host sync.
+    """:func:`lossscale._stats.gradient_stats` of the (scaled) ``grads``: :func:`tensor_sums` per tensor, then about
+    30 kernels. No host sync.
 
     >>> s = gradient_stats([torch.tensor([0.0, 1.0, -4.0]), torch.zeros(2)])
     >>> float(s.amax), round(float(s.zero_fraction), 6)

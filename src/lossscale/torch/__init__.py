@@ -12,9 +12,7 @@ from __future__ import annotations
 try:
     import torch as _torch  # noqa: F401
 except ImportError as error:  # pragma: no cover - exercised only without torch
-    raise ImportError(
-        "lossscale.torch needs PyTorch: pip install 'lossscale[torch]' (torch>=2.5)."
-    ) from error
+    raise ImportError("lossscale.torch needs PyTorch: pip install 'lossscale[torch]' (torch>=2.5).") from error
 
 from .._errors import LossScaleError
 from .._policy import (

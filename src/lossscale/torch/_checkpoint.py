@@ -1,18 +1,5 @@
 """Checkpoints and pickles of the torch binding: tensors <-> the core's one load rule, and the atomic inner load.
-
-A ``LossScaleOptimizer.state_dict()`` is the inner optimizer's plus a ``"lossscale"`` entry (a
-``SharedLossScale.state_dict()`` is its first two keys)::
-
-    {"policy": serialize(policy),                # ScaleRecord (older checkpoints: "loss_scale")
-     "state": {"loss_scale": f32, "good_steps": i32, "bad_steps": i32,
-               "skipped_steps": i32, "consecutive_skips": i32},
-     "optimizer": {"steps": int, "skipped_steps": i32 | None, "consecutive_skips": i32 | None}}  # CounterRecord
-
-GradScaler's is torch's five keys plus a ``"lossscale"`` entry of plain values. Every field is checked by
-:mod:`lossscale._checkpoint` and copied (on the saved tensor's device) before anything loads: a malformed entry
-raises ``ValueError`` and changes nothing. Pickles use the same records, with the policy object itself. Cost:
-one ``.item()`` and one 0-d copy per field.
-"""
+Every field is checked and copied before anything loads (one ``.item()`` and one 0-d copy each)."""
 
 from __future__ import annotations
 
@@ -46,15 +33,8 @@ def _tensor(value: Any, saved: Any) -> torch.Tensor:
     return torch.tensor(value, device=saved.device if isinstance(saved, torch.Tensor) else "cpu")
 
 
-def _refused(error: Exception) -> ValueError:  # the one error documented for a malformed checkpoint
+def _refused(error: Exception) -> ValueError:
     return ValueError(f"{_NOT_OURS}: {error}")
-
-
-def _counter(where: str, value: Any) -> torch.Tensor:
-    try:
-        return _tensor(np.int32(check_counter(where, value)), value)
-    except (TypeError, ValueError) as error:
-        raise _refused(error) from error
 
 
 @dataclass(frozen=True)
@@ -72,9 +52,8 @@ class ScaleRecord:
         }
 
     @classmethod
-    def from_dict(
-        cls, saved: Any, custom_objects: Mapping[str, type] | None = None, current: LossScale | None = None
-    ) -> ScaleRecord:
+    def from_dict(cls, saved: Any, custom_objects: Mapping[str, type] | None = None,
+                  current: LossScale | None = None) -> ScaleRecord:
         if not isinstance(saved, Mapping):
             raise _not_a_state_dict(f"the loss scale entry is a {type(saved).__name__}")
         if "policy" in saved and "loss_scale" in saved:
@@ -93,8 +72,7 @@ class ScaleRecord:
 
 @dataclass(frozen=True)
 class CounterRecord:
-    """One optimizer's own counters: its ``step()`` calls, skips and skip streak (the last two None in older
-    checkpoints: the loader then takes the scale's)."""
+    """One optimizer's ``step()`` calls, skips and skip streak (the last two None in older checkpoints)."""
 
     steps: int = 0
     skipped_steps: torch.Tensor | None = None
@@ -118,11 +96,13 @@ class CounterRecord:
             raise ValueError(f"{_NOT_OURS}: its step count is {steps!r}; pass what state_dict() returned.")
         refuse_extra(saved, ("steps", "skipped_steps", "consecutive_skips"), "the 'lossscale' entry's optimizer",
                      f"{_NOT_OURS}: ")
-        counts = [
-            None if saved.get(name) is None else _counter(f"the 'lossscale' entry's optimizer[{name!r}]", saved[name])
-            for name in ("skipped_steps", "consecutive_skips")
-        ]
-        return cls(int(steps), *counts)
+        try:
+            where = "the 'lossscale' entry's optimizer"
+            counts = {name: _tensor(np.int32(check_counter(f"{where}[{name!r}]", saved[name])), saved[name])
+                      for name in ("skipped_steps", "consecutive_skips") if saved.get(name) is not None}
+        except (TypeError, ValueError) as error:
+            raise _refused(error) from error
+        return cls(int(steps), **counts)
 
 
 @dataclass(frozen=True)
@@ -134,9 +114,8 @@ class Checkpoint:
     counters: CounterRecord | None
 
     @classmethod
-    def from_state_dict(
-        cls, state_dict: Any, custom_objects: Mapping[str, type] | None = None, current: LossScale | None = None
-    ) -> Checkpoint:
+    def from_state_dict(cls, state_dict: Any, custom_objects: Mapping[str, type] | None = None,
+                        current: LossScale | None = None) -> Checkpoint:
         """Splits and checks ``state_dict`` (not modified). A plain inner state dict has no lossscale records."""
         if not isinstance(state_dict, Mapping):
             raise TypeError(f"load_state_dict() takes a dict, as state_dict() returns; got {type(state_dict).__name__}.")
@@ -170,8 +149,7 @@ with_torch_names = functools.partial(built_in_names, _TORCH_NAMES)
 
 
 def growth_interval(value: Any) -> int:
-    """torch's ``growth_interval``: any int >= 1, saturated at 2**31 - 1 (the int32 growth counter cannot tell a
-    longer one apart, so torch's "huge growth_interval" idiom for a fixed scale keeps working)."""
+    """torch's ``growth_interval``: any int >= 1, saturated at 2**31 - 1 (torch's "huge interval" idiom works)."""
     fix = "Pass a positive whole number of steps, for example growth_interval=2000 (torch's default)."
     if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_floating_point():
         value = int(value)
@@ -222,21 +200,15 @@ def _number(saved: Mapping, key: str, integral: bool = False) -> Any:
         raise _fail(f"{key!r} is an int of {len(str(value))} digits, not a finite number") from None
 
 
-def gradscaler_record(
-    saved: Any, policy: DynamicLossScale, state: LossScaleState, custom_objects: Mapping[str, type] | None = None
-) -> ScaleRecord:
-    """The validated record ``saved`` describes, for a GradScaler now at ``policy``/``state``; nothing is changed.
-
-    Raises:
-        RuntimeError: ``saved`` is empty (torch's message: a disabled scaler's).
-        ValueError: a key is missing or malformed, naming it.
-    """
+def gradscaler_record(saved: Any, policy: DynamicLossScale, state: LossScaleState,
+                      custom_objects: Mapping[str, type] | None = None) -> ScaleRecord:
+    """The validated record ``saved`` describes, for a GradScaler now at ``policy``/``state``. Raises RuntimeError
+    if ``saved`` is empty (torch's message), ValueError naming a missing or malformed key."""
     if not isinstance(saved, Mapping):
         raise TypeError(f"load_state_dict() takes a dict, as state_dict() returns; got {type(saved).__name__}.")
     if len(saved) == 0:
-        raise RuntimeError(
-            "The source state dict is empty, possibly because it was saved from a disabled instance of GradScaler."
-        )
+        raise RuntimeError("The source state dict is empty, possibly because it was saved from a disabled instance "
+                           "of GradScaler.")
     missing = [key for key in TORCH_KEYS if key not in saved]
     if missing:
         raise _fail(f"missing {missing}")
@@ -298,10 +270,8 @@ def _check(inner: torch.optim.Optimizer) -> None:
 
 
 def load_inner(inner: torch.optim.Optimizer, saved: Mapping[str, Any]) -> None:
-    """``inner.load_state_dict(saved)``, all or nothing: torch loads another optimizer's groups as they are (an SGD
-    state dict into AdamW fails at the next step) and leaves a failed load half done. Checked after loading: each
-    group holds every key of ``defaults``, each state tensor is shaped like its parameter; on failure the kept
-    state dict is loaded back and a ValueError names the cause. Cost: a walk over groups and shapes."""
+    """``inner.load_state_dict(saved)``, all or nothing: each group must hold every key of ``defaults`` and each
+    state tensor be shaped like its parameter, else the kept state is loaded back and a ValueError names the cause."""
     kept = inner.state_dict()
     try:
         inner.load_state_dict(dict(saved))

@@ -14,7 +14,7 @@ from .._errors import check_skip_limit, stall_error
 from .._history import STATS_COLUMNS, History
 from .._torch_compat import TorchDispatchMode, sparse_values
 
-if TYPE_CHECKING:  # typing.Self is Python 3.11+; the annotations are strings (from __future__ import annotations)
+if TYPE_CHECKING:
     from typing import Self
 
 __all__ = ["Diagnostics", "HostSyncCounter", "OverflowReport", "OverflowReporter", "SkipGuard", "StepRecorder"]
@@ -28,11 +28,8 @@ def _host_int(t: torch.Tensor) -> int:
 
 
 class SkipGuard:
-    """Raises :class:`lossscale.LossScaleError` after too many skipped steps in a row.
-
-    Reads the skip streak: on CPU free; on CUDA a non-blocking copy into pinned memory, read a step later (no
-    sync, so it raises one step late); on other accelerators at once (one sync).
-    """
+    """Raises :class:`lossscale.LossScaleError` after too many skipped steps in a row. Reads the streak: on CPU
+    free; on CUDA a non-blocking copy read a step later (no sync, it raises one step late); elsewhere one sync."""
 
     def __init__(self, max_consecutive_skips: int) -> None:
         self.limit = check_skip_limit(max_consecutive_skips)
@@ -82,13 +79,8 @@ class SkipGuard:
 
 @dataclass
 class OverflowReport:
-    """Which gradients were non-finite on a skipped step.
-
-    Attributes:
-        step: the optimizer's step count (``step()`` calls) when it happened.
-        loss_scale: the scale the gradients were computed with.
-        nonfinite: ``(name, has_nan, has_inf)`` per gradient that held either.
-    """
+    """Which gradients were non-finite on a skipped step: at ``step`` (``step()`` calls before), with the scale the
+    gradients were computed with, ``(name, has_nan, has_inf)`` per gradient that held either."""
 
     step: int
     loss_scale: float
@@ -122,8 +114,7 @@ class OverflowReporter:
 
     def observe(self, step: int, found_inf: torch.Tensor, skipped: bool | None, loss_scale: torch.Tensor,
                 named_grads: Any) -> None:
-        """The report of a skipped step (``skipped`` None: decided on the device, read with one sync);
-        ``named_grads``: ``(name, grad)`` pairs, or a callable walking the parameters for them."""
+        """Reports a skipped step (``skipped`` None: one sync reads it); ``named_grads``: pairs, or a callable."""
         if skipped is None:
             skipped = bool(found_inf.item())  # the report's sync on the fused path
         if not skipped:
@@ -146,8 +137,7 @@ class OverflowReporter:
 
 
 class StepRecorder:
-    """Per-step scale, skip flag and loss, kept on the device and moved to a :class:`lossscale.History` every
-    ``flush_every`` rows (one sync per flush)."""
+    """Per-step scale, skip flag and loss, kept on the device; moved to the History every ``flush_every`` rows."""
 
     def __init__(self, history: Any = None, flush_every: int = 100) -> None:
         if isinstance(flush_every, bool) or not isinstance(flush_every, int) or flush_every < 1:
@@ -167,7 +157,6 @@ class StepRecorder:
         self._loss = loss.detach()
 
     def note_stats(self, stats: torch.Tensor) -> None:
-        """This iteration's statistics (a 3-vector, ``_history.STATS_COLUMNS``)."""
         self._stats = stats.detach()
 
     def record(self, step: int, loss_scale: torch.Tensor, skipped: torch.Tensor) -> None:
@@ -203,24 +192,20 @@ class Diagnostics:
         if not isinstance(overflow_report, bool):
             raise TypeError(f"overflow_report must be True or False, got {overflow_report!r}.")
         if named_parameters is not None and not overflow_report:
-            raise ValueError(
-                "named_parameters only names the gradients of the overflow report: pass overflow_report=True too."
-            )
+            raise ValueError("named_parameters only names the gradients of the overflow report: pass "
+                             "overflow_report=True too.")
         self.guard = None if max_consecutive_skips is None else SkipGuard(max_consecutive_skips)
         self.reporter = OverflowReporter(named_parameters) if overflow_report else None
         self.recorder = None if history is None or history is False else StepRecorder(history)
         self.wants_scale = self.reporter is not None or self.recorder is not None
 
     def __getstate__(self) -> dict[str, Any]:
-        """The constructor's settings (the history flushed first), no live object."""
+        """The constructor's settings, no live object."""
         recorder = self.recorder
         if recorder is not None:
             recorder.flush()
-        return {
-            "max_consecutive_skips": None if self.guard is None else self.guard.limit,
-            "overflow_report": self.reporter is not None,
-            "history": None if recorder is None else recorder.history,
-        }
+        return {"max_consecutive_skips": None if self.guard is None else self.guard.limit,
+                "overflow_report": self.reporter is not None, "history": None if recorder is None else recorder.history}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         if "max_consecutive_skips" not in state:  # a 0.1 pickle: its __dict__ (guard, reporter, recorder)
@@ -243,11 +228,9 @@ class HostSyncCounter(TorchDispatchMode):
     """Counts host syncs inside a ``with`` block, to check that a training loop is sync-free.
 
     With CUDA (``source == "cuda_sync_debug_mode"``) it counts what ``torch.cuda.set_sync_debug_mode("warn")``
-    reports: every blocking CUDA call from any thread (``.item()``, ``.cpu()``, ``.tolist()``, masks...).
-    Without (``source == "scalar_reads"``) it counts ``aten._local_scalar_dense`` calls on the entering thread
-    (``.item()``, ``float(t)``, ``int(t)``, ``bool(t)``); it cannot see reads on other threads, host copies
-    (``.cpu()``, ``.numpy()``, ``.tolist()``) or value-dependent shapes (boolean-mask indexing, ``nonzero``): use
-    a CUDA machine for the full count. ``scalar_reads`` is always the dispatcher count.
+    reports: every blocking CUDA call from any thread. Without (``source == "scalar_reads"``) it counts scalar
+    reads (``.item()``, ``float(t)``, ``bool(t)``) on the entering thread; it cannot see reads on other threads,
+    host copies (``.cpu()``, ``.tolist()``) or value-dependent shapes (boolean-mask indexing, ``nonzero``).
 
     >>> import torch
     >>> with HostSyncCounter() as syncs:

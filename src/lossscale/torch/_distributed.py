@@ -1,5 +1,4 @@
-"""One skip decision for every rank: the found-inf flag MAX-all-reduced before the decision (sharded setups check
-different gradients per rank; plain DDP needs nothing), and a debug check that the replicated state agrees."""
+"""One skip decision for every rank (the found-inf flag MAX-all-reduced), and a check that the replicas agree."""
 
 from __future__ import annotations
 
@@ -48,8 +47,7 @@ _MESH_GROUPS: weakref.WeakKeyDictionary[Any, list[Any]] = weakref.WeakKeyDiction
 
 
 def _mesh_groups(mesh: Any) -> list[Any]:
-    """Groups whose successive MAX all-reduces cover ``mesh``: the world's when it spans every rank, else one
-    per mesh dimension (each rank's line along every dimension)."""
+    """Groups whose successive MAX all-reduces cover ``mesh``: the world's if it spans every rank, else one per dim."""
     groups = _MESH_GROUPS.get(mesh)
     if groups is None:
         dist = torch.distributed
@@ -60,8 +58,7 @@ def _mesh_groups(mesh: Any) -> list[Any]:
 
 
 def agreement_groups(process_group: Any, params: Iterable[torch.Tensor]) -> list[Any]:
-    """The groups the found-inf flag is MAX-reduced over, in order: ``process_group`` (a ``DeviceMesh``: all its
-    ranks), else the parameters' DTensor meshes, else none. Cost: an ``isinstance`` per parameter."""
+    """The groups the flag is MAX-reduced over: ``process_group``'s, else the parameters' DTensor meshes', else none."""
     if process_group is not None:
         mesh_type = device_mesh_type()
         if mesh_type is not None and isinstance(process_group, mesh_type):
@@ -84,8 +81,8 @@ def agreement_groups(process_group: Any, params: Iterable[torch.Tensor]) -> list
 
 
 def all_reduce_max(flag: torch.Tensor, groups: Sequence[Any]) -> torch.Tensor:
-    """A copy of ``flag`` MAX-all-reduced over each of ``groups`` in turn: one scalar all-reduce per group
-    (``async_op`` and waited on at once: on NCCL a stream wait, no host sync; on gloo the host blocks)."""
+    """A copy of ``flag`` MAX-all-reduced over each of ``groups`` in turn: one scalar all-reduce per group (NCCL:
+    no host sync; gloo: the host blocks)."""
     if not groups:
         return flag
     if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
@@ -100,8 +97,7 @@ def all_reduce_max(flag: torch.Tensor, groups: Sequence[Any]) -> torch.Tensor:
 
 
 class FlagAgreement:
-    """The groups one optimizer's found-inf flag is reduced over (:func:`agreement_groups`): ``groups`` is None
-    until :meth:`resolve` works them out, again after :meth:`reset` (parameters added)."""
+    """The groups one optimizer's flag is reduced over; ``groups``: None until :meth:`resolve`, after :meth:`reset`."""
 
     def __init__(self, process_group: Any, params: Any) -> None:
         self.process_group = validate_process_group(process_group)
@@ -152,9 +148,6 @@ def check_replicas_agree(state: LossScaleState, policy: LossScale, groups: Seque
                                   for r, v in zip(ranks, values))
                 problems.append(f"{name} differs ({shown})")
         if problems:
-            raise LossScaleError(
-                "The loss scale has drifted apart across ranks: "
-                + "; ".join(problems)
-                + ". Every rank must take the same skip decision: pass process_group= (or use DTensor "
-                "parameters) when ranks hold different gradients, and load the same checkpoint on every rank."
-            )
+            raise LossScaleError(f"The loss scale has drifted apart across ranks: {'; '.join(problems)}. Every rank "
+                                 "must take the same skip decision: pass process_group= (or use DTensor parameters) "
+                                 "when ranks hold different gradients, and load the same checkpoint on every rank.")

@@ -1,5 +1,4 @@
-"""``lossscale.torch.GradScaler``: ``torch.amp.GradScaler``'s interface over one ``IterationScale`` and, keyed
-weakly by optimizer (torch's ``per_optimizer_states``), one ``OptimizerStep`` each."""
+"""``GradScaler``: ``torch.amp.GradScaler``'s interface over an ``IterationScale`` and an ``OptimizerStep`` each."""
 
 from __future__ import annotations
 
@@ -11,56 +10,33 @@ from typing import Any
 import torch
 
 from .._policy import DynamicLossScale
-from ._checkpoint import gradscaler_record, gradscaler_state_dict, growth_interval, replace_policy, with_torch_names
+from ._checkpoint import gradscaler_record, gradscaler_state_dict, replace_policy, with_torch_names
+from ._checkpoint import growth_interval as checked_interval
 from ._diagnostics import Diagnostics, OverflowReport, StepRecorder
 from ._distributed import FlagAgreement
 from ._scale import IterationScale
 from ._stats import StatsSampler, check_stats_every
 from ._step import OptimizerStep, Stage
 
-__all__ = ["GradScaler", "torch_policy"]
-
-
-def torch_policy(
-    init_scale: Any, growth_factor: Any, backoff_factor: Any, growth_interval_: Any, *, min_loss_scale: Any = 1.0,
-    max_loss_scale: Any = None, hysteresis: Any = 1,
-) -> DynamicLossScale:
-    """The :class:`~lossscale.DynamicLossScale` of torch GradScaler's arguments, validated (errors in torch's names).
-
-    >>> torch_policy(2.0**16, 2.0, 0.5, 2000).get_config()
-    {'initial_loss_scale': 65536.0, 'increment_period': 2000, 'multiplier': 2.0, 'backoff_factor': 0.5}
-    """
-    return with_torch_names(
-        DynamicLossScale, initial_loss_scale=init_scale, increment_period=growth_interval(growth_interval_),
-        multiplier=growth_factor, backoff_factor=backoff_factor, max_loss_scale=max_loss_scale,
-        min_loss_scale=1.0 if min_loss_scale is None else min_loss_scale,
-        hysteresis=1 if hysteresis is None else hysteresis,
-    )
+__all__ = ["GradScaler"]
 
 
 class GradScaler:
     """``torch.amp.GradScaler``'s interface over lossscale's dynamic loss scale.
 
-    Cost per ``step(optimizer)``, as ``LossScaleOptimizer.step()``: one unscale+check pass (R+W; fused float16:
-    a check only); host syncs: unfused 1, fused 0 (1 when a parameter gets its state, or with
-    ``sync_skips=True``). ``scale()`` and ``update()`` add none; ``get_scale()`` and ``state_dict()`` one.
-
-    Differences from torch: TF's floor (the scale never backs off below ``min_loss_scale=1``; torch's can reach
-    0, pytorch #101569), growth only while ``S * growth_factor`` stays finite (and under ``max_loss_scale``), and
-    a ``step()`` without gradients or an ``update()`` without a step is a no-op (torch asserts).
+    Cost per ``step(optimizer)`` as ``LossScaleOptimizer.step()``; ``scale()`` and ``update()`` add no sync,
+    ``get_scale()`` and ``state_dict()`` one. Unlike torch's (``docs/migration/gradscaler.md``), the scale never
+    backs off below ``min_loss_scale``, and a ``step()`` without gradients or an ``update()`` without a step is a no-op.
 
     Args:
         device, init_scale, growth_factor, backoff_factor, growth_interval, enabled: as ``torch.amp.GradScaler``
             (``device="cuda"`` without CUDA warns and disables); ``growth_interval`` saturates at 2**31 - 1.
         min_loss_scale, max_loss_scale, hysteresis: the rest of the policy (see :class:`lossscale.DynamicLossScale`).
         max_consecutive_skips, overflow_report, named_parameters: as :class:`LossScaleOptimizer` (per optimizer).
-        history: True or a :class:`lossscale.History`: one row per ``update()`` (scale used, skipped, the loss
-            given to ``scale()``).
-        sync_skips: decide a fused optimizer's skip on the host (one sync per step), so that a skip calls no
-            ``optimizer.step`` (accelerate and the Trainer learn of skips that way; ``attach`` sets it). Default False.
-        stats_every: measure the scaled gradients every ``N``-th iteration (default None): :attr:`gradient_stats`,
-            over every optimizer stepped; ``scale()`` calls count the micro-batches (``AutoLossScale`` needs
-            ``LossScaleOptimizer``).
+        history: True or a :class:`lossscale.History`: one row per ``update()`` (scale, skipped, ``scale()``'s loss).
+        sync_skips: decide a fused optimizer's skip on the host (1 sync), so a skip calls no ``optimizer.step``.
+        stats_every: measure the scaled gradients every ``N``-th iteration (default None): :attr:`gradient_stats`;
+            ``scale()`` calls count the micro-batches.
 
     >>> import torch
     >>> w = torch.nn.Parameter(torch.tensor([1.0]))
@@ -79,13 +55,16 @@ class GradScaler:
         named_parameters: Iterable[tuple[str, torch.Tensor]] | None = None, history: Any = None,
         sync_skips: bool = False, stats_every: int | None = None,
     ) -> None:
-        self._device = str(device)
-        self._enabled = bool(enabled)
+        self._device, self._enabled = str(device), bool(enabled)
         if self._enabled and self._device == "cuda" and not torch.cuda.is_available():
             warnings.warn("lossscale.torch.GradScaler is enabled, but CUDA is not available.  Disabling.", stacklevel=2)
             self._enabled = False
-        policy = torch_policy(init_scale, growth_factor, backoff_factor, growth_interval, min_loss_scale=min_loss_scale,
-                              max_loss_scale=max_loss_scale, hysteresis=hysteresis)
+        policy = with_torch_names(  # validation errors in torch's names
+            DynamicLossScale, initial_loss_scale=init_scale, increment_period=checked_interval(growth_interval),
+            multiplier=growth_factor, backoff_factor=backoff_factor, max_loss_scale=max_loss_scale,
+            min_loss_scale=1.0 if min_loss_scale is None else min_loss_scale,
+            hysteresis=1 if hysteresis is None else hysteresis,
+        )
         every = check_stats_every(stats_every, policy)
         self._owner = IterationScale(policy)
         self._placed = False
@@ -125,8 +104,7 @@ class GradScaler:
         self._placed = True
 
     def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
-        """Divides ``optimizer``'s gradients by ``S`` in place (to clip them), once per iteration: one R+W pass
-        that also checks for NaN/Inf; no sync."""
+        """Divides ``optimizer``'s gradients by ``S`` in place and checks them, once per iteration: one R+W pass."""
         if not self._enabled:
             return
         slot = self._step_of(optimizer)
@@ -139,7 +117,7 @@ class GradScaler:
 
     def step(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
         """Unscales and checks ``optimizer``'s gradients (unless ``unscale_`` did), then steps or skips; returns
-        ``optimizer.step(*args, **kwargs)``'s result (a patched ``step`` runs), None on a skip decided on the host."""
+        ``optimizer.step(*args, **kwargs)``'s result, None on a skip decided on the host."""
         if not self._enabled:
             return optimizer.step(*args, **kwargs)
         if "closure" in kwargs:
@@ -155,7 +133,7 @@ class GradScaler:
         return None if done is None else done[2]
 
     def _step_of(self, optimizer: torch.optim.Optimizer) -> OptimizerStep:
-        """``optimizer``'s step object, made on first use (its agreement reads the live param groups)."""
+        """``optimizer``'s step object, made on first use."""
         step = self._steps.get(optimizer)
         if step is None:
             ref = weakref.ref(optimizer)  # the value must not keep its weak key alive
@@ -167,9 +145,8 @@ class GradScaler:
         return step
 
     def update(self, new_scale: float | torch.Tensor | None = None) -> None:
-        """Advances the scale once for this iteration: backs off if any optimizer overflowed (one unscaled but not
-        stepped too, as in torch), else maybe grows; ``new_scale`` (a float or a 1-element tensor) sets it instead,
-        keeping the growth counter. No sync."""
+        """Advances the scale once for this iteration from every optimizer's flag (an unscaled one not stepped
+        too); ``new_scale`` (a float or a 1-element tensor) sets it instead, keeping the growth counter. No sync."""
         if not self._enabled:
             return
         recorder, owner = self._recorder, self._owner
@@ -187,8 +164,7 @@ class GradScaler:
 
     @property
     def gradient_stats(self) -> dict[str, Any] | None:
-        """The latest ``stats_every`` sample (tensors; ``docs/gradient_stats.md``), None when off or before one; over
-        every optimizer stepped, per-tensor names prefixed ``opt{k}.`` in the order this scaler first saw them."""
+        """The latest ``stats_every`` sample over every optimizer stepped (names prefixed ``opt{k}.``), or None."""
         return None if self._sampler is None else self._sampler.gradient_stats
 
     def _stats_progress(self) -> tuple[int, int] | None:
@@ -201,7 +177,7 @@ class GradScaler:
 
     def load_state_dict(self, state_dict: dict[str, Any], custom_objects: Mapping[str, type] | None = None) -> None:
         """Restores ours or ``torch.amp.GradScaler``'s state dict, validated first; a policy class of your own comes
-        from ``custom_objects`` (or is the one in use), nothing is imported by name."""
+        from ``custom_objects``."""
         if not self._enabled:
             return
         self._owner.load(gradscaler_record(state_dict, self._owner.policy, self._owner.state, custom_objects))
@@ -216,10 +192,10 @@ class GradScaler:
 
     @property
     def _scale(self) -> torch.Tensor | None:
-        """torch's attribute: the live 0-d float32 scale tensor (None when disabled); torch's own tests read it."""
+        """torch's attribute: the live 0-d float32 scale tensor (None when disabled)."""
         return self._owner.state.loss_scale if self._enabled else None
 
-    # torch's lazy-init attributes, which its tests set and read around load_state_dict(): views of the live state.
+    # torch's lazy-init attributes, views of the live state.
     _init_scale = property(lambda self: self.get_scale(), lambda self, v: self._owner.overwrite(scale=v))
     _init_growth_tracker = property(
         lambda self: self._get_growth_tracker(), lambda self, v: self._owner.overwrite(growth_tracker=v)
@@ -292,12 +268,10 @@ class GradScaler:
         return None if reporter is None else reporter.last
 
     def __getstate__(self) -> dict[str, Any]:
-        """The scale (through its checkpoint record) and the settings, field by field: no live object (CUDA
-        event, per-optimizer records, parameter names) is pickled."""
+        """The scale and the settings; no live object (CUDA event, per-optimizer records, parameter names)."""
         if any(step.record.stage is not Stage.READY for step in self._steps.values()):
-            raise RuntimeError(
-                "A GradScaler may be pickled only between iterations (before scale() or after update())."
-            )
+            raise RuntimeError("A GradScaler may be pickled only between iterations "
+                               "(before scale() or after update()).")
         history = None if self._recorder is None else self._recorder.history
         if self._recorder is not None:
             self._recorder.flush()

@@ -22,9 +22,8 @@ from ._tf_methods import TFv1Methods
 
 __all__ = ["LossScaleOptimizer"]
 
-_OWN_SCALE_FIX = (
-    "Use one LossScaleOptimizer per scale, or loss_scale='dynamic' with stats_every=N for the statistics alone."
-)
+_OWN_SCALE_FIX = ("Use one LossScaleOptimizer per scale, or loss_scale='dynamic' with stats_every=N for the "
+                  "statistics alone.")
 
 # inner optimizer -> the LossScaleOptimizer wrapping it (weakly, both ways): two wrappers would unscale twice.
 _WRAPPED: weakref.WeakKeyDictionary[torch.optim.Optimizer, weakref.ref] = weakref.WeakKeyDictionary()
@@ -48,61 +47,40 @@ class LossScaleOptimizer(TFv1Methods, torch.optim.Optimizer):
     """An optimizer that applies loss scaling; TF's ``LossScaleOptimizer`` for torch (usage: ``docs/torch.md``).
 
     Loss scaling multiplies the loss by ``S`` before backprop and the gradients by ``1/S`` before the update,
-    so that float16 gradients below about 6e-8 do not flush to zero (Micikevicius et al., 2018). A step whose
-    gradients hold a NaN or an Inf is skipped (weights, inner state and step counts unchanged) in every mode,
-    fixed included, and the scale is updated either way. The wrapper is itself a ``torch.optim.Optimizer``
-    whose ``param_groups``, ``state`` and ``defaults`` are the inner one's (LR schedulers reach it).
+    so that float16 gradients below about 6e-8 do not flush to zero. A step whose gradients hold a NaN or an Inf
+    is skipped (weights, inner state, step counts unchanged) in every mode, and the scale is updated either way.
+    ``param_groups``, ``state`` and ``defaults`` are the inner optimizer's (LR schedulers reach it).
 
-    Cost per ``step()`` (R/W: a read/write pass over the gradients):
-
-    ========================== ========================================== ==========================
-    inner optimizer            passes over gradients                      host syncs
-    ========================== ========================================== ==========================
-    fused (``fused=True``)     1 unscale+check (R+W; float16 gradients: a 0: the kernel skips [*]
-                               check only, the kernel unscales in float32)
-    anything else              1 unscale+check (R+W)                      1 (``found_inf``)
-    with ``clip_grad_norm_``   +1 norm (R), +1 R+W unless fused           as above
-    ``min_loss_scale < 1``     +1 check (R+W): ``g / S`` can overflow     as above
-    no gradient at all         none: a no-op (scale, counters unchanged)  0
-    ========================== ========================================== ==========================
-
-    [*] 1 on a step in which a parameter gets its first gradient (a device-side skip would leave its new inner
-    state behind). The scale update adds no sync (about 20 scalar ops). Closure optimizers (LBFGS): the closure
-    calls ``opt.get_scaled_loss(loss).backward()`` and returns ``loss``; every evaluation is checked.
+    Cost per ``step()`` (``docs/concepts.md``): one unscale+check pass (R+W; fused float16 gradients: a check, the
+    kernel unscales); ``clip_grad_norm_`` adds a norm (R), and an R+W unless fused; ``min_loss_scale < 1`` an R+W
+    recheck. Host syncs: fused 0 (1 when a parameter gets its first gradient), else 1; the scale update adds none.
+    No gradient: a no-op.
 
     Args:
         optimizer: the ``torch.optim.Optimizer`` instance to wrap.
         loss_scale: the experimental form: a number (fixed), ``"dynamic"``, any :class:`lossscale.LossScale`
             (managers included), or a :class:`SharedLossScale` to share with other optimizers.
-        dynamic: the stable form (default True).
-        initial_scale: the initial (or, when ``dynamic=False``, fixed) scale; default 2**15.
-        dynamic_growth_steps: finite steps before the scale doubles; default 2000.
-        min_loss_scale, max_loss_scale, hysteresis: refine the dynamic scale (defaults 1, none, 1; see
-            :class:`lossscale.DynamicLossScale`).
-        process_group: a ``torch.distributed`` group (a ``DeviceMesh``: all its ranks) over which the found-inf
-            flag is MAX-all-reduced, so that ranks holding different gradients skip together: one scalar
-            all-reduce per step. Not needed with plain DDP; None with DTensor parameters (FSDP2): their mesh.
-            See ``docs/distributed.md``.
-        max_consecutive_skips: raise :class:`lossscale.LossScaleError`, with likely causes and fixes, at the n-th
-            skipped ``step()`` in a row of *this* optimizer (default None: never). No sync (on CUDA it raises one
-            step late).
-        overflow_report: on a skipped step, log (logger ``"lossscale"``) and keep in :attr:`last_overflow_report`
-            which gradients held NaN or Inf. Cost: one sync per step on the fused path, one more on a skip.
+        dynamic, initial_scale, dynamic_growth_steps: the stable form (defaults True, 2**15, 2000 finite steps
+            before the scale doubles; ``initial_scale`` is the fixed scale when ``dynamic=False``).
+        min_loss_scale, max_loss_scale, hysteresis: refine the dynamic scale (defaults 1, none, 1).
+        process_group: a ``torch.distributed`` group (or ``DeviceMesh``) over which the found-inf flag is
+            MAX-all-reduced, so ranks with different gradients skip together: one scalar all-reduce per step. Not
+            needed with plain DDP; None with DTensor parameters: their mesh (``docs/distributed.md``).
+        max_consecutive_skips: raise :class:`lossscale.LossScaleError` at the n-th skipped ``step()`` in a row of
+            *this* optimizer (default None: never). No sync (on CUDA it raises one step late).
+        overflow_report: on a skipped step, log and keep in :attr:`last_overflow_report` which gradients held NaN
+            or Inf. Cost: one sync per step on the fused path, one more on a skip.
         named_parameters: names for that report, e.g. ``model.named_parameters()``.
-        history: True or a :class:`lossscale.History`: each step's scale, skip flag and loss (the one given to
-            :meth:`get_scaled_loss`), moved in batches, no per-step sync.
+        history: True or a :class:`lossscale.History`: each step's scale, skip flag and loss, no per-step sync.
         stats_every: measure the *scaled* gradients every ``N``-th step (default None; 16 with
-            ``loss_scale="auto"``) before anything unscales them; the latest sample is :attr:`gradient_stats`
-            (``docs/gradient_stats.md``); ``lossscale.AutoLossScale`` sets the scale from it, reading the
-            :meth:`get_scaled_loss` calls since the last step as micro-batches. Cost: a sampled step, about 8
-            kernels per gradient, no sync (a step 1.04x at ``N=1``, 1.005x at ``N=16``, ``benchmarks/bench_stats.py``).
+            ``loss_scale="auto"``): :attr:`gradient_stats` (``docs/gradient_stats.md``), which ``AutoLossScale``
+            sets the scale from. Cost: about 8 kernels per gradient on a sampled step, no sync.
 
     >>> import torch
     >>> w = torch.nn.Parameter(torch.tensor([1.0]))
     >>> opt = LossScaleOptimizer(torch.optim.SGD([w], lr=0.25), "dynamic")
     >>> opt.get_scaled_loss((w ** 2).sum()).backward()
-    >>> opt.step()
-    >>> w.detach()
+    >>> opt.step(); w.detach()
     tensor([0.5000])
     """
 
@@ -153,22 +131,21 @@ class LossScaleOptimizer(TFv1Methods, torch.optim.Optimizer):
         self._steps.forget()
 
     def unscale_(self) -> None:
-        """Unscales the gradients in place now (to clip or inspect them); again before ``step()``, nothing. After a
-        fused :meth:`clip_grad_norm_` it applies that clip's ``coef / S``. Cost: one R+W pass; no sync."""
+        """Unscales the gradients in place now (to clip or inspect them); again before ``step()``, nothing. Cost:
+        one R+W pass; no sync."""
         self._steps.unscale_(self._inner)
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
         """Clips the gradients' global norm to ``max_norm``, folding in the unscale; once per iteration.
 
-        Returns the *unscaled* gradients' norm (0-d, no sync), as ``torch.nn.utils.clip_grad_norm_``; a non-finite
-        one skips the step. Fused: the norm is the only pass (R), ``S/coef`` goes into the kernel; otherwise one
-        more R+W applies ``coef/S``. ``norm_type``: any p > 0 or ``inf``."""
+        Returns the *unscaled* gradients' norm (0-d, no sync); a non-finite one skips the step. Cost: one R pass,
+        plus an R+W unless fused. ``norm_type``: any p > 0 or ``inf``."""
         return self._steps.clip_grad_norm_(self._inner, max_norm, norm_type)
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
         """Unscales and checks the gradients, steps or skips, and updates the scale (costs: the class docstring).
-        With a closure, every evaluation is checked and an overflow restores weights and inner state; returns
-        the closure's loss."""
+        A closure (LBFGS) calls ``opt.get_scaled_loss(loss).backward()`` and returns ``loss``; an overflow in any
+        evaluation restores weights and inner state."""
         if closure is not None:
             return self._steps.step_with_closure(self._inner, closure, self._named_grads)
         self._steps.step(self._inner, named_grads=self._named_grads)
@@ -178,8 +155,8 @@ class LossScaleOptimizer(TFv1Methods, torch.optim.Optimizer):
         return self._steps.diagnostics.named_grads(self._inner.param_groups)
 
     def check_replicas_agree(self, process_group: Any = None) -> None:
-        """Debug check: raises :class:`lossscale.LossScaleError` unless every rank of ``process_group`` (default:
-        the flag's group, else the world) holds the same scale, counters and policy. One all-gather, one sync."""
+        """Raises :class:`lossscale.LossScaleError` unless every rank of ``process_group`` (default: the flag's,
+        else the world) holds the same scale, counters and policy. One all-gather, one sync."""
         agree = self._steps.agree
         group = agree.process_group if process_group is None else validate_process_group(process_group)  # type: ignore[union-attr]
         owner = self._steps.owner
@@ -281,8 +258,7 @@ class LossScaleOptimizer(TFv1Methods, torch.optim.Optimizer):
         return None if reporter is None else reporter.last
 
     def state_dict(self) -> dict[str, Any]:
-        """The inner optimizer's state dict plus a ``"lossscale"`` entry: the policy (key ``"policy"``), the scale
-        and its counters, and this optimizer's own counters (steps, skipped steps, skip streak)."""
+        """The inner optimizer's state dict plus a ``"lossscale"`` entry: the policy, the scale and the counters."""
         inner = dict(self._inner.state_dict())
         steps = self._steps
         state = Checkpoint(inner, steps.owner.record(), steps.counters.record()).to_state_dict()
@@ -291,13 +267,10 @@ class LossScaleOptimizer(TFv1Methods, torch.optim.Optimizer):
         return state
 
     def load_state_dict(self, state_dict: Any, custom_objects: Mapping[str, type] | None = None) -> None:
-        """Restores :meth:`state_dict`'s output; the saved policy replaces the current one.
-
-        Everything is validated first: a malformed ``"lossscale"`` entry raises ``ValueError`` and changes
-        nothing. A plain inner state dict keeps the current scale. A history past the restored step is cut back
-        to it. A policy class of your own comes from ``custom_objects`` (``{"MyLossScale": MyLossScale}``) or is
-        the current policy's class; nothing is imported by a name read from the checkpoint.
-        """
+        """Restores :meth:`state_dict`'s output, saved policy included; a malformed ``"lossscale"`` entry raises
+        ``ValueError`` and changes nothing, a plain inner state dict keeps the current scale, a history is cut back
+        to the restored step. A policy class of your own comes from ``custom_objects``, else it is the current one's
+        (nothing is imported by name)."""
         record = None
         if isinstance(state_dict, Mapping) and "lossscale_stats" in state_dict:
             record = state_dict["lossscale_stats"]
@@ -313,8 +286,7 @@ class LossScaleOptimizer(TFv1Methods, torch.optim.Optimizer):
         self._sampler = self._steps.sampler = sampler
 
     def _sampler_for(self, policy: LossScale, record: Any) -> StatsSampler | None:
-        """The sampler after loading ``policy`` and a ``"lossscale_stats"`` ``record`` (None: none saved), validated;
-        ``stats_every`` stays, an ``AutoLossScale`` loaded without one gets its default."""
+        """The sampler after loading ``policy`` and a ``"lossscale_stats"`` ``record`` (None: none), validated."""
         current = self._sampler
         every = check_stats_every(None, policy) if current is None else current.every
         if every is None:
@@ -326,8 +298,7 @@ class LossScaleOptimizer(TFv1Methods, torch.optim.Optimizer):
         return current.restored(record, policy)
 
     def __getstate__(self) -> dict[str, Any]:
-        """The inner optimizer and the step's record (``OptimizerStep.pickled``); parameter names and process
-        groups are not kept."""
+        """The inner optimizer and ``OptimizerStep.pickled``; parameter names and process groups are not kept."""
         return {"inner": self._inner, **self._steps.pickled(), "sampler": self._sampler}
 
     def __setstate__(self, state: dict[str, Any]) -> None:

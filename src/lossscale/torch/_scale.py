@@ -1,6 +1,4 @@
-"""The loss scale's state as torch tensors (:class:`ScaleState`), and its owners, which a step ends with
-``owner.add_step(found_inf, record)``: :class:`PrivateLossScale` advances at once, :class:`SharedLossScale`
-once per ``update()`` from the MAX of its members' flags, :class:`IterationScale` is GradScaler's."""
+"""The loss scale's state as torch tensors (:class:`ScaleState`) and its owners, to which a step reports."""
 
 from __future__ import annotations
 
@@ -28,17 +26,7 @@ __all__ = [
 
 
 class ScaleState:
-    """A policy and its five live 0-d tensors (float32 scale, four int32 counters); the only code that changes them.
-
-    :meth:`advance` is ``state <- next_state(policy, state, found_inf == 0)`` in place: about 20 scalar ops, or
-    for CPU state the rule on numpy views of the tensors (10 microseconds instead of 30). No host sync.
-
-    >>> import torch, lossscale
-    >>> s = ScaleState(lossscale.DynamicLossScale(8.0, 2))
-    >>> s.advance(torch.tensor(0.0)); s.advance(torch.tensor(0.0))
-    >>> float(s.tensors.loss_scale), float(s.inv_scale())
-    (16.0, 0.0625)
-    """
+    """A policy and its five live 0-d tensors (float32 scale, four int32 counters); the only code that changes them."""
 
     def __init__(self, policy: LossScale, device: torch.device | str | None = None) -> None:
         self._set_policy(policy)
@@ -54,7 +42,7 @@ class ScaleState:
         return self.tensors.loss_scale.device
 
     def inv_scale(self) -> torch.Tensor:
-        """``1 / S`` in float32, computed in float64 (for CPU state on the host: one op instead of three)."""
+        """``1 / S`` in float32, computed in float64 (for CPU state on the host)."""
         views = self._host_views_now()
         if views is not None:
             with np.errstate(over="ignore"):  # 1/S beyond float32 is inf, as on the device
@@ -67,7 +55,7 @@ class ScaleState:
             self._set_tensors(LossScaleState(*(t.to(device) for t in self.tensors)))
 
     def advance(self, found_inf: torch.Tensor) -> None:
-        """The core rule once, in place; no sync."""
+        """``state <- next_state(policy, state, found_inf == 0)`` in place: about 20 scalar ops, no sync."""
         if found_inf.device != self.tensors.loss_scale.device:
             found_inf = move(found_inf, self.device)
         views = self._host_views_now()
@@ -79,13 +67,12 @@ class ScaleState:
             foreach_copy_(list(self.tensors), new)
 
     def assign(self, new: LossScaleState) -> None:
-        """Writes a rule's new state in place (``AutoLossScale``'s, instead of the owner's rule)."""
+        """Writes a rule's new state in place (``AutoLossScale``'s)."""
         with torch.no_grad():
             foreach_copy_(list(self.tensors), list(new))
 
     def set_scale(self, value: torch.Tensor, found_inf: torch.Tensor | None = None) -> None:
-        """``S <- value`` in place, the growth counters kept; ``found_inf`` is counted in the skip counters as the
-        core rule counts it for a fixed scale. About 5 scalar ops, no sync."""
+        """``S <- value`` in place, the growth counters kept, ``found_inf`` counted as for a fixed scale; no sync."""
         tensors = list(self.tensors)
         if found_inf is not None:
             finite = move(found_inf, self.device) == 0
@@ -101,7 +88,7 @@ class ScaleState:
         self._set_tensors(LossScaleState(*(t.to(self.device, copy=True) for t in record.state)))
 
     def __getstate__(self) -> dict[str, Any]:
-        """Pickling and ``deepcopy`` go through the checkpoint record; the policy object travels as pickle sends it."""
+        """Pickling and ``deepcopy`` go through the checkpoint record."""
         return {"record": self.record().to_dict(policy_object=True), "device": str(self.device)}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -119,7 +106,7 @@ class ScaleState:
         self._host_pointers: tuple[int, ...] = ()
 
     def _host_views_now(self) -> LossScaleState | None:
-        """Numpy views of the CPU tensors' memory (remade if a storage was swapped); None off the CPU or compiling."""
+        """Numpy views of the CPU tensors' memory; None off the CPU or compiling."""
         if self.tensors.loss_scale.device.type != "cpu" or torch.compiler.is_compiling():
             return None
         pointers = tuple(t.data_ptr() for t in self.tensors)
@@ -130,7 +117,7 @@ class ScaleState:
 
 
 class StepScale(NamedTuple):
-    """What a step's check needs of the scale, read in one call (:meth:`ScaleOwner.for_step`)."""
+    """What a step's check needs of the scale (:meth:`ScaleOwner.for_step`)."""
 
     loss_scale: torch.Tensor  # the live one
     inv_scale: torch.Tensor
@@ -139,7 +126,7 @@ class StepScale(NamedTuple):
 
 
 class ScaleOwner(ScaleState):
-    """A :class:`ScaleState` that steps report to; ``advances_each_step``: whether :meth:`add_step` advances it."""
+    """A :class:`ScaleState` that steps report to with :meth:`add_step`."""
 
     advances_each_step = False
 
@@ -154,8 +141,7 @@ class ScaleOwner(ScaleState):
         return self.tensors.loss_scale.clone()
 
     def get_scaled_loss(self, loss: Any) -> Any:
-        """``loss * S``, formed in at least float32 and rounded once to ``loss``'s dtype; a callable gives a
-        callable. One element-wise op, no sync."""
+        """``loss * S``, rounded once to ``loss``'s dtype; a callable gives a callable. One op, no sync."""
         if callable(loss) and not isinstance(loss, torch.Tensor):
             return lambda: self.get_scaled_loss(loss())
         if not isinstance(loss, torch.Tensor):
@@ -183,7 +169,7 @@ class ScaleOwner(ScaleState):
 
     def load_state_dict(self, state_dict: dict[str, Any], custom_objects: Mapping[str, type] | None = None) -> None:
         """Restores :meth:`state_dict`'s output, policy included (checked first; nothing changes on error); a policy
-        class of your own comes from ``custom_objects`` or is the current one's, nothing is imported by name."""
+        class of your own comes from ``custom_objects``."""
         self.load(ScaleRecord.from_dict(state_dict, custom_objects, current=self.policy))
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -211,10 +197,8 @@ class PrivateLossScale(ScaleOwner):
 class SharedLossScale(ScaleOwner):
     """A loss scale that one or more optimizers share.
 
-    Args:
-        loss_scale, dynamic, initial_scale, dynamic_growth_steps, min_loss_scale, max_loss_scale, hysteresis: the
-            policy, in either of TF's forms (see :class:`LossScaleOptimizer` and :func:`lossscale.resolve_loss_scale`).
-        device: where the state lives; by default the first gradient's device.
+    Takes :class:`LossScaleOptimizer`'s policy arguments (either of TF's forms) and ``device`` (where the state
+    lives; by default the first gradient's device).
 
     Several optimizers driven by one loss::
 
@@ -225,9 +209,6 @@ class SharedLossScale(ScaleOwner):
         opt_a.step()   # checks a's gradients, skips a if they overflowed
         opt_b.step()   # checks b's gradients, skips b if they overflowed
         scale.update() # once per iteration: backs off if either overflowed
-
-    An optimizer whose ``step()`` found no gradient takes no part in the iteration; an iteration in which none
-    stepped leaves the scale alone. :meth:`update`: about 20 scalar ops (on the host for CPU state), no sync.
     """
 
     def __init__(
@@ -244,21 +225,19 @@ class SharedLossScale(ScaleOwner):
         self._members: list[Any] = []
 
     def add_step(self, found_inf: torch.Tensor, member: Any) -> None:
-        """Keeps one optimizer's flag for :meth:`update`, which readies its ``member`` record again. No sync."""
+        """Keeps one optimizer's flag for :meth:`update`. No sync."""
         self._members.append(member)
         if found_inf.device != self.device:
             found_inf = move(found_inf, self.device)
         self._pending = found_inf if self._pending is None else torch.maximum(self._pending, found_inf)
 
     def update(self) -> None:
-        """Advances the scale once for this iteration, from every optimizer's flag (any non-finite: one
-        non-finite step); with no step since the last update, nothing. No host sync."""
+        """Advances the scale once from the flags since the last update (none: nothing); no sync."""
         pending = self._close()
         if pending is not None:
             self.advance(pending)
 
     def _close(self) -> torch.Tensor | None:
-        """Readies every member for the next iteration; this iteration's flag (None: no step)."""
         members, self._members = self._members, []
         for member in members:
             member.reset()
@@ -275,7 +254,7 @@ class SharedLossScale(ScaleOwner):
         self._close()
 
     def __getstate__(self) -> dict[str, Any]:
-        """``{"scale": ScaleState}`` (pickled through its record); pending flags and members are not kept."""
+        """``{"scale": ScaleState}``; pending flags and members are not kept."""
         scale = ScaleState(self.policy, self.device)
         scale.assign(self.tensors)
         return {"scale": scale}
@@ -289,7 +268,7 @@ class SharedLossScale(ScaleOwner):
 
 
 def require_own_scale(policy: LossScale, owner: ScaleOwner, fix: str) -> None:
-    """Refuses ``AutoLossScale`` on a scale shared by several optimizers (at construction and at a load)."""
+    """Refuses ``AutoLossScale`` on a scale shared by several optimizers."""
     if isinstance(policy, AutoLossScale) and not owner.advances_each_step:
         raise ValueError("AutoLossScale sets the scale of one optimizer from its own gradients; a scale shared by "
                          f"several optimizers (SharedLossScale) is not supported yet. {fix}")
@@ -299,8 +278,7 @@ _SCALE_KEYWORDS = ("dynamic", "initial_scale", "dynamic_growth_steps", "min_loss
 
 
 def scale_owner_for(optimizer: torch.optim.Optimizer, loss_scale: Any, **stable: Any) -> ScaleOwner:
-    """The given :class:`SharedLossScale`, or a private scale (``stable``: the stable form's keywords) on the
-    device of ``optimizer``'s parameters."""
+    """The given :class:`SharedLossScale`, or a private scale on the device of ``optimizer``'s parameters."""
     if isinstance(loss_scale, SharedLossScale):
         given = [k for k in _SCALE_KEYWORDS if stable.get(k) is not None]
         if given:
@@ -313,11 +291,10 @@ def scale_owner_for(optimizer: torch.optim.Optimizer, loss_scale: Any, **stable:
 
 
 class IterationScale(SharedLossScale):
-    """GradScaler's scale: a :class:`SharedLossScale` advanced once per ``update()``; also takes a new scale or policy."""
+    """GradScaler's scale: a :class:`SharedLossScale` that also takes a new scale or policy."""
 
     @property
     def policy(self) -> DynamicLossScale:
-        """GradScaler's policy is always a :class:`~lossscale.DynamicLossScale` (checked on load)."""
         return cast(DynamicLossScale, self._policy)
 
     @property
@@ -326,8 +303,7 @@ class IterationScale(SharedLossScale):
         return self._pending
 
     def update(self, new_scale: Any = None) -> None:  # type: ignore[override]
-        """Advances the scale once from this iteration's flags, or sets ``new_scale`` (a positive finite number or
-        a 1-element tensor not requiring grad, not read; the growth counter stays, the skip is counted). No sync."""
+        """Advances the scale once, or sets ``new_scale`` (the growth counter stays). No sync."""
         if new_scale is None:
             super().update()
             return
@@ -344,7 +320,6 @@ class IterationScale(SharedLossScale):
         self.set_scale(value, self._close())
 
     def overwrite(self, *, scale: float | None = None, growth_tracker: int | None = None) -> None:
-        """Sets the scale and/or the growth counter in place (torch's ``_init_scale``/``_init_growth_tracker``)."""
         if scale is not None:
             self.set_scale(torch.tensor(float(scale)))
         if growth_tracker is not None:

@@ -1,6 +1,4 @@
-"""``stats_every`` for torch: measuring and keeping samples; the decisions are the core's :mod:`lossscale._sampler`.
-A due step measures each gradient's sums (about 8 kernels); :meth:`StatsSampler.advance` makes them one sample
-(about 30 kernels) and, for ``AutoLossScale``, the scale. No host sync."""
+"""``stats_every`` for torch: measuring and keeping samples (the decisions are :mod:`lossscale._sampler`'s)."""
 
 from __future__ import annotations
 
@@ -24,11 +22,8 @@ Triples = list[tuple[Any, torch.Tensor, torch.Tensor]]  # (where, parameter, gra
 
 
 class StatsSampler:
-    """One optimizer's (or GradScaler's) samples and :class:`~lossscale._sampler.SamplerState` (``state``).
-
-    ``backwards``: the owner's ``get_scaled_loss``/``scale()`` calls since the last step, read as the
-    ``micro_batches`` summed into the gradients (gradient accumulation; none counted reads as 1).
-    """
+    """One optimizer's (or GradScaler's) samples and ``state``; ``backwards``: the ``get_scaled_loss``/``scale()``
+    calls since the last step, read as the micro-batches summed into the gradients (at least 1)."""
 
     def __init__(self, every: int, policy: LossScale, count: int = 0, auto: AutoState | None = None) -> None:
         self.every, self.policy, self.backwards = every, policy, 0
@@ -61,8 +56,7 @@ class StatsSampler:
         self._sums, self.backwards = {}, 0
 
     def advance(self, scale: LossScaleState | None, found_inf: torch.Tensor | None, recorder: Any = None) -> Any:
-        """Ends a step: the auto rule's new scale state from the step's ``scale`` and ``found_inf``, for the caller
-        to write; None where the caller's own rule moves the scale. ``recorder`` gets a sample's history columns."""
+        """Ends a step: the auto rule's new scale state for the caller to write (None: the caller's rule moves it)."""
         parts, self._sums, self.backwards = [self._sums[k] for k in sorted(self._sums)], {}, 0
         sample = None
         if parts:
@@ -95,7 +89,7 @@ class StatsSampler:
         return core.sampler_record(self.state, lambda t: t.detach().clone())
 
     def restored(self, record: Mapping[str, Any] | None, policy: LossScale) -> StatsSampler:
-        """A sampler over ``policy`` holding ``record`` (validated; None: the count stays, auto afresh), this sample."""
+        """A sampler over ``policy`` holding ``record`` (validated; None: the count stays) and this sample."""
         count, auto = (self.state.count, None) if record is None else core.read_sampler_record(record, policy)
         fresh = StatsSampler(self.every, policy, count, auto)
         fresh.state, fresh.names = fresh.state._replace(sample=self.state.sample), self.names

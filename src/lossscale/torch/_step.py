@@ -1,9 +1,5 @@
-"""One optimizer's step (:class:`OptimizerStep`): its stage record, its own counters, the fused-state tracker.
-
-A step: unscale-and-check (or take what ``unscale_()``/a clip checked), MAX the flag across ranks,
-``inner.step()`` or skip (a fused kernel skips by itself), then report, count, advance the scale, record, guard.
-The stages are torch's ``OptState`` (READY -> UNSCALED -> STEPPED, the last until a shared scale's
-``update()``) plus a ``clipped`` flag; a fused clip leaves the gradients scaled and ``grad_scale = S/coef``.
+"""One optimizer's step (:class:`OptimizerStep`): check, agree across ranks, step or skip, then report, count,
+advance the scale, record, guard. Stages as torch's ``OptState``: READY -> UNSCALED -> STEPPED (until ``update()``).
 """
 
 from __future__ import annotations
@@ -63,8 +59,7 @@ def misuse(call: str, after: str) -> RuntimeError:
 
 @dataclass
 class StepRecord:
-    """The stage of one optimizer's iteration and what its check left: ``found_inf`` (0-d float32, set from
-    UNSCALED on) and ``grad_scale`` (what a fused kernel divides by after a fused clip, else None)."""
+    """The stage of one optimizer's iteration, its ``found_inf`` (0-d float32) and ``grad_scale`` (a fused clip's)."""
 
     stage: Stage = Stage.READY
     clipped: bool = False
@@ -72,7 +67,6 @@ class StepRecord:
     grad_scale: torch.Tensor | None = None
 
     def require(self, call: str) -> None:
-        """Raises :func:`misuse` unless ``call`` may run now."""
         if self.stage is Stage.STEPPED:
             raise misuse(call, "step")
         if self.clipped and call == "clip_grad_norm_":
@@ -85,19 +79,17 @@ class StepRecord:
         self.stage, self.found_inf, self.grad_scale, self.clipped = Stage.READY, None, None, False
 
     def stepped(self) -> None:
-        """The step ran; a shared scale's ``update()`` will reset it."""
         self.reset()
         self.stage = Stage.STEPPED
 
     def forget_check(self) -> None:
-        """``zero_grad()``: the gradients, and with them a pending check, are gone (a step is not forgotten)."""
+        """``zero_grad()``: a pending check is gone (a step is not forgotten)."""
         if self.stage is not Stage.STEPPED:
             self.reset()
 
 
 class StepCounters:
-    """One optimizer's own ``steps``, ``skipped_steps`` and ``consecutive_skips``, also under a shared scale: per
-    step ``steps += 1`` and the core's :func:`~lossscale._rule.next_skip_counters`."""
+    """One optimizer's own ``steps``, ``skipped_steps`` and ``consecutive_skips`` (core: ``next_skip_counters``)."""
 
     def __init__(self) -> None:
         self.steps = 0
@@ -105,7 +97,7 @@ class StepCounters:
         self._streak: torch.Tensor | None = None
 
     def count(self, found_inf: torch.Tensor) -> None:
-        """Counts one step: on CPU on numpy views (no device op), elsewhere three scalar ops; no sync."""
+        """Counts one step: on CPU on numpy views, elsewhere three scalar ops; no sync."""
         self.steps += 1
         device = found_inf.device
         if self._skipped is None:
@@ -132,7 +124,7 @@ class StepCounters:
         return CounterRecord(self.steps, self._skipped, self._streak)
 
     def load(self, record: CounterRecord, scale: LossScaleState) -> None:
-        """Takes over ``record``; counts it lacks (older checkpoints) come from ``scale``'s state."""
+        """Takes over ``record``; counts it lacks come from ``scale``'s state."""
         self.steps = record.steps
         skipped = scale.skipped_steps if record.skipped_steps is None else record.skipped_steps
         streak = scale.consecutive_skips if record.consecutive_skips is None else record.consecutive_skips
@@ -149,9 +141,8 @@ def is_fused(inner: torch.optim.Optimizer) -> bool:
 
 
 class FusedStateTracker:
-    """Which parameters of a fused optimizer still lack state, so that their step is decided on the host: a
-    device-side skip would leave the state a first step creates behind. Parameters a real step left stateless are
-    remembered per group settings (``lr`` aside). Cost once all have state: one comparison of counts per step."""
+    """Which parameters of a fused optimizer still lack state (their step is decided on the host: a device-side
+    skip would leave a first step's state behind). Cost once all have state: one comparison of counts per step."""
 
     def __init__(self) -> None:
         self.reset()
@@ -176,7 +167,6 @@ class FusedStateTracker:
         return any(key not in self._stateless for p, key in missing if p.grad is not None)
 
     def note_host_step(self, inner: torch.optim.Optimizer) -> None:
-        """After a host-decided step ran: parameters with a gradient still without state are stateless."""
         self._stateless.update(key for p, key in _params_without_state(inner) if p.grad is not None)
 
 
@@ -230,9 +220,7 @@ def require_unscalable(grads: GradGroups, what: str) -> None:
 
 
 class OptimizerStep:
-    """One optimizer's step over one scale owner; the torch optimizer is passed to each call. ``sampler``:
-    ``stats_every``'s; ``slot`` None: this step's own, advanced by :meth:`finish`; an int: a GradScaler's, shared
-    by its optimizers (names prefixed ``opt{slot}.``) and advanced by ``update()``."""
+    """One optimizer's step over one scale owner; ``slot``: its index in a GradScaler's shared ``sampler``."""
 
     def __init__(self, owner: Any, agree: FlagAgreement | None = None, diagnostics: Diagnostics | None = None,
                  sampler: StatsSampler | None = None, slot: int | None = None) -> None:
@@ -246,8 +234,7 @@ class OptimizerStep:
         self._in_closure = False
 
     def measure(self, inner: torch.optim.Optimizer, pairs: Any = None, factor: torch.Tensor | None = None) -> None:
-        """On a sampled step, the sampler keeps the sums of the *scaled* gradients (``pairs``' times ``factor``);
-        ``pairs``: ``((group, index), parameter, gradient)``, by default every ``.grad``."""
+        """On a sampled step, the sums of the *scaled* gradients ``((group, index), param, grad)`` times ``factor``."""
         sampler = self.sampler
         if sampler is None or not sampler.due:
             return
@@ -265,7 +252,6 @@ class OptimizerStep:
         sampler.measure(0 if self.slot is None else self.slot, pairs, name_of, factor)
 
     def _collect(self, inner: torch.optim.Optimizer) -> GradGroups:
-        """``inner``'s gradients, grouped; the scale moves to their device."""
         grads = GradGroups.of(inner.param_groups)
         if grads.device is not None:
             self.owner.to_(grads.device)
@@ -378,8 +364,7 @@ class OptimizerStep:
         return all_reduce_max(found_inf, groups) if groups else found_inf
 
     def finish(self, found_inf: torch.Tensor, skipped: bool | None, named_grads: Any = ()) -> None:
-        """Ends a step: overflow report, counters, the scale (now, or at a shared scale's ``update()``), history,
-        stall guard (on this optimizer's own streak)."""
+        """Ends a step: overflow report, counters, the scale, history, stall guard."""
         diagnostics, counters, owner, record = self.diagnostics, self.counters, self.owner, self.record
         step = counters.steps
         scale_used = owner.state.loss_scale.clone() if diagnostics.wants_scale else None
@@ -446,25 +431,23 @@ class OptimizerStep:
         return loss
 
     def forget(self) -> None:
-        """``zero_grad()``: a pending check and sample are forgotten (not inside ``step(closure)``)."""
+        """``zero_grad()``: a pending check and sample are forgotten."""
         self.record.forget_check()
         if self.sampler is not None and self.slot is None and not self._in_closure:
             self.sampler.forget()
 
     def reset(self) -> None:
-        """After the inner optimizer's state or the scale was replaced (a checkpoint load)."""
         self.tracker.reset()
         self.record.reset()
 
     def load(self, checkpoint: Checkpoint) -> None:
-        """Takes over a validated checkpoint's scale and counters (the inner optimizer is the caller's)."""
         if checkpoint.scale is not None:
             self.owner.load(checkpoint.scale)
             self._load_counters(checkpoint.counters or CounterRecord())
         self.reset()
 
     def _load_counters(self, record: CounterRecord) -> None:
-        """This optimizer's counters; a history recorded past the restored step is cut back to it."""
+        """This optimizer's counters; a history past the restored step is cut back to it."""
         self.counters.load(record, self.owner.state)
         recorder = self.diagnostics.recorder
         if recorder is not None:
@@ -472,8 +455,7 @@ class OptimizerStep:
             recorder.history.truncate(record.steps)
 
     def pickled(self) -> dict[str, Any]:
-        """The ``state_dict`` records (the policy as an object) and the diagnostics' settings; a shared scale
-        travels as itself, so optimizers pickled together still share it."""
+        """The ``state_dict`` records and the diagnostics' settings; a shared scale travels as itself."""
         shared = self.owner if isinstance(self.owner, SharedLossScale) else None
         return {
             "shared": shared,
@@ -484,7 +466,7 @@ class OptimizerStep:
 
     @classmethod
     def unpickled(cls, state: dict[str, Any], agree: FlagAgreement | None) -> OptimizerStep:
-        """The step object :meth:`pickled` describes, validated as a state dict is (``"shared"``: any owner)."""
+        """The step object :meth:`pickled` describes, validated as a state dict is."""
         owner = state["shared"]
         if owner is None:
             record = ScaleRecord.from_dict(state["scale"])

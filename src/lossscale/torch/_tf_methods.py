@@ -1,5 +1,4 @@
-"""TF v1's optimizer methods for ``LossScaleOptimizer`` (gradients as values, slots, variables, config), a mixin
-over its public surface and its ``OptimizerStep``."""
+"""TF v1's optimizer methods for ``LossScaleOptimizer`` (gradients as values, slots, variables, config)."""
 
 from __future__ import annotations
 
@@ -42,8 +41,8 @@ class TFv1Methods:
         return scaled
 
     def get_unscaled_gradients(self, grads: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:
-        """A new list: each gradient times ``1/loss_scale`` in its own dtype (half types in float32, rounded
-        once); None stays None. One R and one W pass into new tensors (+R+W for half types); no sync."""
+        """A new list: each gradient times ``1/loss_scale`` in its own dtype, None stays None. One R and one W pass
+        (+R+W for half types, computed in float32); no sync."""
         return unscaled_copies(list(grads), self._steps.owner.inv_scale())
 
     def compute_gradients(
@@ -66,14 +65,11 @@ class TFv1Methods:
         grads = torch.autograd.grad(scaled, variables, grad_outputs=grad_loss, allow_unused=True)
         return list(zip(self.get_unscaled_gradients(grads), variables))  # type: ignore[attr-defined]
 
-    def apply_gradients(
-        self,
-        grads_and_vars: Iterable[tuple[torch.Tensor | None, torch.Tensor]],
-        global_step: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+    def apply_gradients(self, grads_and_vars: Iterable[tuple[torch.Tensor | None, torch.Tensor]],
+                        global_step: torch.Tensor | None = None) -> torch.Tensor:
         """Applies *unscaled* gradients if all are finite (else nothing, ``global_step`` included, a tensor
         incremented in place); updates the scale either way; ``.grad`` stays. Returns a 0-d bool tensor, True if
-        applied. Cost: one R+W check, syncs as ``step()``; a sampled step measures the gradients times ``S``."""
+        applied. Cost: one R+W check, syncs as ``step()``."""
         pairs = list(grads_and_vars)
         if global_step is not None and not isinstance(global_step, torch.Tensor):
             raise TypeError("global_step must be a tensor to increment in place, e.g. torch.zeros((), "
@@ -143,20 +139,15 @@ class TFv1Methods:
     def from_config(
         cls, config: Mapping[str, Any], params: Iterable[Any], custom_objects: Mapping[str, type] | None = None,
     ) -> Any:
-        """Rebuilds from :meth:`get_config` (torch optimizers need their ``params``); the inner class and a policy
-        class of your own come from ``custom_objects``, else ``torch.optim``: no module a config names is imported
-        (a config from an untrusted checkpoint must not run imports)."""
+        """Rebuilds from :meth:`get_config` and ``params``; the inner class and a policy class of your own come from
+        ``custom_objects``, else ``torch.optim``: no module a config names is imported."""
         spec = config["inner_optimizer"]
         opt_cls = optimizer_class(spec, custom_objects)
         inner = opt_cls(params, **_constructor_kwargs(opt_cls, spec["config"]))
         if config.get("loss_scale") is not None:
             return cls(inner, loss_scale=read_policy(config["loss_scale"], custom_objects, None))  # type: ignore[call-arg]
-        return cls(
-            inner,  # type: ignore[call-arg]
-            dynamic=config.get("dynamic"),
-            initial_scale=config.get("initial_scale"),
-            dynamic_growth_steps=config.get("dynamic_growth_steps"),
-        )
+        stable = {k: config.get(k) for k in ("dynamic", "initial_scale", "dynamic_growth_steps")}
+        return cls(inner, **stable)  # type: ignore[call-arg]
 
 
 def optimizer_class(spec: Mapping[str, Any], custom_objects: Mapping[str, type] | None = None) -> type:
@@ -175,8 +166,7 @@ def optimizer_class(spec: Mapping[str, Any], custom_objects: Mapping[str, type] 
 
 
 def _constructor_kwargs(opt_cls: type, defaults: Mapping[str, Any]) -> dict[str, Any]:
-    """The entries of ``defaults`` the constructor takes (not derived ones such as AdamW's
-    ``decoupled_weight_decay``); a constructor with ``**kwargs`` takes all."""
+    """The entries of ``defaults`` the constructor takes (a constructor with ``**kwargs`` takes all)."""
     parameters = inspect.signature(opt_cls).parameters
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
         return dict(defaults)

@@ -20,9 +20,8 @@ def prepared_optimizers(accelerator: Any) -> list[AcceleratedOptimizer]:
 
 
 def track_step_calls(optimizer: AcceleratedOptimizer) -> None:
-    """What ``AcceleratedOptimizer.__init__`` sets up when given a scaler, which it cannot take later: the
-    patched step that sets ``_accelerate_step_called`` (``step_was_skipped`` reads it) and the two step methods
-    swapped around ``scaler.step``."""
+    """What ``AcceleratedOptimizer.__init__`` sets up when given a scaler: the patched step that sets
+    ``_accelerate_step_called`` (``step_was_skipped`` reads it) and the step methods swapped around ``scaler.step``."""
     optimizer._accelerate_step_called = False
     optimizer._optimizer_original_step_method = optimizer.optimizer.step
     optimizer._optimizer_patched_step_method = patch_optimizer_step(optimizer, optimizer.optimizer.step)

@@ -1,21 +1,8 @@
-"""accelerate and the transformers Trainer: make an ``Accelerator`` scale losses with your GradScaler.
-
-accelerate builds its own ``torch.amp.GradScaler`` and takes no other; :func:`attach` puts yours in its place on
-every path accelerate drives it (``backward``, ``clip_grad_norm_``, ``optimizer.step``, ``save_state``/
-``load_state``)::
+"""accelerate and the transformers Trainer: :func:`attach` puts your GradScaler in the place of accelerate's own::
 
     accelerator = Accelerator(mixed_precision="fp16")
-    attach(accelerator, GradScaler("cuda"))          # before prepare()
+    attach(accelerator, GradScaler("cuda"))          # before prepare(); the Trainer: attach(trainer.accelerator, ...)
     model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
-
-The Trainer makes its accelerator in ``__init__`` and prepares in ``train()``: attach in between
-(``attach(trainer.accelerator, GradScaler("cuda"))``; ``scaler.pt`` is saved and resumed with each checkpoint).
-
-Skips with fused optimizers (accelerate issue #4242): torch's ``scaler.step`` always calls a fused
-``optimizer.step`` and the kernel skips on the device, so accelerate never sees a skip and the learning-rate
-schedule advances on skipped steps. ``attach`` therefore sets ``sync_skips=True`` on a lossscale GradScaler: one
-host sync per step (which the unfused path pays anyway) and no ``optimizer.step`` call on a skip, so
-``step_was_skipped`` is right. ``sync_skips=False`` keeps torch's 0-sync device skip.
 """
 
 from __future__ import annotations
@@ -29,9 +16,7 @@ try:
 
     from ._compat import prepared_models, prepared_optimizers, track_step_calls
 except ImportError as error:  # pragma: no cover - exercised only without accelerate
-    raise ImportError(
-        "lossscale.torch.integrations.accelerate needs accelerate: pip install accelerate"
-    ) from error
+    raise ImportError("lossscale.torch.integrations.accelerate needs accelerate: pip install accelerate") from error
 
 __all__ = ["attach"]
 
@@ -41,18 +26,17 @@ _SCALER_METHODS = ("scale", "unscale_", "step", "update", "state_dict", "load_st
 def attach(accelerator: Accelerator, scaler: Any, *, sync_skips: bool = True) -> None:
     """Make ``accelerator`` (and the optimizers it already prepared) use ``scaler`` for float16 loss scaling.
 
-    Call it right after creating the ``Accelerator`` (or the Trainer), before ``prepare(model)``. Where
-    accelerate runs no float16 autocast itself (CPU), attaching turns autocast and the unscale before clipping
-    on. Cost: none per step beyond the scaler's (with ``sync_skips=True``, a fused step's one sync, see above).
+    Call it right after creating the ``Accelerator`` (or the Trainer), before ``prepare(model)``; on CPU it turns
+    float16 autocast on. ``sync_skips`` (default True) is set on a lossscale GradScaler: a fused step's skip is
+    decided on the host (one sync), so accelerate's ``step_was_skipped`` and the LR schedule see it.
 
     Args:
         accelerator: an ``accelerate.Accelerator`` with ``mixed_precision="fp16"`` (``TrainingArguments(fp16=True)``).
-        scaler: any object with torch GradScaler's methods: ``lossscale.torch.GradScaler`` or ``torch.amp.GradScaler``.
+        scaler: ``lossscale.torch.GradScaler`` or ``torch.amp.GradScaler``.
 
     Raises:
-        TypeError: ``accelerator`` is not an ``Accelerator``, or ``scaler`` lacks a GradScaler method.
-        ValueError: not float16 mixed precision, or a backend with its own loss scaler (DeepSpeed, Megatron-LM,
-            FSDP v1).
+        TypeError: not an ``Accelerator``, or ``scaler`` lacks a GradScaler method.
+        ValueError: not float16, or a backend with its own loss scaler (DeepSpeed, Megatron-LM, FSDP v1).
         RuntimeError: a model was prepared before attaching where accelerate had float16 autocast off.
     """
     if not isinstance(accelerator, Accelerator):
@@ -80,7 +64,7 @@ def attach(accelerator: Accelerator, scaler: Any, *, sync_skips: bool = True) ->
                            "Accelerator (or the Trainer).")
 
     if hasattr(scaler, "sync_skips"):
-        scaler.sync_skips = sync_skips  # see "Skips with fused optimizers" above
+        scaler.sync_skips = sync_skips
     accelerator.scaler = scaler  # read by backward, unscale_gradients, save_state/load_state, prepare_optimizer
     accelerator.native_amp = True  # float16 autocast in prepare(model)/autocast(), unscale in clip_grad_norm_
     for optimizer in prepared_optimizers(accelerator):

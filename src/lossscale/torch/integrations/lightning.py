@@ -25,18 +25,15 @@ __all__ = ["LossScaleMonitor"]
 class LossScaleMonitor(Callback):
     """Logs ``{prefix}loss_scale`` and ``{prefix}skipped_steps`` after every optimizer step, to the Trainer's loggers.
 
-    Sources: the precision plugin's scaler when it is a ``lossscale.torch.GradScaler``, and every
-    ``LossScaleOptimizer`` of ``configure_optimizers``; several get a suffix (``loss_scale/optimizer_1``). The
-    values are 0-d tensors logged with ``on_step=True``: no host sync of its own (Lightning reads them every
-    ``log_every_n_steps``). With ``stats_every=N`` it also logs the latest sample's ``headroom_bits``,
-    ``zero_fraction`` and ``subnormal_fraction``.
+    Sources: the precision plugin's ``lossscale.torch.GradScaler`` and every ``LossScaleOptimizer``; several get a
+    suffix (``loss_scale/optimizer_1``). 0-d tensors, no host sync of its own. With ``stats_every=N`` it also logs
+    the latest sample's ``headroom_bits``, ``zero_fraction`` and ``subnormal_fraction``.
 
     Args:
         prefix: the metric name prefix (default ``"lossscale/"``).
         prog_bar: also show the scale in the progress bar.
 
-    Raises:
-        RuntimeError: when training starts with no lossscale GradScaler or ``LossScaleOptimizer`` to read.
+    Raises RuntimeError when training starts with no lossscale GradScaler or ``LossScaleOptimizer`` to read.
     """
 
     def __init__(self, prefix: str = "lossscale/", prog_bar: bool = False) -> None:
@@ -68,7 +65,5 @@ class LossScaleMonitor(Callback):
             if stats is not None:
                 values.update({k: stats[k] for k in ("headroom_bits", "zero_fraction", "subnormal_fraction")})
             for name, value in values.items():
-                pl_module.log(
-                    f"{self.prefix}{name}{suffix}", value, on_step=True, on_epoch=False, batch_size=1,
-                    prog_bar=self.prog_bar and name == "loss_scale", logger=True,
-                )
+                pl_module.log(f"{self.prefix}{name}{suffix}", value, on_step=True, on_epoch=False, batch_size=1,
+                              prog_bar=self.prog_bar and name == "loss_scale", logger=True)
