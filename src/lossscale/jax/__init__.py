@@ -1,8 +1,7 @@
 """lossscale for JAX: ``loss_scale_optimizer`` wraps any optax transformation (docs/jax.md).
 
 ``value_and_grad`` gives the true loss and the gradients of the scaled loss; ``apply_gradients`` steps and returns
-new parameters; ``lossscale.jax.train_state.TrainState`` (flax linen) counts only the applied steps.
-"""
+new parameters; ``lossscale.jax.train_state.TrainState`` (flax linen) counts only the applied steps."""
 
 from __future__ import annotations
 

@@ -27,10 +27,8 @@ def is_tracer(x: Any) -> bool:
 
 
 def like(x: Any, aval: Any) -> Any:
-    """``x`` marked as varying over the same shard_map axes as ``aval``, so that both cond branches agree.
-
-    ``lax.pcast(x, axes, to="varying")`` and ``manual_axis_type.varying`` from JAX 0.9; ``lax.pvary`` and
-    ``aval.vma`` in 0.6 - 0.8; neither before (nothing varies)."""
+    """``x`` marked as varying over the same shard_map axes as ``aval``, so that both cond branches agree: JAX 0.9's
+    ``lax.pcast`` and ``manual_axis_type``, 0.6 - 0.8's ``lax.pvary`` and ``aval.vma``, nothing before."""
 
     def varying(a: Any) -> frozenset:
         manual = getattr(a, "manual_axis_type", None)
@@ -47,10 +45,7 @@ def eval_jaxpr_choosing(closed: Any, args: Sequence[Any], choose: Callable[[int,
     """Evaluates a ``ClosedJaxpr`` on flat ``args``, replacing its ``i``-th output by ``choose(i, value)``.
 
     An output is replaced as soon as its equation has run, so later equations read the chosen value (one that is
-    also an input, a literal or in several output positions, at the end). Binds the equations in the current
-    trace as ``jax.core.eval_jaxpr`` does, through ``jax.extend.core`` (``Literal``, ``Primitive.bind``,
-    ``get_bind_params``, whose result changed shape between releases), without their source information.
-    """
+    also an input, a literal or in several positions: at the end). Binds as ``jax.core.eval_jaxpr`` does."""
     jaxpr = closed.jaxpr
     env: dict[Any, Any] = {**dict(zip(jaxpr.constvars, closed.consts)), **dict(zip(jaxpr.invars, args))}
     uses = collections.Counter(v for v in jaxpr.outvars if not isinstance(v, Literal))
