@@ -25,11 +25,9 @@ def _fields(node: Any) -> dict[str, Any] | None:
 def check_state(state: Any, policy: Any = None) -> Any:
     """Raises if ``state`` holds a loss scale no step could have produced; returns ``state`` unchanged.
 
-    Call it on what a restore gave you (flax ``serialization``, orbax, a pickle) before the first step: the state of
-    :func:`loss_scale_optimizer`, a chain state or ``TrainState`` holding it, or a restore's nested dicts. Each loss
-    scale is checked by the core's rule (docs/checkpoints.md): finite, positive, a normal float32, within
-    ``policy``'s ``[min, max]`` if given (a :class:`~lossscale.LossScale`, its ``serialize`` dict, ``"dynamic"`` or a
-    number); every counter an int in ``[0, 2**31 - 1]``. Cost: one host transfer per scalar field (not under ``jit``).
+    Call it on a restored state (flax, orbax, pickle; or anything holding it) before the first step: each scale is
+    checked by the core's rule (docs/checkpoints.md), a finite, positive, normal float32 within ``policy``'s bounds
+    (any ``loss_scale=`` value) if given; counters ints in ``[0, 2**31 - 1]``. One host read per field; not in jit.
 
     Raises:
         TypeError: ``state`` holds no loss scale, or a field of the wrong type.

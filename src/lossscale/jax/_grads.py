@@ -18,8 +18,7 @@ def scale_loss(loss: Any, scale: Any) -> jax.Array:
 
 
 def _inverses(scale: Any, factor: Any = None) -> Any:
-    """``dtype -> (wide, factor / scale)``, ``wide`` the dtype widened to at least float32, once per ``wide``. ``1/S``
-    in float32 equals torch's float64 reciprocal rounded to float32 (53 > 2 * 24 + 2; Figueroa 1995)."""
+    """``dtype -> (wide, factor / scale)``, once per ``wide``; float32 1/S = torch's float64 1/S, rounded (Figueroa)."""
     cache: dict[Any, jax.Array] = {}
 
     def inverse(dtype: Any) -> tuple[Any, jax.Array]:
@@ -90,8 +89,7 @@ def all_finite(tree: Any) -> jax.Array:
         for leaf in wide:
             total = total + jnp.sum(leaf).astype(jnp.float32)
         summed = jnp.isfinite(total)
-        # The taken branch returns the sum's flag (True there), not a constant: under shard_map both branches
-        # then vary over the same mesh axes as the gradients.
+        # The taken branch returns the flag, not a constant: both then vary over the gradients' shard_map axes.
         flag = flag & lax.cond(summed, lambda: summed, lambda: _exactly_finite(wide))
     return flag
 

@@ -197,19 +197,16 @@ def value_and_grad(
     """``jax.value_and_grad`` of ``fun``, with the loss scaled by the scale ``S`` of the optimizer state.
 
     The returned function takes ``fun``'s arguments and returns ``(loss, grads)`` (``((loss, aux), grads)`` with
-    ``has_aux``): ``fun``'s own loss ``L`` and ``d(S * L)/d(params)``. ``S`` is read at each call from the keyword
-    ``opt_state=`` (not passed to ``fun``), else from the state given here: a traced one for any number of calls
-    in its trace, a concrete one for one call outside any trace. Cost: one scalar multiply more than
-    ``jax.value_and_grad``; composes with ``jax.jit``, ``jax.pmap`` and ``jax.shard_map``.
+    ``has_aux``): ``fun``'s own loss ``L`` and ``d(S * L)/d(params)``. ``S`` is read at each call from ``opt_state=``
+    (not passed to ``fun``), else from the state given here: a traced one for its trace, a concrete one for one call
+    outside any trace. Cost: one scalar multiply more than ``jax.value_and_grad``; composes with jit/pmap/shard_map.
+    Raises TypeError (no state at all, no 0-d floating-point loss; :func:`find_state`'s), or RuntimeError (a
+    function built with a concrete state called a second time, or inside a trace).
 
     Args:
         fun: the loss function; returns a 0-d floating-point array (or ``(loss, aux)`` with ``has_aux``).
         opt_state: optional; anything :func:`find_state` takes.
         argnums, has_aux: as in ``jax.value_and_grad``.
-
-    Raises:
-        TypeError: no state at all, or ``fun`` returned no 0-d floating-point loss; and :func:`find_state`'s.
-        RuntimeError: a function built with a concrete state called a second time, or inside a trace.
 
     >>> import jax.numpy as jnp, optax, lossscale.jax as lsj
     >>> params = jnp.array([1.0, 2.0])
@@ -308,10 +305,8 @@ def _check_max_norm(max_norm: Any) -> float | None:
 
 
 def _chosen(finite: jax.Array, update: Callable, operands: Any, olds: Any) -> Any:
-    """``update(*operands)`` where ``finite``, else ``olds`` (None: zeros shaped like that output), leaf by leaf.
-
-    Each output is chosen with ``jnp.where`` as soon as it is computed, so XLA fuses each choice into the kernel
-    that computes it, in place when donated: the skip costs no pass (a ``lax.cond`` copies; docs/jax.md#cost)."""
+    """``update(*operands)`` where ``finite``, else ``olds`` (None: zeros shaped like that output), leaf by leaf;
+    each output chosen by ``jnp.where`` as soon as it is computed, fused into its kernel (no pass, in place)."""
     flat, in_tree = jax.tree_util.tree_flatten(operands)
     closed, shapes = jax.make_jaxpr(
         lambda *xs: update(*jax.tree_util.tree_unflatten(in_tree, xs)), return_shape=True
@@ -358,8 +353,7 @@ def loss_scale_optimizer(
 ) -> optax.GradientTransformationExtraArgs:
     """Wraps ``inner`` in loss scaling; TF's ``LossScaleOptimizer`` for optax (docs/jax.md).
 
-    ``update(grads, state, params)`` takes ``g``, the gradients of the **scaled** loss (:func:`value_and_grad`),
-    and computes::
+    ``update(grads, state, params)`` takes ``g``, the gradients of the **scaled** loss, and computes::
 
         finite = all(isfinite(g))              # NaN and +-Inf alike (of g / S when S may be < 1)
         u = g * (1 / S)                        # each leaf in its own dtype
@@ -381,8 +375,7 @@ def loss_scale_optimizer(
         history: a :class:`lossscale.History` given one row per step: a ``jax.debug.callback`` (0.4-1.7 ms on CPU).
         axis_name: under ``pmap``/``shard_map``, the axes over which the finite flag is ``lax.pmin``-ed.
         clip_by_global_norm: clip the true gradients to this global norm, also the finite check: no extra pass.
-        stats_every: measure the scaled gradients every ``N``-th update into ``state.gradient_stats`` (default
-            None; 16 with ``loss_scale="auto"``): about one read pass on a sampled step.
+        stats_every: every N-th update, one read pass into ``state.gradient_stats`` (None: off; 16 with "auto").
 
     Returns:
         An ``optax.GradientTransformationExtraArgs`` with :class:`LossScaleOptimizerState`; ``update``'s extra
@@ -475,9 +468,8 @@ def loss_scale_optimizer(
 def apply_gradients(tx: Any, grads: Any, opt_state: Any, params: Any, **extra_args: Any) -> tuple[Any, Any]:
     """``(new_params, new_opt_state)``: ``tx.update`` then ``optax.apply_updates``, with one skip.
 
-    For a :func:`loss_scale_optimizer` the skip chooses between the new and the old parameters, so the updates
-    are never written to memory and donated parameters are updated in place; any other ``tx`` takes the two calls.
-    ``params`` is required; ``extra_args`` go to the inner ``update``.
+    For a :func:`loss_scale_optimizer` the skip chooses between the new and the old parameters (no updates in
+    memory; donated parameters in place); any other ``tx`` takes the two calls. ``extra_args`` go to ``update``.
 
     >>> import jax.numpy as jnp, optax, lossscale.jax as lsj
     >>> tx = lsj.loss_scale_optimizer(optax.sgd(0.5), 4)

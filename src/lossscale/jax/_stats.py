@@ -35,8 +35,7 @@ def _reduce_across(sample: GradientStats, leaves: list, axes: tuple[Hashable, ..
     return summarize(sums, sizes, sample.step, jnp)
 
 
-#: Leaves up to this many elements (4 MB of float32: the caches of the development CPU) take four plain
-#: reductions; larger ones one variadic reduction (see :func:`_sums`).
+#: Leaves up to this many elements (4 MB of float32, the development CPU's caches) take four plain reductions.
 CACHED_ELEMENTS = 2**20
 
 
@@ -72,8 +71,7 @@ def step_scale(
     policy: LossScale, every: int | None, grads: list, scale_state: LossScaleState, stats: SamplerState | None,
     finite: jax.Array, axes: tuple[Hashable, ...] | None, sample: GradientStats | None = None,
 ) -> tuple[LossScaleState, SamplerState | None, Any]:
-    """The new scale state, sampler state and ``sampled`` flag after one update (``grads``: the scaled leaves;
-    ``sample``: this device's, if the finite check measured it). An unsampled step runs no reduction."""
+    """New scale state, sampler state and ``sampled`` flag (``sample``: measured already); unsampled: no reduction."""
     if every is None or stats is None:
         return next_state(policy.rule_params(), scale_state, finite, jnp), stats, False
     count = jnp.asarray(stats.count)

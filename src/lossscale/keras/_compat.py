@@ -15,8 +15,7 @@ __all__ = [
 
 
 def no_automatic_dependency_tracking(method: Callable[..., Any]) -> Callable[..., Any]:
-    """Keras' private ``no_automatic_dependency_tracking``: a checkpoint records the variables once, not also as
-    attributes. Public replacement: none."""
+    """Keras' private ``no_automatic_dependency_tracking`` (variables not also tracked as attributes)."""
     try:
         from keras.src.utils import tracking
     except ImportError:  # pragma: no cover - a Keras that moved it
@@ -25,8 +24,7 @@ def no_automatic_dependency_tracking(method: Callable[..., Any]) -> Callable[...
 
 
 def before_tf_restore(variable: Any, check: Callable[[Any], None]) -> None:
-    """Calls ``check(value)`` (numpy) before ``tf.train.Checkpoint`` restores ``variable`` (a raise assigns nothing),
-    through TF's private ``_restore_from_tensors`` (where it exists). Public replacement: none."""
+    """Calls ``check(value)`` before ``tf.train.Checkpoint`` restores ``variable`` (TF's ``_restore_from_tensors``)."""
     restore = getattr(variable, "_restore_from_tensors", None)
     if restore is None:  # pragma: no cover - a Keras/TF that moved it
         return
@@ -42,8 +40,7 @@ def before_tf_restore(variable: Any, check: Callable[[Any], None]) -> None:
 
 @contextlib.contextmanager
 def inner_aggregation_off(inner: Any) -> Iterator[None]:
-    """Within the block, ``inner``'s private ``_all_reduce_sum_gradients`` sums nothing (the gradients are summed
-    already). Public replacement: none."""
+    """Within the block, ``inner``'s private ``_all_reduce_sum_gradients`` sums nothing (the caller summed)."""
     object.__setattr__(inner, "_all_reduce_sum_gradients", list)
     try:
         yield
@@ -61,8 +58,7 @@ def checkpoint_node() -> Any:
 
 
 def checkpoint_children(inner: Any, node: Any, save_type: str, **kwargs: Any) -> dict[str, Any]:
-    """The wrapper's children in a ``tf.train.Checkpoint`` (private ``_trackable_children``): the inner's own, so
-    plain checkpoints restore into the wrapper and back (as tf-keras), plus ``loss_scale``."""
+    """The wrapper's checkpoint children (private ``_trackable_children``): the inner's own, plus ``loss_scale``."""
     return {**inner._trackable_children(save_type, **kwargs), "loss_scale": node}
 
 
@@ -78,9 +74,8 @@ LEGACY_SCALE_NAMES = (
 
 
 class LegacyCheckpoint:
-    """Restores a ``tf.train.Checkpoint`` written by lossscale 0.1 (through TF's private ``_checkpoint_adapter`` and
-    ``_lookup_dependency``): :data:`LEGACY_SCALE_NAMES` map to today's variables, and 0.1's unused ``_iterations``,
-    ``_learning_rate`` and ``_variables`` (today the inner's names) to throwaway ones. Public replacement: none."""
+    """Restores a ``tf.train.Checkpoint`` of lossscale 0.1 (TF's ``_checkpoint_adapter`` and ``_lookup_dependency``):
+    its scale names map to today's variables, its unused ``_iterations``, ... (today the inner's) to throwaway ones."""
 
     _UNUSED = ("_iterations", "_learning_rate", "_variables")
 

@@ -1,5 +1,4 @@
-"""The optimizer's config (``get_config``/``from_config``, pickling) and the configs tf-keras wrote (translated as
-docs/keras.md's "Configs from tf-keras" lists); a custom :class:`lossscale.LossScale` comes from ``custom_objects``."""
+"""The optimizer's config (``get_config``/``from_config``, pickling) and the configs tf-keras wrote (docs/keras.md)."""
 
 from __future__ import annotations
 

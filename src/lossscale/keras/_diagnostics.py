@@ -32,8 +32,7 @@ def is_symbolic(x: Any) -> bool:
 
 
 def on_host(fn: Callable[..., None], *args: Any, every_device: bool = False) -> None:
-    """Calls ``fn`` with ``args`` as numpy values: now when concrete, else from the compiled step (``tf.py_function``,
-    ``jax.debug.callback``; with ``every_device``, once per JAX device). One device-to-host transfer per call."""
+    """Calls ``fn`` on numpy values of ``args``: now if concrete, else from the compiled step; one transfer per call."""
     if not any(is_symbolic(a) for a in args):
         fn(*(ops.convert_to_numpy(a) for a in args))
         return
@@ -57,8 +56,7 @@ def on_host(fn: Callable[..., None], *args: Any, every_device: bool = False) -> 
 
 
 class StepObserver:
-    """Records each step in a :class:`lossscale.History` and/or raises after too many skips in a row (:attr:`active`:
-    three scalars to the host per step). Losses are recorded in eager code; compiled steps record NaN."""
+    """Records each step in a History and/or raises after too many skips in a row; compiled steps record loss NaN."""
 
     def __init__(self, history: Any = None, max_consecutive_skips: int | None = None) -> None:
         if history is True:
@@ -86,8 +84,7 @@ class StepObserver:
 
     @contextlib.contextmanager
     def deferred(self) -> Iterator[None]:
-        """Around an eager call of a compiled JAX step: the stall guard's error is raised on leaving, itself rather
-        than wrapped in JAX's. Cost: waits for the step's callbacks (one sync)."""
+        """Around an eager call of a compiled JAX step: the stall guard's error raises on leaving (one sync)."""
         self._defer = True
         try:
             yield
@@ -109,8 +106,7 @@ class StepObserver:
     def observe(
         self, scale_used: Any, finite: Any, consecutive_skips: Any, new_scale: Any, stats: tuple[Any, ...] = ()
     ) -> None:
-        """Once per step (when :attr:`active`): the record, and the guard (stateless: every JAX device raises).
-        ``stats``: ``(sampled, headroom_bits, zero_fraction, subnormal_fraction)``."""
+        """Once per step (when :attr:`active`): the record, and the guard (stateless: every JAX device raises)."""
         if self.history is not None:
             on_host(self._record, scale_used, finite, *stats)
         if self.max_consecutive_skips is not None:

@@ -30,8 +30,7 @@ def scale_loss(loss: Any, scale: Any) -> Any:
 
 
 def unscale(grads: Sequence[Any], scale: Any, keep: Sequence[bool] | None = None) -> list[Any]:
-    """A new list: each gradient times ``1/scale`` in at least float32, rounded back to its dtype; one multiply.
-    None stays None; where ``keep[i]`` (a variable Keras overwrites with its "gradient") the value passes as is."""
+    """A new list: each gradient times ``1/scale`` in at least float32, in its dtype; None, ``keep[i]`` pass as is."""
     inverse = functools.cache(lambda wide: reciprocal(scale, wide))  # one reciprocal per dtype
     return [g if g is None or (keep is not None and keep[i]) else _times(g, inverse) for i, g in enumerate(grads)]
 
@@ -48,9 +47,8 @@ def _each_finite(grads: Sequence[Any]) -> Any:
 
 
 def all_finite(grads: Sequence[Any]) -> Any:
-    """A 0-d bool tensor: True iff no gradient holds a NaN or an Inf. On TensorFlow and JAX, float32/float64
-    gradients: one sum of their sums, the exact check in a ``cond`` only when it is not finite; half precision and
-    torch: the exact check. Cost: one read pass (two on a non-finite step); one host sync in eager TensorFlow."""
+    """A 0-d bool tensor: True iff no gradient holds a NaN or an Inf. float32/float64 on TF and JAX: one sum of sums,
+    the exact check in a ``cond`` only if not finite. One read pass (two if not finite); eager TF: one host sync."""
     present = [g for g in grads if g is not None]
     if keras.backend.backend() not in ("tensorflow", "jax"):
         return _each_finite(present)

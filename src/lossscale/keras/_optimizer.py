@@ -88,8 +88,7 @@ def _forward(name: str) -> property:
     """A property reading and writing the inner optimizer's ``name`` (None until the inner is set)."""
 
     def read(self: Any) -> Any:
-        inner = self.__dict__.get("inner_optimizer")
-        return getattr(inner, name) if inner is not None else None
+        return None if (inner := self.__dict__.get("inner_optimizer")) is None else getattr(inner, name)
 
     def write(self: Any, value: Any) -> None:
         if (inner := self.__dict__.get("inner_optimizer")) is not None:  # None while the base __init__ runs
@@ -99,8 +98,7 @@ def _forward(name: str) -> property:
 
 
 class UnscaleStage:
-    """Which gradient contract an apply follows (docs/keras.md): the tensors given to ``get_unscaled_gradients``,
-    kept until the next apply per thread (per replica under ``MirroredStrategy``), decided at trace time."""
+    """Which gradient contract an apply follows: what ``get_unscaled_gradients`` got, kept per thread (replica)."""
 
     def __init__(self) -> None:
         self._local = threading.local()
@@ -217,8 +215,7 @@ class LossScaleOptimizer(TFMethods, keras.optimizers.LossScaleOptimizer):
 
     def _checkpoint_adapter(self, path: str) -> Any:
         # TensorFlow's restore asks first: a 0.1 checkpoint? (_compat.LegacyCheckpoint)
-        legacy = self.__dict__.get("_legacy_checkpoint")
-        if legacy is not None:
+        if (legacy := self.__dict__.get("_legacy_checkpoint")) is not None:
             legacy.adapter(path)
         return super()._checkpoint_adapter(path)
 
@@ -287,7 +284,6 @@ class LossScaleOptimizer(TFMethods, keras.optimizers.LossScaleOptimizer):
     @property
     def gradient_stats(self) -> dict[str, Any] | None:
         """The latest sample of ``stats_every`` (None when off or before build), 0-d and ``(T,)`` tensors; no sync.
-
         Keys ``step`` (-1 before the first sample), ``amax``, ``headroom_bits``, ``zero_fraction``,
         ``subnormal_fraction``, ``rms_min`` and ``per_tensor`` (``names``: the variables' paths)."""
         return None if self._scale.stats is None else self._scale.stats.mapping()
@@ -315,7 +311,6 @@ class LossScaleOptimizer(TFMethods, keras.optimizers.LossScaleOptimizer):
 
     def get_unscaled_gradients(self, grads: Sequence[Any]) -> list[Any]:
         """A new list: each gradient times ``1/loss_scale`` in its own dtype; None stays None. One multiply, no sync.
-
         The next apply takes what this returns (or tensors computed from it) as already unscaled (docs/keras.md)."""
         grads = list(grads)
         self._stage.note(grads)
@@ -383,7 +378,6 @@ class LossScaleOptimizer(TFMethods, keras.optimizers.LossScaleOptimizer):
         self, grads_and_vars: Any, name: str | None = None, experimental_aggregate_gradients: bool = True
     ) -> Any:
         """Applies ``(gradient, variable)`` pairs; returns ``iterations`` (not advanced on a skip). TF's signature.
-
         Under ``tf.distribute``, ``experimental_aggregate_gradients=True`` sums the gradients over the replicas
         before the check (a NaN or Inf on one replica skips the step on all); False: the caller has summed them."""
         pairs = list(grads_and_vars)

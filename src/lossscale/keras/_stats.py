@@ -1,6 +1,5 @@
-"""``stats_every`` for Keras: :func:`lossscale._stats.tensor_sums` of the scaled gradients, and the core sampler's
-state as variables (``stats_count``, 11 ``stats_*``, with ``AutoLossScale`` 5 ``auto_*``). Cost, sampled: one read
-pass per gradient, ~60 scalar ops; unsampled: the ``cond`` (torch: one host read) and ~25 small ops."""
+"""``stats_every`` for Keras: the scaled gradients' :func:`lossscale._stats.tensor_sums` and the sampler's variables.
+Cost, sampled: one read pass, ~60 scalar ops; unsampled: the ``cond`` (torch: one host read) and ~25 small ops."""
 
 from __future__ import annotations
 

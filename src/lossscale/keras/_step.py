@@ -1,5 +1,4 @@
-"""The scale state as five 0-d Keras variables, and one step per backend: unscale, check, apply or skip, and the
-core's :func:`lossscale.next_state` over :data:`XP`."""
+"""The scale state as five 0-d Keras variables, and one step per backend: unscale, check, apply or skip, advance."""
 
 from __future__ import annotations
 
@@ -128,16 +127,14 @@ def _keep(variables: Sequence[Any]) -> list[bool]:
 
 
 def unscale_and_check(state: ScaleState, grads: list[Any], variables: Sequence[Any], scale: Any, already: bool) -> Any:
-    """The gradients times ``1/scale`` (unless ``already``) and whether all are finite; with ``0 < 1/S <= 1`` the
-    check reads ``grads``, not waiting for the multiply."""
+    """The gradients times ``1/scale`` (unless ``already``) and whether all are finite (``grads`` if ``1/S <= 1``)."""
     unscaled = grads if already else unscale(grads, scale, _keep(variables))
     return unscaled, all_finite(grads if state.at_least_one else unscaled)
 
 
 def apply_step(state: ScaleState, inner: Any, grads: list[Any], variables: list[Any], already: bool) -> None:
-    """The stateful step (TensorFlow without a strategy, torch): ``inner.apply`` in the taken branch only, and the
-    rule in each branch with its flag a constant unless ``stats_every`` or an observer needs the flag. Cost: one
-    multiply and one read pass; host syncs: none under ``tf.function``, two in eager TensorFlow."""
+    """The stateful step (TF without a strategy, torch): ``inner.apply`` in the taken branch, the rule in each (flag
+    constant) unless stats or an observer need the flag. One multiply, one read pass; eager TF: two host syncs."""
     if keras.backend.backend() == "torch":
         import torch
 
@@ -158,8 +155,7 @@ def apply_step(state: ScaleState, inner: Any, grads: list[Any], variables: list[
 
 
 def _torch_apply(state: ScaleState, inner: Any, grads: list[Any], variables: list[Any], already: bool) -> None:
-    """The eager step on torch: the shared multi-tensor unscale-and-check into new tensors, a Python ``if``, the
-    rule. Cost: two passes over the gradients; one host sync."""
+    """The eager torch step: the shared multi-tensor unscale-and-check, a Python ``if``; two passes, one host sync."""
     from .._torch_kernels import combine_flags, reciprocal, unscaled_copies
 
     scale = state.variables[0].value
@@ -180,8 +176,7 @@ def stateless_step(
     state: ScaleState, inner: Any, own_variables: Sequence[Any], trainable_variables: Sequence[Any],
     optimizer_values: Sequence[Any], grads: list[Any], trainable_values: Sequence[Any], already: bool,
 ) -> tuple[list[Any], list[Any]]:
-    """New weights and optimizer values (``own_variables``' first), touching no variable: the inner
-    ``stateless_apply`` in the taken branch; the rule in each branch, or once before it (stats, observer)."""
+    """New weights and optimizer values (``own_variables``' first), touching no variable; the inner in a ``cond``."""
     own = len(own_variables)
     mapping = list(zip(list(own_variables) + list(inner.variables), optimizer_values))
     with keras.StatelessScope(state_mapping=mapping) as scope:
@@ -221,8 +216,7 @@ def jax_apply(
     state: ScaleState, inner: Any, own_variables: Sequence[Any], trainable_variables: Sequence[Any],
     cache: dict[bool, Any], grads: list[Any], variables: list[Any], already: bool,
 ) -> None:
-    """``apply`` on JAX: :func:`stateless_step` jitted once per contract (``cache``), then assigned (a stateful
-    ``apply`` in ``lax.cond`` leaks tracers). Host syncs: none in the step."""
+    """``apply`` on JAX: :func:`stateless_step` jitted per contract, then assigned (a stateful one leaks tracers)."""
     import jax
 
     known = {id(v) for v in trainable_variables}

@@ -23,8 +23,7 @@ _TF_KERAS_SLOTS = {
 
 
 def _tensorflow_only(method: str, needs: str) -> None:
-    backend = keras.backend.backend()
-    if backend != "tensorflow":
+    if (backend := keras.backend.backend()) != "tensorflow":
         raise NotImplementedError(
             f"{method}() needs {needs} (TensorFlow backend); on {backend} compute the gradients of "
             "get_scaled_loss(loss) and call apply(grads, variables), which unscales them."
