@@ -375,7 +375,7 @@ def loss_scale_optimizer(
         history: a :class:`lossscale.History` given one row per step: a ``jax.debug.callback`` (0.4-1.7 ms on CPU).
         axis_name: under ``pmap``/``shard_map``, the axes over which the finite flag is ``lax.pmin``-ed.
         clip_by_global_norm: clip the true gradients to this global norm, also the finite check: no extra pass.
-        stats_every: every N-th update, one read pass into ``state.gradient_stats`` (None: off; 16 with "auto").
+        stats_every: sample ``state.gradient_stats`` every N-th update, one read pass (default None; "auto": 16).
 
     Returns:
         An ``optax.GradientTransformationExtraArgs`` with :class:`LossScaleOptimizerState`; ``update``'s extra
