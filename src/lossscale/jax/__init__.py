@@ -1,8 +1,4 @@
-"""lossscale for JAX: ``loss_scale_optimizer`` wraps any optax transformation (docs/jax.md).
-
-``value_and_grad`` gives the true loss and the gradients of the scaled loss; ``apply_gradients`` steps and returns
-new parameters; ``lossscale.jax.train_state.TrainState`` (flax linen) counts only the applied steps.
-"""
+"""lossscale for JAX: ``loss_scale_optimizer`` wraps any optax transformation (docs/jax.md)."""
 
 from __future__ import annotations
 

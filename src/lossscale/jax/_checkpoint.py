@@ -15,7 +15,7 @@ __all__ = ["check_state"]
 
 
 def _fields(node: Any) -> dict[str, Any] | None:
-    """A node's fields by name, if it is a loss scale's state (NamedTuple, flax dataclass or restored dict)."""
+    """A node's fields by name if it is a loss scale's state (NamedTuple, flax dataclass or dict), else None."""
     fields = node if isinstance(node, Mapping) else node._asdict() if hasattr(node, "_asdict") else {}
     if "loss_scale_state" in fields or ("loss_scale" in fields and "good_steps" in fields):
         return dict(fields)
@@ -25,13 +25,9 @@ def _fields(node: Any) -> dict[str, Any] | None:
 def check_state(state: Any, policy: Any = None) -> Any:
     """Raises if ``state`` holds a loss scale no step could have produced; returns ``state`` unchanged.
 
-    Call it on what a checkpoint restore gave you (flax ``serialization``, orbax ``restore``, a pickle), before the
-    first step. ``state``: the state of :func:`loss_scale_optimizer`, an ``optax.chain`` state or flax
-    ``TrainState`` holding it, or the nested dicts a restore without a target returns. Every loss scale found is
-    checked by the core's one rule (docs/checkpoints.md): the scale finite, positive, a normal float32 and, if
-    ``policy`` is given (a :class:`~lossscale.LossScale`, its ``serialize`` dict, ``"dynamic"`` or a number),
-    within its ``[min, max]``; every counter an int in ``[0, 2**31 - 1]``. Fields it does not know are left alone.
-    Cost: one host transfer per scalar field (not for use under ``jit``).
+    Call it on a restored state (flax, orbax, pickle; or anything holding it) before the first step: each scale is
+    checked by the core's rule (docs/checkpoints.md), a finite, positive, normal float32 within ``policy``'s bounds
+    (any ``loss_scale=`` value) if given; counters ints in ``[0, 2**31 - 1]``. One host read per field; not in jit.
 
     Raises:
         TypeError: ``state`` holds no loss scale, or a field of the wrong type.
@@ -59,8 +55,7 @@ def check_state(state: Any, policy: Any = None) -> Any:
         where = "state" + jax.tree_util.keystr(path)
         inner = fields.get("loss_scale_state")
         if inner is not None:
-            inner_fields = _fields(inner)
-            if inner_fields is None:
+            if (inner_fields := _fields(inner)) is None:
                 raise TypeError(f"{where}.loss_scale_state is a {type(inner).__name__}, not a LossScaleState.")
             read_record(inner_fields, policy, where=f"{where}.loss_scale_state")
             for name in COUNTERS:  # counters kept next to the scale's own (the optimizer's skip counters)

@@ -27,10 +27,7 @@ def is_tracer(x: Any) -> bool:
 
 
 def like(x: Any, aval: Any) -> Any:
-    """``x`` marked as varying over the same shard_map axes as ``aval``, so that both cond branches agree.
-
-    ``lax.pcast(x, axes, to="varying")`` and ``manual_axis_type.varying`` from JAX 0.9; ``lax.pvary`` and
-    ``aval.vma`` in 0.6 - 0.8; neither before (nothing varies)."""
+    """``x`` marked as varying over the same shard_map axes as ``aval``, so that both cond branches agree."""
 
     def varying(a: Any) -> frozenset:
         manual = getattr(a, "manual_axis_type", None)
@@ -44,13 +41,8 @@ def like(x: Any, aval: Any) -> Any:
 
 
 def eval_jaxpr_choosing(closed: Any, args: Sequence[Any], choose: Callable[[int, Any], Any]) -> list[Any]:
-    """Evaluates a ``ClosedJaxpr`` on flat ``args``, replacing its ``i``-th output by ``choose(i, value)``.
-
-    An output is replaced as soon as its equation has run, so later equations read the chosen value (one that is
-    also an input, a literal or in several output positions, at the end). Binds the equations in the current
-    trace as ``jax.core.eval_jaxpr`` does, through ``jax.extend.core`` (``Literal``, ``Primitive.bind``,
-    ``get_bind_params``, whose result changed shape between releases), without their source information.
-    """
+    """Evaluates a ``ClosedJaxpr`` on ``args``, its ``i``-th output replaced by ``choose(i, value)`` as soon as it is
+    computed (an input, a literal or a repeated output: at the end)."""
     jaxpr = closed.jaxpr
     env: dict[Any, Any] = {**dict(zip(jaxpr.constvars, closed.consts)), **dict(zip(jaxpr.invars, args))}
     uses = collections.Counter(v for v in jaxpr.outvars if not isinstance(v, Literal))

@@ -27,11 +27,7 @@ def _raise(streak: Any, scale: Any, *, limit: int) -> None:
 
 
 def guard_skip(streak: jax.Array, scale: jax.Array, limit: int) -> None:
-    """Raise on the host iff ``streak`` (the skips in a row after this step) ``>= limit``.
-
-    A finite step, and a skip below the limit, run no host code. JAX re-raises the error wrapped in its runtime
-    error at the latest when the step's results are read.
-    """
+    """Raise on the host iff ``streak`` (skips in a row after this step) ``>= limit``; else no host code runs."""
     _call_back_if(streak >= limit, functools.partial(_raise, limit=limit), streak, scale)
 
 
@@ -41,12 +37,8 @@ def _call_back_if(pred: jax.Array, fn: Any, *args: Any) -> None:
 
 
 class StepRecorder:
-    """Appends ``(step, scale used, skipped)``, and a sampled step's statistics, to a History on the host.
-
-    Steps continue after the history's last row; the loss, which ``update`` does not see, is NaN. Cost: one
-    ``jax.debug.callback`` per step (docs/jax.md). Under ``pmap``/``shard_map`` the first device along the axes
-    records; under ``jit`` across processes, the process holding device 0.
-    """
+    """Appends ``(step, scale used, skipped)`` and sampled statistics to a History, continuing its steps (loss: NaN).
+    One ``jax.debug.callback`` per step, from the first device along the axes (across processes: device 0's)."""
 
     def __init__(self, history: Any) -> None:
         if history is True:
@@ -76,4 +68,3 @@ class StepRecorder:
             jax.debug.callback(self._append, *args)
         else:
             _call_back_if(lax.axis_index(axes) == 0, self._append, *args)
-

@@ -18,10 +18,7 @@ def scale_loss(loss: Any, scale: Any) -> jax.Array:
 
 
 def _inverses(scale: Any, factor: Any = None) -> Any:
-    """``dtype -> (wide, factor / scale)``, ``wide`` that dtype widened to at least float32, once per ``wide``.
-
-    ``1/scale`` in float32 equals torch's float64 reciprocal rounded to float32 (53 > 2 * 24 + 2; Figueroa 1995).
-    """
+    """``dtype -> (wide, factor / scale)``, once per ``wide``; float32 1/S = torch's float64 1/S, rounded (Figueroa)."""
     cache: dict[Any, jax.Array] = {}
 
     def inverse(dtype: Any) -> tuple[Any, jax.Array]:
@@ -70,10 +67,9 @@ def _exactly_finite(leaves: list[Any]) -> jax.Array:
 def all_finite(tree: Any) -> jax.Array:
     """A 0-d bool array: True iff no leaf of ``tree`` holds a NaN or an Inf (an empty tree is finite).
 
-    float32/float64 leaves: one float32 sum of their sums, finite only if every element is (a plain sum reduces
-    at memory speed, several times faster on CPU than ``all(isfinite(x))``); only when it is not does the exact
-    check run, in a ``lax.cond``. float16/bfloat16 leaves: ``max(|x|)``; complex: the exact check. Cost: one
-    read pass (two on a step with a NaN, an Inf or an overflowing sum); no host sync.
+    float32/float64 leaves: one float32 sum of their sums (several times faster on CPU than ``all(isfinite(x))``),
+    the exact check in a ``lax.cond`` only when it is not finite; float16/bfloat16: ``max(|x|)``; complex: exact.
+    Cost: one read pass (two on a step with a NaN, an Inf or an overflowing sum); no host sync.
 
     >>> import jax.numpy as jnp, lossscale.jax as lsj
     >>> bool(lsj.all_finite({"w": jnp.ones(3), "b": jnp.array([1.0, jnp.inf])}))
@@ -93,18 +89,14 @@ def all_finite(tree: Any) -> jax.Array:
         for leaf in wide:
             total = total + jnp.sum(leaf).astype(jnp.float32)
         summed = jnp.isfinite(total)
-        # The taken branch returns the sum's flag (True there), not a constant: under shard_map both branches
-        # then vary over the same mesh axes as the gradients.
+        # The taken branch returns the flag, not a constant: both then vary over the gradients' shard_map axes.
         flag = flag & lax.cond(summed, lambda: summed, lambda: _exactly_finite(wide))
     return flag
 
 
 def squared_norm(tree: Any, scale: Any) -> jax.Array:
-    """``sum((g / scale)**2)`` over every leaf, each widened to at least float32, accumulated in float32.
-
-    NaN or Inf iff a leaf holds one (or the sum overflows, a norm above ~1.8e19: a spurious skip), so it is
-    the finite check too. Cost: one read pass.
-    """
+    """``sum((g / scale)**2)`` over every leaf, widened to at least float32, accumulated in float32: one read pass.
+    NaN or Inf iff a leaf holds one (or a norm above ~1.8e19 overflows: a spurious skip), so the finite check too."""
     inverse = _inverses(scale)
     total = jnp.zeros((), jnp.float32)
     for leaf in jax.tree_util.tree_leaves(tree):

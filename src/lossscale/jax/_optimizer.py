@@ -160,8 +160,8 @@ def find_state(opt_state: Any) -> LossScaleOptimizerState:
 def get_scaled_loss(loss: Any, state: Any) -> jax.Array:
     """``loss * S``, with ``S`` the scale in ``state`` (as :func:`find_state`), formed in float32, in ``loss``'s dtype.
 
-    Differentiate this: the gradients are ``S`` times the true ones, above float16's underflow. Cost: one scalar
-    multiply. Raises TypeError for a loss that is not a floating-point array, and :func:`find_state`'s errors.
+    Differentiate this: the gradients are ``S`` times the true ones. Cost: one scalar multiply. Raises TypeError
+    for a loss that is not a floating-point array, and :func:`find_state`'s errors.
 
     >>> import jax.numpy as jnp, optax, lossscale.jax as lsj
     >>> state = lsj.loss_scale_optimizer(optax.sgd(0.1), 1024).init(jnp.ones(2))
@@ -196,20 +196,17 @@ def value_and_grad(
 ) -> Callable[..., Any]:
     """``jax.value_and_grad`` of ``fun``, with the loss scaled by the scale ``S`` of the optimizer state.
 
-    The returned function takes ``fun``'s arguments and returns ``(loss, grads)`` (``((loss, aux), grads)``
-    with ``has_aux``): ``fun``'s own loss ``L`` and ``d(S * L)/d(params)``, what ``update`` expects. ``S`` is
-    read at each call from the keyword ``opt_state=`` (not passed to ``fun``), else from the state given here:
-    a traced one for any number of calls in its trace, a concrete one for one call outside any trace (a later
-    call would use an old ``S``). ``argnums`` and ``has_aux`` as in ``jax.value_and_grad``. Cost: one scalar
-    multiply more than ``jax.value_and_grad``; composes with ``jax.jit``, ``jax.pmap`` and ``jax.shard_map``.
+    The returned function takes ``fun``'s arguments and returns ``(loss, grads)`` (``((loss, aux), grads)`` with
+    ``has_aux``): ``fun``'s own loss ``L`` and ``d(S * L)/d(params)``. ``S`` is read at each call from ``opt_state=``
+    (not passed to ``fun``), else from the state given here: a traced one for its trace, a concrete one for one call
+    outside any trace. Cost: one scalar multiply more than ``jax.value_and_grad``; composes with jit/pmap/shard_map.
+    Raises TypeError (no state at all, no 0-d floating-point loss; :func:`find_state`'s), or RuntimeError (a
+    function built with a concrete state called a second time, or inside a trace).
 
     Args:
         fun: the loss function; returns a 0-d floating-point array (or ``(loss, aux)`` with ``has_aux``).
         opt_state: optional; anything :func:`find_state` takes.
-
-    Raises:
-        TypeError: no state at all, or ``fun`` returned no 0-d floating-point loss; and :func:`find_state`'s.
-        RuntimeError: a function built with a concrete state called a second time, or inside a trace.
+        argnums, has_aux: as in ``jax.value_and_grad``.
 
     >>> import jax.numpy as jnp, optax, lossscale.jax as lsj
     >>> params = jnp.array([1.0, 2.0])
@@ -243,8 +240,7 @@ def value_and_grad(
     shifted = jax.tree_util.tree_map(lambda a: a + 1 if isinstance(a, int) and a >= 0 else a, argnums)
     grad_fn = jax.value_and_grad(scaled, argnums=shifted, has_aux=True)
 
-    # A concrete state given here allows one call, outside any trace; the lock makes the flag's test-and-set
-    # atomic, so two threads cannot both make the one call.
+    # A concrete state given here allows one call, outside any trace (the lock: one call across threads too).
     once = None if bound is None or is_tracer(bound.loss_scale) else threading.Lock()
     used = False
 
@@ -268,8 +264,7 @@ def value_and_grad(
             )
         (scaled_loss, (loss, aux)), grads = grad_fn(found.loss_scale, *args, **kwargs)
         if once is not None and opt_state is None and is_tracer(scaled_loss):
-            # Under jit/pmap/scan every op is staged out, so the scaled loss is a tracer even when every input
-            # is a constant: the compiled step would keep this state's scale as a constant.
+            # Staged out (jit, pmap, scan) even with constant inputs: the compiled step would keep this scale.
             raise _reuse_error(found, "called inside a traced function (jit, pmap, scan, vmap): the "
                                "compiled step would keep that state's loss scale as a constant")
         return ((loss, aux) if has_aux else loss), grads
@@ -289,10 +284,9 @@ def _reuse_error(bound: LossScaleOptimizerState, what: str) -> RuntimeError:
 def _axis_names(axis_name: Any) -> tuple[Hashable, ...] | None:
     if axis_name is None:
         return None
-    if isinstance(axis_name, str):
-        return (axis_name,)
-    if isinstance(axis_name, (tuple, list)) and axis_name and all(isinstance(a, str) for a in axis_name):
-        return tuple(axis_name)
+    names = (axis_name,) if isinstance(axis_name, str) else axis_name
+    if isinstance(names, (tuple, list)) and names and all(isinstance(a, str) for a in names):
+        return tuple(names)
     raise TypeError(
         f"axis_name must be a str or a tuple of str naming pmap/shard_map axes, got {axis_name!r}. "
         "Use the axis_name you gave jax.pmap, or the mesh axes of jax.shard_map; leave it None under jit."
@@ -311,12 +305,8 @@ def _check_max_norm(max_norm: Any) -> float | None:
 
 
 def _chosen(finite: jax.Array, update: Callable, operands: Any, olds: Any) -> Any:
-    """``update(*operands)`` where ``finite``, else ``olds`` (None: zeros shaped like that output), leaf by leaf.
-
-    Each output is chosen with ``jnp.where`` as soon as it is computed (:func:`eval_jaxpr_choosing`), so later
-    equations read the chosen value and XLA fuses each choice into the kernel that computes it, in place when
-    donated: the skip costs no pass (a choice at the end, or a ``lax.cond``, makes XLA copy; docs/jax.md#cost).
-    """
+    """``update(*operands)`` where ``finite``, else ``olds`` (None: zeros shaped like that output), leaf by leaf;
+    each output chosen by ``jnp.where`` as soon as it is computed, fused into its kernel (no pass, in place)."""
     flat, in_tree = jax.tree_util.tree_flatten(operands)
     closed, shapes = jax.make_jaxpr(
         lambda *xs: update(*jax.tree_util.tree_unflatten(in_tree, xs)), return_shape=True
@@ -363,8 +353,7 @@ def loss_scale_optimizer(
 ) -> optax.GradientTransformationExtraArgs:
     """Wraps ``inner`` in loss scaling; TF's ``LossScaleOptimizer`` for optax (docs/jax.md).
 
-    ``update(grads, state, params)`` takes ``g``, the gradients of the **scaled** loss (:func:`value_and_grad`),
-    and computes::
+    ``update(grads, state, params)`` takes ``g``, the gradients of the **scaled** loss, and computes::
 
         finite = all(isfinite(g))              # NaN and +-Inf alike (of g / S when S may be < 1)
         u = g * (1 / S)                        # each leaf in its own dtype
@@ -380,18 +369,13 @@ def loss_scale_optimizer(
     Args:
         inner: the optax transformation given the unscaled gradients; a clip goes *inside* it.
         loss_scale: a number (fixed), ``"dynamic"``, a :class:`lossscale.LossScale` or its ``serialize`` dict.
-        dynamic: the stable form (default True).
-        initial_scale: the initial (``dynamic=False``: fixed) scale; default 2**15.
-        dynamic_growth_steps: finite steps before the scale doubles; default 2000.
-        min_loss_scale: the floor of a dynamic scale (default 1).
-        max_loss_scale: the ceiling of a dynamic scale (default None: none).
-        hysteresis: non-finite steps before a dynamic scale backs off (default 1).
+        dynamic, initial_scale, dynamic_growth_steps: TF's stable form (default: dynamic, 2**15, 2000).
+        min_loss_scale, max_loss_scale, hysteresis: refine the dynamic scale (defaults: 1, none, 1).
         max_consecutive_skips: raise :class:`lossscale.LossScaleError` at the ``N``-th skip in a row (default None).
         history: a :class:`lossscale.History` given one row per step: a ``jax.debug.callback`` (0.4-1.7 ms on CPU).
         axis_name: under ``pmap``/``shard_map``, the axes over which the finite flag is ``lax.pmin``-ed.
         clip_by_global_norm: clip the true gradients to this global norm, also the finite check: no extra pass.
-        stats_every: measure the scaled gradients every ``N``-th update into ``state.gradient_stats`` (default
-            None; 16 with ``loss_scale="auto"``): about one read pass on a sampled step.
+        stats_every: sample ``state.gradient_stats`` every N-th update, one read pass (default None; "auto": 16).
 
     Returns:
         An ``optax.GradientTransformationExtraArgs`` with :class:`LossScaleOptimizerState`; ``update``'s extra
@@ -484,15 +468,13 @@ def loss_scale_optimizer(
 def apply_gradients(tx: Any, grads: Any, opt_state: Any, params: Any, **extra_args: Any) -> tuple[Any, Any]:
     """``(new_params, new_opt_state)``: ``tx.update`` then ``optax.apply_updates``, with one skip.
 
-    For a :func:`loss_scale_optimizer` the skip chooses between the new and the old parameters: the same
-    numbers, but the updates are never written to memory and donated parameters are updated in place. Any
-    other ``tx`` takes the two calls. ``params`` is required; ``extra_args`` go to the inner ``update``.
+    For a :func:`loss_scale_optimizer` the skip chooses between the new and the old parameters (no updates in
+    memory; donated parameters in place); any other ``tx`` takes the two calls. ``extra_args`` go to ``update``.
 
     >>> import jax.numpy as jnp, optax, lossscale.jax as lsj
     >>> tx = lsj.loss_scale_optimizer(optax.sgd(0.5), 4)
     >>> params = jnp.array([1.0, 2.0])
-    >>> state = tx.init(params)
-    >>> params, state = lsj.apply_gradients(tx, jnp.array([4.0, jnp.inf]), state, params)   # skipped
+    >>> params, state = lsj.apply_gradients(tx, jnp.array([4.0, jnp.inf]), tx.init(params), params)   # skipped
     >>> params.tolist(), int(state.skipped_steps)
     ([1.0, 2.0], 1)
     >>> lsj.apply_gradients(tx, jnp.array([4.0, 8.0]), state, params)[0].tolist()

@@ -35,18 +35,16 @@ def _reduce_across(sample: GradientStats, leaves: list, axes: tuple[Hashable, ..
     return summarize(sums, sizes, sample.step, jnp)
 
 
-#: Leaves up to this many elements (4 MB of float32: the caches of the development CPU) take four plain
-#: reductions; larger ones one variadic reduction (see :func:`_sums`).
+#: Leaves up to this many elements (4 MB of float32, the development CPU's caches) take four plain reductions.
 CACHED_ELEMENTS = 2**20
 
 
 def _sums(g: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
     """The core's :func:`~lossscale._stats.tensor_sums` of one non-empty leaf: ``max |g|``, zeros, subnormals, ``sum g**2``.
 
-    Two kernels, chosen by size, because XLA's CPU backend makes a trade: four plain reductions vectorize, but it
-    writes ``|g|`` and the masks out and reads them back (10 passes in the compiled HLO); one variadic
-    ``lax.reduce`` reads ``g`` once but does not vectorize. A leaf that fits the caches is cheaper the first way
-    (1M parameters in four leaves: 0.55 ms against 1.5 ms), a larger one the second (10M: 15 ms against 40 ms).
+    Two kernels by size (XLA's CPU backend): four plain reductions vectorize but write ``|g|`` and the masks out and
+    read them back (10 passes); one variadic ``lax.reduce`` reads ``g`` once but does not vectorize. Leaves that fit
+    the caches take the first (1M parameters: 0.55 ms against 1.5 ms), larger ones the second (10M: 15 vs 40 ms).
     """
     a = jnp.abs(g.astype(jnp.float32)).reshape(-1)
     zero, below = jnp.where(a == 0, 1.0, 0.0), jnp.where(a < FLOAT16_TINY, 1.0, 0.0)
@@ -73,11 +71,7 @@ def step_scale(
     policy: LossScale, every: int | None, grads: list, scale_state: LossScaleState, stats: SamplerState | None,
     finite: jax.Array, axes: tuple[Hashable, ...] | None, sample: GradientStats | None = None,
 ) -> tuple[LossScaleState, SamplerState | None, Any]:
-    """The new scale state, sampler state and ``sampled`` flag after one update (``grads``: the scaled leaves).
-
-    ``sample``: this device's statistics if measured as the finite check. An unsampled step runs no reduction
-    (a ``lax.cond`` on ``count % every == 0``), and the step compiles once.
-    """
+    """New scale state, sampler state and ``sampled`` flag (``sample``: measured already); unsampled: no reduction."""
     if every is None or stats is None:
         return next_state(policy.rule_params(), scale_state, finite, jnp), stats, False
     count = jnp.asarray(stats.count)
@@ -102,4 +96,3 @@ def step_scale(
 def tensor_names(params: Any) -> tuple[str, ...]:
     """The names ``gradient_stats["per_tensor"]`` uses for the leaves of ``params`` (``jax.tree_util.keystr``)."""
     return tuple(jax.tree_util.keystr(path) for path, _ in jax.tree_util.tree_flatten_with_path(params)[0])
-

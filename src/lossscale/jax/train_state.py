@@ -19,9 +19,8 @@ __all__ = ["TrainState"]
 class TrainState(_flax_train_state.TrainState):
     """flax's ``TrainState`` for a ``tx`` that holds a :func:`~lossscale.jax.loss_scale_optimizer`.
 
-    ``apply_gradients(grads=...)`` takes the gradients of the *scaled* loss, steps or skips through
-    :func:`lossscale.jax.apply_gradients`, and adds 1 to ``step`` only when the step was applied (flax's
-    counts skipped steps too), so ``step`` is the inner optimizer's count. Cost: flax's, minus one pass.
+    ``apply_gradients(grads=...)`` takes the *scaled* loss's gradients, steps or skips through
+    :func:`lossscale.jax.apply_gradients`, and adds 1 to ``step`` only when applied. Cost: flax's, minus one pass.
 
     >>> import jax.numpy as jnp, optax, lossscale.jax as lsj
     >>> from lossscale.jax.train_state import TrainState

@@ -1,13 +1,11 @@
 """lossscale for Keras 3: TF's ``tf.keras.mixed_precision.LossScaleOptimizer`` on the TF, JAX and torch backends.
 
-The backend is Keras' (``KERAS_BACKEND``, chosen before the first ``import keras``).
+The backend is Keras' (``KERAS_BACKEND``, chosen before the first ``import keras``); the optimizer subclasses Keras'.
 
 >>> import keras, lossscale.keras as lsk
 >>> opt = lsk.LossScaleOptimizer(keras.optimizers.SGD(0.1))
->>> float(opt.loss_scale), opt.dynamic_growth_steps
-(32768.0, 2000)
->>> isinstance(opt, keras.optimizers.LossScaleOptimizer)  # a subclass of Keras' own class
-True
+>>> float(opt.loss_scale), opt.dynamic_growth_steps, isinstance(opt, keras.optimizers.LossScaleOptimizer)
+(32768.0, 2000, True)
 """
 
 from __future__ import annotations

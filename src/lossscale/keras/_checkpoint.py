@@ -1,5 +1,4 @@
-"""Loads of the Keras optimizer's scale (``.keras``, ``load_weights``, pickle, tf.train.Checkpoint), checked first
-by the core's one load rule (:func:`lossscale._checkpoint.read_record`) before any variable is assigned."""
+"""Loads of the Keras optimizer's scale, checked by the core's :func:`lossscale._checkpoint.read_record` first."""
 
 from __future__ import annotations
 
@@ -25,8 +24,7 @@ def _check(optimizer: Any, values: dict[str, Any], where: str) -> None:
 
 
 def check_store(optimizer: Any, state: Sequence[Any], store: Any) -> None:
-    """Checks the values of the scale variables ``state`` in a Keras weights ``store`` (``load_own_variables``).
-    A store of the wrong length is left to Keras, which then loads nothing (and warns)."""
+    """Checks the scale variables' values in a Keras weights ``store`` (one of the wrong length: Keras warns)."""
     variables = list(optimizer.variables)
     if not optimizer.built or len(store.keys()) != len(variables):
         return
@@ -42,8 +40,7 @@ def check_store(optimizer: Any, state: Sequence[Any], store: Any) -> None:
 
 
 def guard_restores(optimizer: Any, state: Sequence[Any]) -> None:
-    """After the scale variables exist: tf.train.Checkpoint restores of them are checked first (TensorFlow backend);
-    a restore deferred until ``build`` has assigned its values already: they are checked here."""
+    """On TensorFlow: checks tf.train.Checkpoint restores of ``state`` first, and a deferred restore's values now."""
     if keras.backend.backend() != "tensorflow":
         return
     import tensorflow as tf

@@ -1,7 +1,4 @@
-"""The private Keras APIs this binding uses, each with the public replacement it is waiting for.
-
-Everything else in :mod:`lossscale.keras` uses Keras 3's public API only.
-"""
+"""The private Keras and TensorFlow APIs this binding uses, each with the public replacement it is waiting for."""
 
 from __future__ import annotations
 
@@ -18,8 +15,7 @@ __all__ = [
 
 
 def no_automatic_dependency_tracking(method: Callable[..., Any]) -> Callable[..., Any]:
-    """Keras' private ``tracking.no_automatic_dependency_tracking`` (its own ``LossScaleOptimizer.build`` uses it):
-    TensorFlow's checkpoint records the variables once, not also as attributes. Public replacement: none."""
+    """Keras' private ``no_automatic_dependency_tracking`` (variables not also tracked as attributes)."""
     try:
         from keras.src.utils import tracking
     except ImportError:  # pragma: no cover - a Keras that moved it
@@ -27,15 +23,11 @@ def no_automatic_dependency_tracking(method: Callable[..., Any]) -> Callable[...
     return tracking.no_automatic_dependency_tracking(method)
 
 
-def before_tf_restore(variable: Any, check: Callable[[Any], None]) -> bool:
-    """Calls ``check(value)`` (a numpy value) before ``tf.train.Checkpoint`` restores ``variable``; False if it can't.
-
-    Wraps TensorFlow's private ``Trackable._restore_from_tensors`` on the instance, so a refused value raises
-    and is never assigned. Public replacement: none (no restore callback per variable).
-    """
+def before_tf_restore(variable: Any, check: Callable[[Any], None]) -> None:
+    """Calls ``check(value)`` before ``tf.train.Checkpoint`` restores ``variable`` (TF's ``_restore_from_tensors``)."""
     restore = getattr(variable, "_restore_from_tensors", None)
     if restore is None:  # pragma: no cover - a Keras/TF that moved it
-        return False
+        return
 
     def checked_restore(tensors: Any) -> Any:
         value = tensors.get("VARIABLE_VALUE") if hasattr(tensors, "get") else None
@@ -44,13 +36,11 @@ def before_tf_restore(variable: Any, check: Callable[[Any], None]) -> bool:
         return restore(tensors)
 
     variable._restore_from_tensors = checked_restore
-    return True
 
 
 @contextlib.contextmanager
 def inner_aggregation_off(inner: Any) -> Iterator[None]:
-    """Within the block, Keras' private ``TFOptimizer._all_reduce_sum_gradients`` of ``inner`` sums nothing: the
-    gradients are summed already, and a second sum would multiply them by the replicas. Public replacement: none."""
+    """Within the block, ``inner``'s private ``_all_reduce_sum_gradients`` sums nothing (the caller summed)."""
     object.__setattr__(inner, "_all_reduce_sum_gradients", list)
     try:
         yield
@@ -59,8 +49,7 @@ def inner_aggregation_off(inner: Any) -> Iterator[None]:
 
 
 def checkpoint_node() -> Any:
-    """A TensorFlow ``AutoTrackable`` to hang the scale variables on for ``tf.train.Checkpoint``, else None.
-    Public replacement: none (``tf.Module`` also tracks itself by name)."""
+    """A TensorFlow ``AutoTrackable`` to hang the scale variables on for ``tf.train.Checkpoint``, else None."""
     if keras.backend.backend() != "tensorflow":
         return None
     import tensorflow as tf
@@ -69,16 +58,12 @@ def checkpoint_node() -> Any:
 
 
 def checkpoint_children(inner: Any, node: Any, save_type: str, **kwargs: Any) -> dict[str, Any]:
-    """The wrapper's children in a ``tf.train.Checkpoint``: the inner optimizer's own (so plain checkpoints
-    restore into the wrapper and back, as tf-keras), plus ``loss_scale``. TensorFlow's private
-    ``_trackable_children``; public replacement: none."""
+    """The wrapper's checkpoint children (private ``_trackable_children``): the inner's own, plus ``loss_scale``."""
     return {**inner._trackable_children(save_type, **kwargs), "loss_scale": node}
 
 
-#: Names hidden from ``dir()``: TensorFlow's checkpoint writer (``checkpoint/util.py``) takes any object whose
-#: ``dir()`` lists ``get_slot_names`` for a tf-keras optimizer and saves what ``get_slot`` returns a second time,
-#: as slot variables; Keras 3 already saves these variables as the inner optimizer's, and TF refuses the
-#: duplicate. Public replacement: none.
+#: Hidden from ``dir()``: TF's checkpoint writer takes an object listing ``get_slot_names`` for a tf-keras optimizer
+#: and saves its slots a second time, which TF then refuses. Public replacement: none.
 HIDDEN_FROM_DIR = ("get_slot_names",)
 
 
@@ -89,17 +74,8 @@ LEGACY_SCALE_NAMES = (
 
 
 class LegacyCheckpoint:
-    """Restores a ``tf.train.Checkpoint`` written by lossscale 0.1 into today's graph.
-
-    0.1's wrapper node held ``inner_optimizer``, the scale under
-    :data:`LEGACY_SCALE_NAMES`, and its own unused ``_variables``,
-    ``_iterations`` and ``_learning_rate``, which today are the inner's names:
-    restored by name they would zero ``iterations`` and give int32 counters to
-    float slots. Through TensorFlow's private ``_checkpoint_adapter`` and
-    ``_lookup_dependency`` hooks, :meth:`lookup` maps the old names to today's
-    variables and the unused three to throwaway ones (``assert_consumed``
-    passes). Public replacement: none.
-    """
+    """Restores a ``tf.train.Checkpoint`` of lossscale 0.1 (TF's ``_checkpoint_adapter`` and ``_lookup_dependency``):
+    its scale names map to today's variables, its unused ``_iterations``, ... (today the inner's) to throwaway ones."""
 
     _UNUSED = ("_iterations", "_learning_rate", "_variables")
 
@@ -108,8 +84,7 @@ class LegacyCheckpoint:
         self._sinks: dict[str, Any] = {}
 
     def adapter(self, path: str) -> None:
-        """``_checkpoint_adapter``'s hook: notes whether the checkpoint at ``path`` has a node with both an
-        ``inner_optimizer`` child and ``_bad_steps_variable``, as 0.1's wrapper (no other graph has both)."""
+        """Notes whether ``path`` holds 0.1's wrapper (children ``inner_optimizer`` and ``_bad_steps_variable``)."""
         import tensorflow as tf
         from google.protobuf.message import DecodeError
         from tensorflow.core.protobuf import trackable_object_graph_pb2

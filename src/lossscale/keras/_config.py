@@ -1,9 +1,4 @@
-"""The optimizer's config (``get_config``/``from_config``, pickling) and the configs tf-keras wrote.
-
-Pickling and ``copy.deepcopy`` go through the config and the variables' values, as a ``.keras`` file does: a
-custom :class:`lossscale.LossScale` comes back through ``custom_objects``, never by import. tf-keras's wrapper
-shapes and Keras 2 inner optimizers are translated as docs/keras.md's "Configs from tf-keras" lists.
-"""
+"""The optimizer's config (``get_config``/``from_config``, pickling) and the configs tf-keras wrote (docs/keras.md)."""
 
 from __future__ import annotations
 
@@ -20,8 +15,7 @@ from .._resolve import stable_form
 
 __all__ = ["BASE_DEFAULTS", "read_config", "restore", "write_config"]
 
-#: The base optimizer's settings, which are the inner optimizer's; Keras 3's own wrapper once wrote them, at
-#: these defaults, into its config.
+#: The base optimizer's settings (the inner's), which Keras 3's own wrapper writes at these defaults.
 BASE_DEFAULTS = {
     "weight_decay": None, "clipnorm": None, "global_clipnorm": None, "clipvalue": None, "use_ema": False,
     "ema_momentum": 0.99, "ema_overwrite_frequency": None, "loss_scale_factor": None,
@@ -42,13 +36,11 @@ def read_config(config: Mapping[str, Any], custom_objects: Any = None) -> tuple[
             f"{sorted(config)}. Pass what get_config() returned."
         )
     for key, default in BASE_DEFAULTS.items():
-        if key in config:
-            value = config.pop(key)
-            if value != default:
-                raise ValueError(
-                    f"This LossScaleOptimizer config sets {key}={value!r}, which only the inner optimizer can "
-                    f"hold: move it into the inner optimizer's config."
-                )
+        if key in config and (value := config.pop(key)) != default:
+            raise ValueError(
+                f"This LossScaleOptimizer config sets {key}={value!r}, which only the inner optimizer can "
+                f"hold: move it into the inner optimizer's config."
+            )
     inner = inner_from_config(config.pop("inner_optimizer"), custom_objects)
     value = config.get("loss_scale")
     if isinstance(value, Mapping):  # ours, or TF's {"class_name", "config"} with Keras' extra keys
@@ -99,10 +91,8 @@ def inner_from_config(inner: Any, custom_objects: Any = None) -> Any:
     config = _translate_inner(dict(inner.get("config") or {}), class_name)
     builtin: type[Any] | None = getattr(keras.optimizers, class_name, None)
     module = str(inner.get("module") or "")
-    from_keras = not module or module.startswith("keras.") or module == "keras"
+    from_keras = not module or module.startswith("keras.") or module == "keras"  # Keras 2's "...legacy" too
     if from_keras and isinstance(builtin, type) and issubclass(builtin, keras.optimizers.Optimizer):
-        # Keras 2 names its built-in optimizers "keras.optimizers.legacy"/"...experimental"; Keras 3 knows the
-        # same classes by name only.
         try:
             return builtin.from_config(config, custom_objects=custom_objects)
         except (TypeError, ValueError, KeyError) as error:  # KeyError: e.g. a LossScaleOptimizer without its inner
@@ -110,8 +100,7 @@ def inner_from_config(inner: Any, custom_objects: Any = None) -> Any:
                 f"Cannot rebuild the inner optimizer {class_name} from {config!r}: {error}. Its config carries a "
                 "setting Keras 3 does not have; remove it (see docs/keras.md, 'Configs from tf-keras')."
             ) from error
-    # A config names modules, it doesn't import them: Keras would import a "keras.*" module the config names, so
-    # it gets one only if it is imported already (registered classes are found by registered_name).
+    # A config never imports: a "module" key stays only if that module is imported already.
     inner = {key: value for key, value in inner.items() if key != "module" or value in sys.modules}
     return keras.saving.deserialize_keras_object({**inner, "config": config}, custom_objects=custom_objects)
 
@@ -120,7 +109,7 @@ _EXTRAS = ("min_loss_scale", "max_loss_scale", "hysteresis")
 
 
 def _stable(policy: LossScale) -> dict[str, Any] | None:
-    """The stable form's keys (and the three extensions) that rebuild ``policy``, or None if they cannot."""
+    """The stable form's keys (plus the three extensions) that rebuild ``policy``, or None."""
     if type(policy) is FixedLossScale:
         return stable_form(policy)
     if type(policy) is DynamicLossScale and policy.multiplier == 2.0 and policy.backoff_factor is None:

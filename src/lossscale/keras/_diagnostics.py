@@ -32,11 +32,7 @@ def is_symbolic(x: Any) -> bool:
 
 
 def on_host(fn: Callable[..., None], *args: Any, every_device: bool = False) -> None:
-    """Calls ``fn`` with ``args`` as numpy values: now when they are concrete, else from the compiled step.
-
-    Inside ``tf.function`` a ``tf.py_function`` op, under ``jax.jit`` an ordered ``jax.debug.callback``: one
-    device-to-host transfer per call. With ``every_device`` on several JAX devices, once per device.
-    """
+    """Calls ``fn`` on numpy values of ``args``: now if concrete, else from the compiled step; one transfer per call."""
     if not any(is_symbolic(a) for a in args):
         fn(*(ops.convert_to_numpy(a) for a in args))
         return
@@ -53,18 +49,14 @@ def on_host(fn: Callable[..., None], *args: Any, every_device: bool = False) -> 
 
     if jax.device_count() == 1:
         jax.debug.callback(fn, *args, ordered=True)
-    elif every_device:  # once per device (``fn`` must be stateless): a raise stops every device's program
+    elif every_device:  # ``fn`` stateless: a raise stops every device's program
         jax.debug.callback(fn, *args, partitioned=True)
     else:  # ordered effects are refused over several devices; this runs once per step
         jax.debug.callback(fn, *args)
 
 
 class StepObserver:
-    """Records each step in a :class:`lossscale.History` and/or raises after too many skips in a row.
-
-    Off (no cost) unless ``history`` or ``max_consecutive_skips`` is set; on, each step passes three scalars to
-    the host (:func:`on_host`). Losses are recorded in eager code (:meth:`note_loss`); compiled steps record NaN.
-    """
+    """Records each step in a History and/or raises after too many skips in a row; compiled steps record loss NaN."""
 
     def __init__(self, history: Any = None, max_consecutive_skips: int | None = None) -> None:
         if history is True:
@@ -82,7 +74,7 @@ class StepObserver:
 
     @property
     def history(self) -> History | None:
-        """The record (None: off); setting it also sets ``active``, a plain attribute the step reads for free."""
+        """The record (None: off); setting it also sets ``active``, which the step reads."""
         return self._history
 
     @history.setter
@@ -92,9 +84,7 @@ class StepObserver:
 
     @contextlib.contextmanager
     def deferred(self) -> Iterator[None]:
-        """Within the block (an eager call of a compiled JAX step, observer on) the stall guard's error is held and
-        raised on leaving it, after the step's callbacks, as itself rather than wrapped in JAX's runtime error.
-        Cost: waits for the step's callbacks (one sync)."""
+        """Around an eager call of a compiled JAX step: the stall guard's error raises on leaving (one sync)."""
         self._defer = True
         try:
             yield
@@ -116,9 +106,8 @@ class StepObserver:
     def observe(
         self, scale_used: Any, finite: Any, consecutive_skips: Any, new_scale: Any, stats: tuple[Any, ...] = ()
     ) -> None:
-        """Called once per step (when :attr:`active`): two host calls, the record (never raises) and the guard
-        (stateless, so that each JAX device's copy raises together, none left waiting in a collective)."""
-        if self.history is not None:  # ``stats``: (sampled, headroom_bits, zero_fraction, subnormal_fraction)
+        """Once per step (when :attr:`active`): the record, and the guard (stateless: every JAX device raises)."""
+        if self.history is not None:
             on_host(self._record, scale_used, finite, *stats)
         if self.max_consecutive_skips is not None:
             on_host(self._guard, consecutive_skips, new_scale, every_device=True)

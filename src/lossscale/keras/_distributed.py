@@ -1,6 +1,4 @@
-"""The step under ``tf.distribute`` (``MirroredStrategy``, ``MultiWorkerMirroredStrategy``), TensorFlow backend.
-
-Per step, in each replica (``strategy.run``, ``fit``)::
+"""The step under ``tf.distribute`` (``MirroredStrategy``, ``MultiWorkerMirroredStrategy``), in each replica::
 
     sums = cond(sampled, this replica's tensor_sums of g, 0)   # stats_every only, before the all-reduce
     g = all_reduce(SUM, g) if experimental_aggregate_gradients else g
@@ -11,9 +9,8 @@ Per step, in each replica (``strategy.run``, ``fit``)::
         if finite: each replica runs inner.apply(u)    # its own all-reduce switched off
         S, counters = next_state(...)                  # one assign of the mirrored state
 
-Every replica takes the same branch (in the cross-replica context, as tf-keras: a ``cond`` whose branch
-reaches a ``merge_call`` cannot run in a replica), so a skip leaves every replica alike and the scale backs off
-once. The sample treats the replicas' backwards as side by side. Host syncs: none under ``tf.function``.
+Every replica takes the same branch (chosen cross-replica, as tf-keras), so a skip leaves every replica alike and
+the scale backs off once. Host syncs: none under ``tf.function``.
 """
 
 from __future__ import annotations
@@ -89,7 +86,7 @@ def replica_apply(
 
 
 def _replica_sums(stats: Any, grads: list[Any], variables: list[Any], scale: Any, already: bool) -> Any:
-    """This replica's ``(1, 4, T)`` sums when the step is sampled (zeros otherwise: a ``cond``), and the sizes."""
+    """This replica's ``(1, 4, T)`` sums when sampled (else zeros), and the sizes."""
     slots, sizes = stats.slots(grads, variables)
 
     def take() -> Any:
@@ -101,7 +98,7 @@ def _replica_sums(stats: Any, grads: list[Any], variables: list[Any], scale: Any
 
 
 def _global_sample(strategy: Any, stats: Any, sums: Any, sizes: list[int]) -> Any:
-    """``(sample, sampled)`` of all replicas' sums (one gather, only when sampled): max of the maxima, sums of the rest."""
+    """``(sample, sampled)`` of all replicas' sums: max of the maxima, sums of the rest."""
     count, sampled = stats.due()
     replicas = strategy.num_replicas_in_sync
 

@@ -30,11 +30,7 @@ def scale_loss(loss: Any, scale: Any) -> Any:
 
 
 def unscale(grads: Sequence[Any], scale: Any, keep: Sequence[bool] | None = None) -> list[Any]:
-    """A new list: each gradient times ``1/scale`` in at least float32, rounded back to its dtype.
-
-    None stays None; where ``keep[i]`` (a variable Keras overwrites with its "gradient") the value passes as is.
-    Cost: one multiply per element (fused into the check and the update when compiled).
-    """
+    """A new list: each gradient times ``1/scale`` in at least float32, in its dtype; None, ``keep[i]`` pass as is."""
     inverse = functools.cache(lambda wide: reciprocal(scale, wide))  # one reciprocal per dtype
     return [g if g is None or (keep is not None and keep[i]) else _times(g, inverse) for i, g in enumerate(grads)]
 
@@ -51,13 +47,8 @@ def _each_finite(grads: Sequence[Any]) -> Any:
 
 
 def all_finite(grads: Sequence[Any]) -> Any:
-    """A 0-d bool tensor: True iff no gradient holds a NaN or an Inf (no gradient at all is finite).
-
-    On TensorFlow and JAX, float32/float64 gradients are checked by one sum of their sums (finite implies every
-    element is; XLA reduces it several times faster than ``isfinite``), and only when it is not by the exact
-    ``all(isfinite(g))`` in a ``cond``; half precision (sums overflow at 65504) and torch use the exact check.
-    Cost: one read pass (two on a non-finite step). Host syncs: one in eager TensorFlow (the ``cond``).
-    """
+    """A 0-d bool tensor: True iff no gradient holds a NaN or an Inf. float32/float64 on TF and JAX: one sum of sums,
+    the exact check in a ``cond`` only if not finite. One read pass (two if not finite); eager TF: one host sync."""
     present = [g for g in grads if g is not None]
     if keras.backend.backend() not in ("tensorflow", "jax"):
         return _each_finite(present)

@@ -70,12 +70,10 @@ def _check_arguments(inner: Any, kwargs: dict[str, Any]) -> None:
 
 
 def _claim(inner: Any, wrapper: Any) -> None:
-    """Records ``wrapper`` as ``inner``'s only wrapper; raises if another live one holds it (as tf-keras):
-    two wrappers would share its slots and ``iterations`` but keep two scales."""
+    """Records ``wrapper`` as ``inner``'s only wrapper; raises if another live one holds it (as tf-keras)."""
     owner = _OWNERS.get(inner)
     if owner is not None and owner() is not None:
         gc.collect()  # a wrapper kept only by a reference cycle is gone after this
-        owner = _OWNERS.get(inner)
     holder = owner() if owner is not None else None
     if holder is not None and holder is not wrapper:
         raise ValueError(
@@ -90,23 +88,17 @@ def _forward(name: str) -> property:
     """A property reading and writing the inner optimizer's ``name`` (None until the inner is set)."""
 
     def read(self: Any) -> Any:
-        inner = self.__dict__.get("inner_optimizer")
-        return getattr(inner, name) if inner is not None else None
+        return None if (inner := self.__dict__.get("inner_optimizer")) is None else getattr(inner, name)
 
     def write(self: Any, value: Any) -> None:
-        inner = self.__dict__.get("inner_optimizer")
-        if inner is not None:  # the base class's __init__ writes its defaults before the inner is set
+        if (inner := self.__dict__.get("inner_optimizer")) is not None:  # None while the base __init__ runs
             setattr(inner, name, value)
 
     return property(read, write, doc=f"The inner optimizer's ``{name}``.")
 
 
 class UnscaleStage:
-    """Which of the two gradient contracts an apply follows (docs/keras.md, "Two gradient contracts").
-
-    Remembers the tensors given to ``get_unscaled_gradients`` until the next apply, per thread (so per replica
-    under ``MirroredStrategy``); under ``tf.function`` and ``jit`` this is decided when the step is traced.
-    """
+    """Which gradient contract an apply follows: what ``get_unscaled_gradients`` got, kept per thread (replica)."""
 
     def __init__(self) -> None:
         self._local = threading.local()
@@ -138,9 +130,8 @@ class UnscaleStage:
 class LossScaleOptimizer(TFMethods, keras.optimizers.LossScaleOptimizer):
     """An optimizer that applies loss scaling; TF's ``tf.keras.mixed_precision.LossScaleOptimizer`` for Keras 3.
 
-    The loss is multiplied by ``S`` and the gradients by ``1/S`` (the float32
-    reciprocal, as TF), so that float16 gradients below about 6e-8 do not
-    flush to zero. Per apply, with ``g`` the gradients::
+    The loss is multiplied by ``S`` and the gradients by ``1/S`` (the float32 reciprocal, as TF), so that float16
+    gradients below about 6e-8 do not flush to zero. Per apply, with ``g`` the gradients::
 
         u = g if g already went through get_unscaled_gradients else g * (1/S)
         finite = all(isfinite(u))
@@ -148,9 +139,9 @@ class LossScaleOptimizer(TFMethods, keras.optimizers.LossScaleOptimizer):
         else:      nothing: weights, inner slots and iterations untouched
         S, counters = lossscale.next_state(policy, S, counters, finite)
 
-    A non-finite step is skipped in every mode, fixed scales included. A
-    subclass of Keras' own class; the state is five Keras variables, which
-    ``.keras`` files save. See docs/keras.md.
+    A non-finite step is skipped in every mode, fixed scales included. A subclass of Keras' own class; the state is
+    five Keras variables, which ``.keras`` files save. Base-optimizer settings (``clipnorm``, ``use_ema``, ...) are
+    the inner optimizer's: refused here, read and written through as attributes. See docs/keras.md.
 
     Args:
         inner_optimizer: the ``keras.optimizers.Optimizer`` instance to wrap.
@@ -162,12 +153,8 @@ class LossScaleOptimizer(TFMethods, keras.optimizers.LossScaleOptimizer):
         stats_every: measure the scaled gradients every N-th apply (None: never; 16 with ``loss_scale="auto"``).
         name: the optimizer's name.
 
-    Base-optimizer settings (``clipnorm``, ``use_ema``, ...) are the inner
-    optimizer's: refused here, read and written through as attributes.
-
-    Cost per step: one multiply per gradient element, one read pass for the
-    check, about 20 scalar ops for the scale. Host syncs: none under
-    ``tf.function`` and ``jit``; one in eager TensorFlow and on torch;
+    Cost per step: one multiply per gradient element, one read pass for the check, about 20 scalar ops for the
+    scale. Host syncs: none under ``tf.function`` and ``jit``; one in eager TensorFlow and on torch;
     ``history``/``max_consecutive_skips`` add one transfer of three scalars.
     """
 
@@ -200,7 +187,7 @@ class LossScaleOptimizer(TFMethods, keras.optimizers.LossScaleOptimizer):
 
     @no_automatic_dependency_tracking
     def build(self, var_list: Sequence[Any]) -> None:
-        # Keras' own class names its first two variables as attributes; kept for code that reads them.
+        # Keras' own class names its first two variables as attributes.
         variables = self._scale.build(self.add_variable)
         self.dynamic_scale, self.step_counter = variables[:2]
         if self._scale.stats is not None and not self._scale.stats.built:
@@ -224,13 +211,11 @@ class LossScaleOptimizer(TFMethods, keras.optimizers.LossScaleOptimizer):
         super().load_own_variables(store)
 
     def _trackable_children(self, save_type: str = "checkpoint", **kwargs: Any) -> dict[str, Any]:
-        # tf.train.Checkpoint: the inner optimizer's graph plus "loss_scale" (see _compat.checkpoint_children).
         return checkpoint_children(self.inner_optimizer, self._checkpoint_node, save_type, **kwargs)
 
     def _checkpoint_adapter(self, path: str) -> Any:
-        # TensorFlow's restore asks before looking up this node's children: a 0.1 checkpoint? (_compat.LegacyCheckpoint)
-        legacy = self.__dict__.get("_legacy_checkpoint")
-        if legacy is not None:
+        # TensorFlow's restore asks first: a 0.1 checkpoint? (_compat.LegacyCheckpoint)
+        if (legacy := self.__dict__.get("_legacy_checkpoint")) is not None:
             legacy.adapter(path)
         return super()._checkpoint_adapter(path)
 
@@ -298,12 +283,9 @@ class LossScaleOptimizer(TFMethods, keras.optimizers.LossScaleOptimizer):
 
     @property
     def gradient_stats(self) -> dict[str, Any] | None:
-        """The latest sample of ``stats_every`` (None when off or before build): 0-d and ``(T,)`` tensors.
-
-        Keys ``step`` (-1 before the first sample), ``amax``, ``headroom_bits``,
-        ``zero_fraction``, ``subnormal_fraction``, ``rms_min`` and ``per_tensor``
-        (``names``: the variables' paths). No copy, no host sync.
-        """
+        """The latest sample of ``stats_every`` (None when off or before build), 0-d and ``(T,)`` tensors; no sync.
+        Keys ``step`` (-1 before the first sample), ``amax``, ``headroom_bits``, ``zero_fraction``,
+        ``subnormal_fraction``, ``rms_min`` and ``per_tensor`` (``names``: the variables' paths)."""
         return None if self._scale.stats is None else self._scale.stats.mapping()
 
     def _stats_progress(self) -> tuple[int, int] | None:
@@ -328,12 +310,8 @@ class LossScaleOptimizer(TFMethods, keras.optimizers.LossScaleOptimizer):
         return self.get_scaled_loss(loss)
 
     def get_unscaled_gradients(self, grads: Sequence[Any]) -> list[Any]:
-        """A new list: each gradient times ``1/loss_scale`` in its own dtype; None stays None.
-
-        The next apply takes what this returns (or tensors computed from it) as
-        already unscaled (docs/keras.md, "Two gradient contracts"). Cost: one
-        multiply per element; no sync.
-        """
+        """A new list: each gradient times ``1/loss_scale`` in its own dtype; None stays None. One multiply, no sync.
+        The next apply takes what this returns (or tensors computed from it) as already unscaled (docs/keras.md)."""
         grads = list(grads)
         self._stage.note(grads)
         return unscale(grads, self.loss_scale)
@@ -343,10 +321,8 @@ class LossScaleOptimizer(TFMethods, keras.optimizers.LossScaleOptimizer):
         return all_finite(grads)
 
     def apply(self, grads: Sequence[Any], trainable_variables: Sequence[Any] | None = None) -> None:
-        """Unscales (unless already unscaled), checks, applies or skips, and updates the scale.
-
-        Under ``tf.distribute`` the gradients are summed over the replicas first.
-        """
+        """Unscales (unless already unscaled), checks, applies or skips, and updates the scale; under
+        ``tf.distribute`` the gradients are summed over the replicas first."""
         self._apply(grads, trainable_variables, aggregate=True)
 
     def _apply(self, grads: Sequence[Any], trainable_variables: Sequence[Any] | None, aggregate: bool) -> None:
@@ -401,13 +377,9 @@ class LossScaleOptimizer(TFMethods, keras.optimizers.LossScaleOptimizer):
     def apply_gradients(
         self, grads_and_vars: Any, name: str | None = None, experimental_aggregate_gradients: bool = True
     ) -> Any:
-        """Applies ``(gradient, variable)`` pairs; returns ``iterations`` (not advanced on a skip).
-
-        TF's signature. Under ``tf.distribute``, ``experimental_aggregate_gradients=True``
-        sums the gradients over the replicas before the check (a NaN or Inf on
-        one replica skips the step on all); with False the caller has summed
-        them. ``name`` is unused.
-        """
+        """Applies ``(gradient, variable)`` pairs; returns ``iterations`` (not advanced on a skip). TF's signature.
+        Under ``tf.distribute``, ``experimental_aggregate_gradients=True`` sums the gradients over the replicas
+        before the check (a NaN or Inf on one replica skips the step on all); False: the caller has summed them."""
         pairs = list(grads_and_vars)
         if not pairs:
             raise ValueError("apply_gradients() got no (gradient, variable) pairs.")
@@ -422,10 +394,8 @@ class LossScaleOptimizer(TFMethods, keras.optimizers.LossScaleOptimizer):
 
     @classmethod
     def from_config(cls, config: dict[str, Any], custom_objects: Any = None) -> LossScaleOptimizer:
-        """Rebuilds from :meth:`get_config`, Keras 3's own config, or any tf-keras ``LossScaleOptimizer`` config.
-
-        A custom :class:`lossscale.LossScale` is found in ``custom_objects`` (or Keras' registry), never imported.
-        """
+        """Rebuilds from :meth:`get_config`, Keras 3's own config, or any tf-keras ``LossScaleOptimizer`` config; a
+        custom :class:`lossscale.LossScale` is found in ``custom_objects`` (or Keras' registry), never imported."""
         inner, kwargs = read_config(config, custom_objects)
         return cls(inner, **kwargs)
 

@@ -1,11 +1,5 @@
-"""``stats_every`` for Keras: the per-tensor sums of the scaled gradients, and the sampler's variables.
-
-The core's :func:`lossscale._sampler.next_sampler_state` over :data:`._step.XP` decides when to sample and
-runs the rule; here are :func:`lossscale._stats.tensor_sums` of the gradients as given to ``apply`` (times
-``S`` if already unscaled) and the variables (``stats_count``, 11 ``stats_*``, with ``AutoLossScale`` 5
-``auto_*``). Cost, sampled: one read pass per gradient, ~60 scalar ops; unsampled: the ``cond`` (torch: one
-host read) and ~25 small ops (``benchmarks/bench_stats.py``: 1.18-1.35x the step at ``N=1``, 1.02-1.06x at 16).
-"""
+"""``stats_every`` for Keras: the scaled gradients' :func:`lossscale._stats.tensor_sums` and the sampler's variables.
+Cost, sampled: one read pass, ~60 scalar ops; unsampled: the ``cond`` (torch: one host read) and ~25 small ops."""
 
 from __future__ import annotations
 
@@ -111,11 +105,10 @@ class StatsVariables:
         return GradientStats(*ops.cond(sampled, take, self.stored)), sampled
 
     def advance(self, state: LossScaleState, finite: Any, measured: Any) -> tuple[LossScaleState, GradientStats]:
-        """The new scale state and kept sample by :func:`~lossscale._sampler.next_sampler_state`; assigns the sampler."""
+        """The new scale state and kept sample by the core's sampler (``measure`` chose the sample); assigns both."""
         sample, sampled = measured
         auto = AutoState(*(_read(v) for v in self.auto)) if self.auto else None
         given = None if sample is None else GradientStats(*sample)
-        # measure() chose this step's sample already (the stored one when not sampled): the sampler selects nothing.
         kept_in = given if given is not None else GradientStats(*self.stored())
         sampler = SamplerState(_read(self.count), kept_in, auto)
         new, after = next_sampler_state(self.policy, state, sampler, finite, given, sampled, XP)
@@ -126,7 +119,7 @@ class StatsVariables:
         return new, kept
 
     def mapping(self) -> dict[str, Any] | None:
-        """``gradient_stats``: the kept sample as :func:`lossscale._stats.as_mapping` (None until built). No sync."""
+        """``gradient_stats``: the kept sample as :func:`lossscale._stats.as_mapping` (None until built)."""
         if not self.built:
             return None
         return as_mapping(GradientStats(*(ops.convert_to_tensor(v) for v in self.sample)), self.names)

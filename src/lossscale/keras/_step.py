@@ -1,8 +1,4 @@
-"""The scale state as Keras variables, and one step per backend: unscale, check, apply or skip, advance the scale.
-
-The state is five 0-d variables holding :class:`lossscale.LossScaleState` (``aggregation="none"``: mirrored
-under ``tf.distribute``); the rule is the core's :func:`lossscale.next_state` over :data:`XP`.
-"""
+"""The scale state as five 0-d Keras variables, and one step per backend: unscale, check, apply or skip, advance."""
 
 from __future__ import annotations
 
@@ -58,14 +54,12 @@ class ScaleState:
     """The five state variables of one optimizer, the rule's parameters, and the per-step observer."""
 
     def __init__(self, params: Any, observer: StepObserver) -> None:
-        self.params = params
-        self.observer = observer
+        self.params, self.observer = params, observer
         self.variables: list[Any] = []
         self.stats: Any = None  # ``stats_every``'s StatsVariables (see _stats.py), or None when off
         p = params
         self.at_least_one = p.initial_scale >= 1 and (p.min_scale >= 1 if p.dynamic else True)  # then 0 < 1/S <= 1
-        # Which variables the rule can move (the others are not assigned): a fixed scale keeps S, n and b; with
-        # hysteresis 1, b stays 0. Saves up to three variable writes per step.
+        # The variables the rule can move (the others are never assigned): up to three writes fewer per step.
         self._moving = (p.dynamic, p.dynamic, p.dynamic and p.hysteresis > 1, True, True)
 
     def build(self, add_variable: Callable[..., Any]) -> list[Any]:
@@ -100,8 +94,7 @@ class ScaleState:
         return LossScaleState(*(ops.copy(v) if copy and backend == "torch" else v for v in values))
 
     def advance(self, state: LossScaleState, finite: Any, measured: Any = None) -> tuple[LossScaleState, tuple[Any, ...]]:
-        """The new state by ``next_state`` (with ``measured``: by the core's sampler, which assigns its variables),
-        and the sample's columns for the history. ``finite``: a 0-d bool tensor or a Python bool. ~20 scalar ops."""
+        """The new state (with ``measured``, by the core's sampler) and the sample's columns for the history."""
         if measured is None:
             return next_state(self.params, state, finite, XP), ()
         new, kept = self.stats.advance(state, finite, measured)
@@ -117,8 +110,7 @@ class ScaleState:
             self.observer.observe(state.loss_scale, finite, new.consecutive_skips, new.loss_scale, stats)
 
     def finish_in_place(self, finite: bool) -> bool:
-        """:meth:`finish` in numpy through views of torch state in CPU memory (``advance_in_place``); False (nothing
-        done) elsewhere. About 30 us against 170 us for 20 torch ops: 5-6% of a small model's ``fit`` step."""
+        """:meth:`finish` in numpy on views of torch CPU state (False elsewhere): 30 us against 170 us, 5% of a step."""
         value = self.variables[0].value
         if value.device.type != "cpu" or str(value.dtype) != "torch.float32":
             return False
@@ -135,20 +127,14 @@ def _keep(variables: Sequence[Any]) -> list[bool]:
 
 
 def unscale_and_check(state: ScaleState, grads: list[Any], variables: Sequence[Any], scale: Any, already: bool) -> Any:
-    """The gradients times ``1/scale`` (unless ``already`` unscaled) and whether all are finite (0-d bool); with
-    ``0 < 1/S <= 1`` (``g * (1/S)`` finite iff ``g`` is) the check reads ``grads`` without waiting for the multiply."""
+    """The gradients times ``1/scale`` (unless ``already``) and whether all are finite (``grads`` if ``1/S <= 1``)."""
     unscaled = grads if already else unscale(grads, scale, _keep(variables))
     return unscaled, all_finite(grads if state.at_least_one else unscaled)
 
 
 def apply_step(state: ScaleState, inner: Any, grads: list[Any], variables: list[Any], already: bool) -> None:
-    """The stateful step (TensorFlow without a strategy, torch): ``inner.apply`` in the taken branch only.
-
-    On TensorFlow the rule runs inside each branch with its flag a constant,
-    unless ``stats_every`` or an observer needs the flag itself. Cost: one
-    multiply and one read pass over the gradients; host syncs: none under
-    ``tf.function``, two in eager TensorFlow (the check's ``cond``, the branch).
-    """
+    """The stateful step (TF without a strategy, torch): ``inner.apply`` in the taken branch, the rule in each (flag
+    constant) unless stats or an observer need the flag. One multiply, one read pass; eager TF: two host syncs."""
     if keras.backend.backend() == "torch":
         import torch
 
@@ -169,8 +155,7 @@ def apply_step(state: ScaleState, inner: Any, grads: list[Any], variables: list[
 
 
 def _torch_apply(state: ScaleState, inner: Any, grads: list[Any], variables: list[Any], already: bool) -> None:
-    """The eager step on torch: ``lossscale._torch_kernels``' multi-tensor unscale-and-check into new tensors (the
-    caller's are only read), a Python ``if``, the rule. Cost: two passes over the gradients; one host sync."""
+    """The eager torch step: the shared multi-tensor unscale-and-check, a Python ``if``; two passes, one host sync."""
     from .._torch_kernels import combine_flags, reciprocal, unscaled_copies
 
     scale = state.variables[0].value
@@ -191,11 +176,7 @@ def stateless_step(
     state: ScaleState, inner: Any, own_variables: Sequence[Any], trainable_variables: Sequence[Any],
     optimizer_values: Sequence[Any], grads: list[Any], trainable_values: Sequence[Any], already: bool,
 ) -> tuple[list[Any], list[Any]]:
-    """New weights and optimizer values for one step (``own_variables``' values first), touching no variable.
-
-    The inner ``stateless_apply`` runs in the taken branch of ``ops.cond``; the rule runs in each branch with its
-    flag a constant, or, with ``stats_every`` or an observer, once before the branch.
-    """
+    """New weights and optimizer values (``own_variables``' first), touching no variable; the inner in a ``cond``."""
     own = len(own_variables)
     mapping = list(zip(list(own_variables) + list(inner.variables), optimizer_values))
     with keras.StatelessScope(state_mapping=mapping) as scope:
@@ -235,8 +216,7 @@ def jax_apply(
     state: ScaleState, inner: Any, own_variables: Sequence[Any], trainable_variables: Sequence[Any],
     cache: dict[bool, Any], grads: list[Any], variables: list[Any], already: bool,
 ) -> None:
-    """``apply`` on JAX: :func:`stateless_step` compiled once per contract (``cache``), then assigned (Keras'
-    own stateful ``apply`` inside ``lax.cond`` leaks tracers in an eager loop). Host syncs: none in the step."""
+    """``apply`` on JAX: :func:`stateless_step` jitted per contract, then assigned (a stateful one leaks tracers)."""
     import jax
 
     known = {id(v) for v in trainable_variables}

@@ -1,8 +1,5 @@
-"""tf-keras's TensorFlow-era methods over Keras 3: ``minimize``, ``get_gradients`` and the slot accessors.
-
-A slot is the inner optimizer's variable named ``{variable.path with "/" as "_"}_{prefix}``, Keras 3's prefix
-(Adam's ``momentum``) or tf-keras's name mapped onto it (``m``).
-"""
+"""tf-keras's TensorFlow-era methods over Keras 3: ``minimize``, ``get_gradients`` and the slot accessors (a slot is
+the inner's variable ``{variable.path with "/" as "_"}_{prefix}``; Adam's ``momentum``, or tf-keras's ``m``)."""
 
 from __future__ import annotations
 
@@ -13,7 +10,7 @@ import keras
 
 __all__ = ["TFMethods"]
 
-# tf-keras slot name -> Keras 3 variable prefix, per optimizer class (tf-keras's names where they differ).
+# tf-keras slot name -> Keras 3 variable prefix, per optimizer class, where they differ.
 _TF_KERAS_SLOTS = {
     "Adam": {"m": "momentum", "v": "velocity", "vhat": "velocity_hat"},
     "AdamW": {"m": "momentum", "v": "velocity", "vhat": "velocity_hat"},
@@ -26,8 +23,7 @@ _TF_KERAS_SLOTS = {
 
 
 def _tensorflow_only(method: str, needs: str) -> None:
-    backend = keras.backend.backend()
-    if backend != "tensorflow":
+    if (backend := keras.backend.backend()) != "tensorflow":
         raise NotImplementedError(
             f"{method}() needs {needs} (TensorFlow backend); on {backend} compute the gradients of "
             "get_scaled_loss(loss) and call apply(grads, variables), which unscales them."
@@ -45,8 +41,7 @@ def _slot_name(inner: Any, slot_name: str) -> str:
 
 
 class TFMethods:
-    """tf-keras's methods on the loss-scale optimizer (which provides ``inner_optimizer``, the scaling methods and
-    Keras' ``_trainable_variables``)."""
+    """tf-keras's methods on the loss-scale optimizer, which provides the attributes below."""
 
     inner_optimizer: Any
     _trainable_variables: Any
@@ -62,15 +57,13 @@ class TFMethods:
         variables = list(var_list)
         tape = tape if tape is not None else tf.GradientTape()
         with tape:
-            if callable(loss):
-                loss = loss()
-            scaled = self.get_scaled_loss(loss)
+            scaled = self.get_scaled_loss(loss() if callable(loss) else loss)
         grads = tape.gradient(scaled, variables)
         return self.apply_gradients(zip(self.get_unscaled_gradients(grads), variables))
 
     def get_gradients(self, loss: Any, params: Sequence[Any]) -> list[Any]:
         """TF's ``get_gradients``: ``tf.gradients`` of ``get_scaled_loss(loss)``, unscaled (TensorFlow backend,
-        inside a ``tf.function``, as tf-keras). Cost: one backward pass, one multiply per gradient element."""
+        inside a ``tf.function``). Cost: one backward pass, one multiply per gradient element."""
         _tensorflow_only("get_gradients", "tf.gradients")
         import tensorflow as tf
 
@@ -104,11 +97,8 @@ class TFMethods:
         )
 
     def add_slot(self, var: Any, slot_name: str, initializer: Any = "zeros") -> Any:
-        """The ``slot_name`` variable for ``var``: the existing one, or a new one shaped like ``var``.
-
-        A new slot is Keras 3's ``inner.add_variable_from_reference(var, slot_name, initializer)``: saved with
-        the optimizer, not used by its update rule.
-        """
+        """The ``slot_name`` variable for ``var``: the existing one, or a new one shaped like ``var`` (Keras 3's
+        ``inner.add_variable_from_reference``): saved with the optimizer, not used by its update rule."""
         inner = self.inner_optimizer
         slots, name = _slots_of(inner, var), _slot_name(inner, slot_name)
         return slots[name] if name in slots else inner.add_variable_from_reference(var, name, initializer=initializer)
