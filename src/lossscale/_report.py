@@ -8,6 +8,8 @@ from typing import Any
 
 import numpy as np
 
+from ._stats import host_array
+
 __all__ = ["UnderflowReport", "underflow_report"]
 
 
@@ -36,12 +38,6 @@ class UnderflowReport:
                 "run), raise the loss scale, or use loss_scale='auto' (experimental)."
             )
         return "\n".join(lines)
-
-
-def _host(value: Any) -> np.ndarray:
-    if hasattr(value, "detach"):  # torch
-        value = value.detach().cpu()
-    return np.asarray(value, dtype=np.float64)
 
 
 def _no_sample(holder: Any, step: int | None) -> str:
@@ -98,19 +94,21 @@ def underflow_report(stats: Any, top: int = 10, names: Sequence[str] | None = No
         )
     if isinstance(top, bool) or not isinstance(top, int) or top < 1:
         raise ValueError(f"top must be a positive int, got {top!r}.")
-    step = int(_host(stats["step"]))
+    step = int(host_array(stats["step"], np.float64))
     if step < 0:
         raise ValueError(_no_sample(holder, step))
     per = stats["per_tensor"]
-    zeros, subnormal, headroom = (_host(per[k]) for k in ("zero_fraction", "subnormal_fraction", "headroom_bits"))
+    zeros, subnormal, headroom = (
+        host_array(per[k], np.float64) for k in ("zero_fraction", "subnormal_fraction", "headroom_bits")
+    )
     labels = tuple(per["names"] if names is None else names)
     if len(labels) != len(zeros):
         raise ValueError(f"names must name each of the {len(zeros)} tensors, got {len(labels)}.")
     order = sorted(range(len(zeros)), key=lambda i: (-zeros[i], -subnormal[i]))[:top]
     return UnderflowReport(
         step=step,
-        zero_fraction=float(_host(stats["zero_fraction"])),
-        subnormal_fraction=float(_host(stats["subnormal_fraction"])),
-        headroom_bits=float(_host(stats["headroom_bits"])),
+        zero_fraction=float(host_array(stats["zero_fraction"], np.float64)),
+        subnormal_fraction=float(host_array(stats["subnormal_fraction"], np.float64)),
+        headroom_bits=float(host_array(stats["headroom_bits"], np.float64)),
         rows=tuple((labels[i], float(zeros[i]), float(subnormal[i]), float(headroom[i])) for i in order),
     )

@@ -19,7 +19,7 @@ import numpy as np
 from ._auto import AutoLossScale, AutoState, check_stats_every, initial_auto_state, next_auto_state
 from ._policy import LossScale
 from ._rule import COUNTER_MAX, LossScaleState, next_state
-from ._stats import GradientStats, empty_stats
+from ._stats import GradientStats, empty_stats, host_array
 
 __all__ = [
     "SamplerState", "check_stats_every", "counted_sampler_state", "initial_sampler_state", "is_due",
@@ -128,7 +128,7 @@ def read_sampler_record(record: Any, policy: LossScale) -> tuple[int, AutoState 
             "The checkpoint has no AutoLossScale state (saved with another policy?); "
             f"expected the keys {', '.join(AutoState._fields)}."
         )
-    auto = AutoState(**{k: _host(saved[k], np.int32 if k == "calm_steps" else np.float32) for k in AutoState._fields})
+    auto = AutoState(**{k: host_array(saved[k], np.int32 if k == "calm_steps" else np.float32) for k in AutoState._fields})
     if auto.window.shape != (policy.window,):
         raise ValueError(
             f"The checkpoint's AutoLossScale window has {auto.window.shape[0] if auto.window.ndim else 0} entries, "
@@ -136,9 +136,3 @@ def read_sampler_record(record: Any, policy: LossScale) -> tuple[int, AutoState 
         )
     return int(iteration), auto
 
-
-def _host(value: Any, dtype: Any) -> np.ndarray:
-    """A checkpoint value (a number, a numpy or a framework array) as a numpy array of ``dtype``."""
-    if hasattr(value, "detach"):
-        value = value.detach().cpu().numpy()
-    return np.array(value, dtype=dtype)

@@ -22,8 +22,10 @@ import math
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-__all__ = ["FLOAT16_MAX", "FLOAT16_TINY", "GradientStats", "as_mapping", "empty_stats", "gradient_stats", "summarize",
-           "tensor_sums"]
+import numpy as np
+
+__all__ = ["FLOAT16_MAX", "FLOAT16_TINY", "GradientStats", "as_mapping", "empty_stats", "gradient_stats", "host_array",
+           "summarize", "tensor_sums"]
 
 #: The largest float16.
 FLOAT16_MAX = 65504.0
@@ -140,3 +142,11 @@ def as_mapping(stats: GradientStats, names: Sequence[str] | None = None) -> dict
     overall = {k: v for k, v in stats._asdict().items() if not k.startswith("tensor_")}
     per_tensor = {k.removeprefix("tensor_"): v for k, v in stats._asdict().items() if k.startswith("tensor_")}
     return {**overall, "per_tensor": {"names": names, **per_tensor}}
+
+
+def host_array(value: Any, dtype: Any) -> np.ndarray:
+    """A number, numpy or framework array as a new numpy array of ``dtype`` (a torch tensor via ``.cpu()``: one
+    copy, a host sync on an accelerator)."""
+    if hasattr(value, "detach"):
+        value = value.detach().cpu().numpy()
+    return np.array(value, dtype=dtype)
