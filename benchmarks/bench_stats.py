@@ -1,11 +1,15 @@
 """What ``stats_every`` costs: a whole training step with and without statistics, in every binding, one run.
 
-One subprocess per binding (Keras fixes its backend per process); in each, one
-model per contender, timed in interleaved rounds in a shuffled order, so every
-ratio compares steps measured side by side. The median time per step over the
-rounds, and per contender the median over the rounds of its time over ``off``'s in the same round:
+One subprocess per binding (Keras fixes its backend per process); in each,
+``--models`` models per contender, timed in interleaved rounds in a shuffled
+order, so every ratio compares steps measured side by side. Two identical
+models on this machine differ by up to 4% (where their memory landed), so each
+contender's time in a round is the mean over its models. Reported: ``off``'s
+median time per step, and per contender the median over the rounds of its time
+over ``off``'s in the same round:
 
 * ``off``: ``loss_scale="dynamic"``, no statistics;
+* ``control``: the same as ``off``, other models: how far the method's noise goes;
 * ``N=1``: ``stats_every=1`` (a sample every step);
 * ``N=16``: ``stats_every=16``, the default N of ``loss_scale="auto"``: the
   average over 16 steps, one of them sampled (``--steps`` is a multiple of 16);
@@ -43,27 +47,34 @@ import time
 from collections.abc import Callable
 
 BINDINGS = ("torch", "jax", "keras-tensorflow", "keras-jax", "keras-torch")
-CONTENDERS = {"off": ("dynamic", None), "N=1": ("dynamic", 1), "N=16": ("dynamic", 16), "auto": ("auto", None)}
+CONTENDERS = {"off": ("dynamic", None), "control": ("dynamic", None), "N=1": ("dynamic", 1), "N=16": ("dynamic", 16),
+              "auto": ("auto", None)}
+Step = Callable[[int], None]
 
 
-def interleaved(steps: dict[str, Callable[[int], None]], rounds: int, count: int) -> dict[str, float]:
-    """Per contender: the median over ``rounds`` shuffled rounds of its time per step over ``off``'s in that round.
+def interleaved(steps: dict[str, list[Step]], rounds: int, count: int) -> dict[str, float]:
+    """Per contender: the median over ``rounds`` shuffled rounds of its time per step (the mean over its models)
+    over ``off``'s in that round.
 
     Paired by round, so a slow spell of the shared machine slows both sides of a ratio; ``off`` itself is
     reported as its median seconds per step.
     """
     times: dict[str, list[float]] = {name: [] for name in steps}
+    runs = [(name, run) for name, models in steps.items() for run in models]
     for _ in range(rounds):
-        for name in random.sample(list(steps), len(steps)):
+        spent = dict.fromkeys(steps, 0.0)
+        for name, run in random.sample(runs, len(runs)):
             start = time.perf_counter()
-            steps[name](count)
-            times[name].append((time.perf_counter() - start) / count)
+            run(count)
+            spent[name] += (time.perf_counter() - start) / count / len(steps[name])
+        for name, value in spent.items():
+            times[name].append(value)
     out = {name: statistics.median(a / b for a, b in zip(t, times["off"])) for name, t in times.items()}
     out["off"] = statistics.median(times["off"])
     return out
 
 
-def torch_steps(args: argparse.Namespace) -> dict[str, Callable[[int], None]]:
+def torch_steps(args: argparse.Namespace) -> dict[str, list[Step]]:
     import torch
 
     from lossscale.torch import LossScaleOptimizer
@@ -71,8 +82,8 @@ def torch_steps(args: argparse.Namespace) -> dict[str, Callable[[int], None]]:
     width = int((args.params / args.layers) ** 0.5)
     device = torch.device(args.device)
     x, y = torch.randn(64, width, device=device), torch.randn(64, width, device=device)
-    out = {}
-    for name, (loss_scale, every) in CONTENDERS.items():
+    out: dict[str, list[Step]] = {}
+    for name, (loss_scale, every) in [(n, c) for n, c in CONTENDERS.items() for _ in range(args.models)]:
         torch.manual_seed(0)
         model = torch.nn.Sequential(*(torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.Tanh())
                                       for _ in range(args.layers))).to(device)
@@ -89,11 +100,11 @@ def torch_steps(args: argparse.Namespace) -> dict[str, Callable[[int], None]]:
             float(opt.loss_scale)
 
         run(2)
-        out[name] = run
+        out.setdefault(name, []).append(run)
     return out
 
 
-def jax_steps(args: argparse.Namespace) -> dict[str, Callable[[int], None]]:
+def jax_steps(args: argparse.Namespace) -> dict[str, list[Step]]:
     import jax
     import jax.numpy as jnp
     import optax
@@ -111,8 +122,8 @@ def jax_steps(args: argparse.Namespace) -> dict[str, Callable[[int], None]]:
             x = jnp.tanh(x @ layer["w"] + layer["b"])
         return jnp.mean((x - y) ** 2)
 
-    out = {}
-    for name, (loss_scale, every) in CONTENDERS.items():
+    out: dict[str, list[Step]] = {}
+    for name, (loss_scale, every) in [(n, c) for n, c in CONTENDERS.items() for _ in range(args.models)]:
         opt = lsj.loss_scale_optimizer(optax.adam(1e-4), loss_scale, stats_every=every)
 
         def step(p: list, s: object, opt: optax.GradientTransformation = opt) -> tuple:
@@ -132,11 +143,11 @@ def jax_steps(args: argparse.Namespace) -> dict[str, Callable[[int], None]]:
             box[:] = [p, s]
 
         run(2)
-        out[name] = run
+        out.setdefault(name, []).append(run)
     return out
 
 
-def keras_steps(args: argparse.Namespace) -> dict[str, Callable[[int], None]]:
+def keras_steps(args: argparse.Namespace) -> dict[str, list[Step]]:
     import keras
     import numpy as np
 
@@ -147,8 +158,8 @@ def keras_steps(args: argparse.Namespace) -> dict[str, Callable[[int], None]]:
     rng = np.random.default_rng(0)
     x = rng.standard_normal((64, width)).astype(np.float32)
     y = rng.standard_normal((64, width)).astype(np.float32)
-    out = {}
-    for name, (loss_scale, every) in CONTENDERS.items():
+    out: dict[str, list[Step]] = {}
+    for name, (loss_scale, every) in [(n, c) for n, c in CONTENDERS.items() for _ in range(args.models)]:
         keras.utils.set_random_seed(0)
         layers = [keras.layers.Dense(width, activation="tanh") for _ in range(args.layers - 1)]
         model = keras.Sequential([keras.Input((width,)), *layers, keras.layers.Dense(width, dtype="float32")])
@@ -161,7 +172,7 @@ def keras_steps(args: argparse.Namespace) -> dict[str, Callable[[int], None]]:
             float(np.asarray(loss))
 
         run(2)
-        out[name] = run
+        out.setdefault(name, []).append(run)
     return out
 
 
@@ -180,8 +191,9 @@ def main() -> None:
     parser.add_argument("--bindings", nargs="+", choices=BINDINGS, default=list(BINDINGS))
     parser.add_argument("--params", type=float, default=1e6)
     parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--rounds", type=int, default=31)
-    parser.add_argument("--steps", type=int, default=16, help="steps per round, a multiple of 16")
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--models", type=int, default=3, help="models per contender")
+    parser.add_argument("--steps", type=int, default=32, help="steps per model and round, a multiple of 16")
     parser.add_argument("--device", default="cpu", help="torch's device (cpu or cuda); JAX uses its default device")
     parser.add_argument("--child", choices=BINDINGS, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -192,21 +204,24 @@ def main() -> None:
         return
     print(f"load average before: {os.getloadavg()}")
     print(f"MLP of {args.layers} layers, about {args.params:.0e} parameters, batch 64; {args.rounds} rounds x "
-          f"{args.steps} steps; median over the rounds of the time per step over `off`'s in the same round\n")
-    print("| binding | off ms/step | N=1 | N=16 | auto (N=16) |\n|---|---|---|---|---|")
+          f"{args.models} models x {args.steps} steps; median over the rounds of the time per step over `off`'s "
+          "in the same round\n")
+    print("| binding | off ms/step | control | N=1 | N=16 | auto (N=16) |\n|---|---|---|---|---|---|")
     for binding in args.bindings:
         env = dict(os.environ)
         if binding.startswith("keras-"):
             env["KERAS_BACKEND"] = binding.removeprefix("keras-")
         command = [sys.executable, __file__, "--child", binding, "--params", str(args.params), "--layers",
-                   str(args.layers), "--rounds", str(args.rounds), "--steps", str(args.steps), "--device", args.device]
+                   str(args.layers), "--rounds", str(args.rounds), "--models", str(args.models), "--steps",
+                   str(args.steps), "--device", args.device]
         done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
         lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
         if done.returncode or not lines:
-            print(f"| {binding} | failed: {done.stderr.strip().splitlines()[-1:]} | | | |")
+            print(f"| {binding} | failed: {done.stderr.strip().splitlines()[-1:]} | | | | |")
             continue
         m = json.loads(lines[-1])["medians"]
-        print(f"| {binding} | {m['off'] * 1e3:.2f} | {m['N=1']:.3f} | {m['N=16']:.3f} | {m['auto']:.3f} |")
+        print(f"| {binding} | {m['off'] * 1e3:.2f} | {m['control']:.3f} | {m['N=1']:.3f} | {m['N=16']:.3f} | "
+              f"{m['auto']:.3f} |")
     print(f"\nload average after: {os.getloadavg()}")
 
 

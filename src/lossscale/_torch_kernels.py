@@ -4,6 +4,7 @@ group through one multi-tensor kernel; sparse COO ones one by one; DTensors as t
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -255,7 +256,7 @@ Sums = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 
 def tensor_sums(g: torch.Tensor, factor: torch.Tensor | None = None) -> Sums:
     """``(max|g|, #zeros, #subnormals, sum g**2)`` of one gradient (times ``factor``), 0-d float32 tensors. Cost: one
-    float32 copy of ``|g|``, about 8 kernels; a sparse gradient's coalesce is one sync on CUDA."""
+    float32 copy of ``|g|``, about 9 kernels; a sparse gradient's coalesce is one sync on CUDA."""
     n = g.numel()
     g = g.detach()
     if g.layout == torch.sparse_coo:
@@ -267,6 +268,7 @@ def tensor_sums(g: torch.Tensor, factor: torch.Tensor | None = None) -> Sums:
         zero = a.new_zeros(())
         return zero, zero + n, zero, zero
     amax, sumsq = a.max(), torch.dot(a, a)
+    a.nan_to_num_(nan=math.inf)  # a NaN counts as neither zero nor subnormal, as in the core (not NaN sums)
     normal = (a * (1.0 / FLOAT16_TINY)).clamp_(max=1.0).floor_().sum()  # 1 per |g| >= 2**-14
     nonzero = a.clamp_(max=2.0**-126).mul_(2.0**126).ceil_().sum()  # in place on |g|: 1 per |g| > 0
     return amax, n - nonzero, nonzero - normal, sumsq

@@ -17,6 +17,7 @@ from keras import ops
 import lossscale
 import lossscale.keras as lsk
 from lossscale._auto import initial_auto_state, next_auto_state
+from lossscale._sampler import initial_sampler_state, is_due, next_sampler_state
 from lossscale._stats import gradient_stats
 
 BACKEND = keras.backend.backend()
@@ -268,6 +269,35 @@ def test_auto_follows_the_core_rule_and_skips_on_inf_and_nan(compiled):
     assert int(ops.convert_to_numpy(opt.skipped_steps)) == 2
     margin = float(ops.convert_to_numpy(opt._scale.stats.auto[0]))  # AutoState.margin
     assert margin == float(ref_auto.margin) > policy.margin_bits  # the overflows were remembered
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize("kind", ["auto", "dynamic"])
+def test_unsampled_steps_follow_the_core_sampler(compiled, kind):
+    """stats_every=3 over overflows on sampled and unsampled steps: the scale, counters, count, auto state and kept
+    sample of every step equal the numpy core's sampler (torch on CPU runs unsampled steps on host views)."""
+    policy = (lossscale.AutoLossScale(2.0**4) if kind == "auto"
+              else lossscale.DynamicLossScale(2.0**4, increment_period=2))
+    opt = lsk.LossScaleOptimizer(keras.optimizers.SGD(0.5), policy, stats_every=3)
+    step = driver(opt, variables(), compiled)
+    ref, sampler = lossscale.initial_state(policy, np), initial_sampler_state(policy, len(SHAPES), np)
+    for i, bad in enumerate([None, np.inf, None, np.nan, None, None, np.inf, None, None, None]):
+        grads = [g * np.float32(scale_of(opt)) for g in true_grads()]
+        if bad is not None:
+            grads[1][0, 0] = bad
+        step(grads)
+        sampled = is_due(3, i)
+        with np.errstate(all="ignore"):
+            ref, sampler = next_sampler_state(policy, ref, sampler, np.bool_(bad is None),
+                                              gradient_stats(grads, np, i) if sampled else None, sampled, np)
+        assert scale_of(opt) == float(ref.loss_scale), i
+        assert int(ops.convert_to_numpy(opt.skipped_steps)) == int(ref.skipped_steps), i
+        assert int(ops.convert_to_numpy(opt._scale.stats.count)) == sampler.count == i + 1
+        if kind == "auto":
+            for variable, value in zip(opt._scale.stats.auto, sampler.auto):
+                np.testing.assert_array_equal(ops.convert_to_numpy(variable), value, err_msg=str(i))
+    assert_matches(opt.gradient_stats, sampler.sample)
+    assert int(ops.convert_to_numpy(opt.gradient_stats["step"])) == 9
 
 
 def test_auto_never_leaves_min_and_max():

@@ -288,3 +288,12 @@ def test_a_nan_gradient_has_nan_headroom_not_infinite():
     got = gradient_stats([torch.tensor([1.0, float("nan")]), torch.tensor([0.5], dtype=torch.float16)])
     assert math.isnan(float(got.headroom_bits)) and math.isnan(float(got.tensor_headroom_bits[0]))
     assert float(got.tensor_headroom_bits[1]) == pytest.approx(math.log2(65504 / 0.5))
+
+
+def test_nan_and_inf_count_as_neither_zero_nor_subnormal_as_in_the_core():
+    """The torch kernel's counts equal the numpy core's with NaN and Inf present (they were NaN before)."""
+    g = [torch.tensor([0.0, float("nan"), 1e-6, 1.0, float("inf"), -0.0, 2.0**-130, 2.0**-14, float("-inf")])]
+    got, ref = gradient_stats(g), numpy_stats([t.numpy() for t in g], np)
+    for field in ("zero_fraction", "subnormal_fraction", "tensor_zero_fraction", "tensor_subnormal_fraction"):
+        np.testing.assert_array_equal(getattr(got, field).numpy(), getattr(ref, field), err_msg=field)
+    assert float(got.zero_fraction) == pytest.approx(2 / 9) and float(got.subnormal_fraction) == pytest.approx(2 / 9)

@@ -23,7 +23,7 @@ from .._stats import GradientStats, as_mapping
 from ._compat import eval_jaxpr_choosing, is_tracer, like
 from ._diagnostics import StepRecorder, guard_skip
 from ._grads import all_finite, check_gradients, scale_loss, squared_norm, unscale
-from ._stats import init_stats, measure, step_scale
+from ._stats import checked_sample, init_stats, step_scale
 
 __all__ = [
     "LossScaleOptimizerState", "apply_gradients", "find_state", "get_scaled_loss", "get_unscaled_gradients",
@@ -430,9 +430,10 @@ def loss_scale_optimizer(
         scale = state.loss_scale
         # With S >= 1 (the policy's floor) g / S is finite exactly when g is: the check reads the scaled g.
         factor = sample = None
-        if max_norm is None and every == 1 and state.stats is not None and rule.min_scale >= 1:
-            sample = measure(leaves, jnp.asarray(state.stats.count), None)  # max |g| is the finite check too
-            finite = jnp.isfinite(sample.amax)
+        if max_norm is None and every is not None and state.stats is not None and rule.min_scale >= 1 and all(
+            leaf.dtype in (jnp.float32, jnp.float16, jnp.bfloat16) for leaf in leaves
+        ):  # max |g| is the finite check too: a sampled step reads the gradients once
+            finite, sample, _ = checked_sample(every, leaves, state.stats, axes, all_finite)
         elif max_norm is None:
             finite = all_finite(grads if rule.min_scale >= 1 else unscale(grads, scale))
         else:  # one pass gives both the global norm and the finite flag

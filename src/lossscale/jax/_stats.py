@@ -14,7 +14,7 @@ from .._rule import LossScaleState, next_state
 from .._sampler import SamplerState, initial_sampler_state, is_due, next_sampler_state
 from .._stats import FLOAT16_TINY, GradientStats, summarize
 
-__all__ = ["init_stats", "measure", "step_scale", "tensor_names"]
+__all__ = ["checked_sample", "init_stats", "measure", "step_scale", "tensor_names"]
 
 
 def init_stats(policy: LossScale, params: Any) -> SamplerState:
@@ -67,6 +67,29 @@ def measure(grads: list, count: Any, axes: tuple[Hashable, ...] | None) -> Gradi
     return sample if axes is None else _reduce_across(sample, grads, axes)
 
 
+def checked_sample(
+    every: int, grads: list, stats: SamplerState, axes: tuple[Hashable, ...] | None, check: Any
+) -> tuple[jax.Array, GradientStats, Any]:
+    """``(finite, sample, sampled)`` with one read pass on every step: a sampled step's flag is ``isfinite(amax)``
+    (max propagates NaN), an unsampled one's ``check(grads)``; the kept sample where not sampled. For float32 and
+    narrower leaves with ``S >= 1`` only (a float64 above float32's range would read as an overflow)."""
+    count = jnp.asarray(stats.count)
+
+    def sampled_branch(g: list) -> tuple[jax.Array, GradientStats]:
+        sample = measure(g, count, None)
+        return jnp.isfinite(sample.amax), sample
+
+    if every == 1:
+        finite, sample = sampled_branch(grads)
+        return finite, sample, True
+    kept = stats.sample
+    due = is_due(every, count)
+    finite, sample = lax.cond(
+        due, sampled_branch, lambda g: (check(g), jax.tree_util.tree_map(jnp.asarray, kept)), grads
+    )
+    return finite, sample, due
+
+
 def step_scale(
     policy: LossScale, every: int | None, grads: list, scale_state: LossScaleState, stats: SamplerState | None,
     finite: jax.Array, axes: tuple[Hashable, ...] | None, sample: GradientStats | None = None,
@@ -81,14 +104,19 @@ def step_scale(
             sample = measure(grads, count, axes)
         elif axes is not None:
             sample = _reduce_across(sample, grads, axes)
+    elif sample is not None:  # checked_sample's: measured on this device where due, else the kept one
+        sampled = is_due(every, count)
+        if axes is not None:
+            sample = lax.cond(sampled, lambda s: _reduce_across(s, grads, axes), lambda s: s, sample)
     else:
         sampled = is_due(every, count)
         kept = stats.sample
         sample = lax.cond(
             sampled, lambda g: measure(g, count, axes), lambda _: jax.tree_util.tree_map(jnp.asarray, kept), grads
         )
+    # The cond chose the kept sample already: handed in as the sampler's own, it is kept with no select.
     new_scale, new_stats = next_sampler_state(
-        policy, scale_state, SamplerState(count, stats.sample, stats.auto), finite, sample, sampled, jnp
+        policy, scale_state, SamplerState(count, sample, stats.auto), finite, sample, sampled, jnp
     )
     return new_scale, new_stats, sampled
 

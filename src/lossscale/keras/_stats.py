@@ -12,7 +12,7 @@ from keras import ops
 
 from .._auto import AutoLossScale, AutoState, initial_auto_state
 from .._policy import LossScale
-from .._rule import LossScaleState
+from .._rule import COUNTER_MAX, LossScaleState, advance_in_place
 from .._sampler import SamplerState, is_due, next_sampler_state
 from .._stats import GradientStats, as_mapping, empty_stats, summarize, tensor_sums
 from ._step import XP
@@ -33,6 +33,7 @@ class StatsVariables:
         self.every, self.policy, self.count = every, policy, None
         self.names: tuple[str, ...] = ()
         self.sample: list[Any] = []
+        self._sizes: dict[Any, Any] = {}  # torch: (device, sizes) -> the sizes as a tensor there
         self.auto: list[Any] = []
 
     @property
@@ -90,19 +91,28 @@ class StatsVariables:
         on = {"device": count.device} if keras.backend.backend() == "torch" else {}
         return tuple(summarize(columns, [n * replicas for n in sizes], count, XP, **on))
 
-    def measure(self, grads: Sequence[Any], variables: Sequence[Any], scale: Any, already: bool) -> Any:
-        """``(sample, sampled)`` of this apply; ``sample`` is None on torch when not sampled."""
-        (count, sampled), (slots, sizes) = self.due(), self.slots(grads, variables)
+    def measure(
+        self, grads: Sequence[Any], variables: Sequence[Any], scale: Any, already: bool, check: Any = None
+    ) -> tuple[Any, Any]:
+        """``(finite, (sample, sampled))`` of this apply (``sample`` None on torch when not sampled). With ``check``
+        (for scaled ``grads``: the flag's function), a sampled apply's flag is ``isfinite(amax)``, max propagating
+        NaN: one read pass; an unsampled one's ``check()``. Without, or on torch, ``finite`` is None."""
+        slots, sizes = self.slots(grads, variables)
+        if keras.backend.backend() == "torch":  # eager: the flag read on the host (a CPU view: no copy), a Python bool
+            flag = self.every == 1 or int(self.count.value.detach().cpu().numpy()) % self.every == 0  # type: ignore
+            return None, ((self._torch_sample(slots, sizes, scale, already) if flag else None), flag)
+        count, sampled = self.due()
 
         def take() -> tuple[Any, ...]:
-            return self.summary(self.table(slots, sizes, scale, already), sizes, count)
+            values = self.summary(self.table(slots, sizes, scale, already), sizes, count)
+            return values if check is None else (ops.isfinite(values[1]), *values)  # values[1]: the overall amax
 
-        if self.every == 1:
-            return GradientStats(*take()), sampled
-        if keras.backend.backend() == "torch":  # eager: one host read of the flag, then a Python bool throughout
-            flag = bool(sampled)
-            return (GradientStats(*take()) if flag else None), flag
-        return GradientStats(*ops.cond(sampled, take, self.stored)), sampled
+        def keep() -> tuple[Any, ...]:
+            return self.stored() if check is None else (check(), *self.stored())
+
+        out = take() if self.every == 1 else ops.cond(sampled, take, keep)
+        finite, values = (None, out) if check is None else (out[0], out[1:])
+        return finite, (GradientStats(*values), sampled)
 
     def advance(self, state: LossScaleState, finite: Any, measured: Any) -> tuple[LossScaleState, GradientStats]:
         """The new scale state and kept sample by the core's sampler (``measure`` chose the sample); assigns both."""
@@ -117,6 +127,35 @@ class StatsVariables:
         for variable, value in [(self.count, after.count), *written, *zip(self.auto, after.auto or ())]:
             variable.assign(value)
         return new, kept
+
+    def _torch_sample(self, slots: Sequence[Any], sizes: list[int], scale: Any, already: bool) -> GradientStats:
+        """The sample on torch: the torch binding's kernels (about 9 per tensor), the sizes copied once per device."""
+        from .._torch_kernels import tensor_sums as torch_sums
+
+        count = _read(self.count)
+        key = (count.device, tuple(sizes))
+        if key not in self._sizes:
+            self._sizes = {key: ops.convert_to_tensor(np.asarray(sizes, np.float32))}
+        zero = count.new_zeros((), dtype=scale.dtype)
+        factor = scale if already else None
+        sums = [torch_sums(g, factor) if n else (zero,) * 4 for g, n in zip(slots, sizes)]
+        return summarize(sums, self._sizes[key], count, XP)
+
+    def advance_unsampled_in_place(self, views: LossScaleState, finite: bool) -> None:
+        """:meth:`advance` of an unsampled step in numpy on ``views`` of the torch CPU scale variables and on views of
+        this sampler's: the rule (an ``AutoLossScale``'s reads no statistics then) and the count, in place."""
+        count = self.count.value.detach().numpy()  # type: ignore[attr-defined]
+        if self.auto:
+            auto = [v.value.detach().numpy() for v in self.auto]
+            state = LossScaleState(*(view.copy() for view in views))
+            sampler = SamplerState(int(count), None, AutoState(*(a.copy() for a in auto)))  # type: ignore[arg-type]
+            with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+                new, after = next_sampler_state(self.policy, state, sampler, np.bool_(finite), None, False, np)
+            for view, value in [*zip(views, new), *zip(auto, after.auto or ())]:
+                view[...] = value
+        else:
+            advance_in_place(self.policy.rule_params(), views, finite)
+        count[...] = min(int(count) + 1, COUNTER_MAX)
 
     def mapping(self) -> dict[str, Any] | None:
         """``gradient_stats``: the kept sample as :func:`lossscale._stats.as_mapping` (None until built)."""
