@@ -3,10 +3,10 @@
 One subprocess per binding (Keras fixes its backend per process); in each,
 ``--models`` models per contender, timed in interleaved rounds in a shuffled
 order, so every ratio compares steps measured side by side. Two identical
-models on this machine differ by up to 4% (where their memory landed), so each
-contender's time in a round is the mean over its models. Reported: ``off``'s
-median time per step, and per contender the median over the rounds of its time
-over ``off``'s in the same round:
+models on this machine differ by up to 4% (where their memory landed), and a
+block now and then runs far slower. Reported: ``off``'s median time per step,
+and per contender the median, over its blocks (one model's steps in one
+round), of the block's time over the median of ``off``'s blocks in that round:
 
 * ``off``: ``loss_scale="dynamic"``, no statistics;
 * ``control``: the same as ``off``, other models: how far the method's noise goes;
@@ -53,24 +53,26 @@ Step = Callable[[int], None]
 
 
 def interleaved(steps: dict[str, list[Step]], rounds: int, count: int) -> dict[str, float]:
-    """Per contender: the median over ``rounds`` shuffled rounds of its time per step (the mean over its models)
-    over ``off``'s in that round.
+    """Per contender: the median, over its blocks (``count`` steps of one model in one round), of the block's time
+    per step over the median of ``off``'s blocks in the same round.
 
-    Paired by round, so a slow spell of the shared machine slows both sides of a ratio; ``off`` itself is
-    reported as its median seconds per step.
+    Paired by round, so a slow spell of the shared machine slows both sides of a ratio; a median over the blocks, so
+    one model that landed badly, or a block hit by a neighbour, does not move it. ``off`` itself is reported as the
+    median seconds per step of its blocks.
     """
-    times: dict[str, list[float]] = {name: [] for name in steps}
+    times: dict[str, list[list[float]]] = {name: [] for name in steps}
     runs = [(name, run) for name, models in steps.items() for run in models]
     for _ in range(rounds):
-        spent = dict.fromkeys(steps, 0.0)
+        spent: dict[str, list[float]] = {name: [] for name in steps}
         for name, run in random.sample(runs, len(runs)):
             start = time.perf_counter()
             run(count)
-            spent[name] += (time.perf_counter() - start) / count / len(steps[name])
-        for name, value in spent.items():
-            times[name].append(value)
-    out = {name: statistics.median(a / b for a, b in zip(t, times["off"])) for name, t in times.items()}
-    out["off"] = statistics.median(times["off"])
+            spent[name].append((time.perf_counter() - start) / count)
+        for name, blocks in spent.items():
+            times[name].append(blocks)
+    base = [statistics.median(blocks) for blocks in times["off"]]
+    out = {name: statistics.median(t / b for blocks, b in zip(rows, base) for t in blocks) for name, rows in times.items()}
+    out["off"] = statistics.median(t for blocks in times["off"] for t in blocks)
     return out
 
 
@@ -204,8 +206,8 @@ def main() -> None:
         return
     print(f"load average before: {os.getloadavg()}")
     print(f"MLP of {args.layers} layers, about {args.params:.0e} parameters, batch 64; {args.rounds} rounds x "
-          f"{args.models} models x {args.steps} steps; median over the rounds of the time per step over `off`'s "
-          "in the same round\n")
+          f"{args.models} models x {args.steps} steps; the median over the blocks (one model, one round) of the "
+          "time per step over `off`'s median block in the same round\n")
     print("| binding | off ms/step | control | N=1 | N=16 | auto (N=16) |\n|---|---|---|---|---|---|")
     for binding in args.bindings:
         env = dict(os.environ)

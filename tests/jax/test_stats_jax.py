@@ -214,6 +214,25 @@ def test_apply_gradients_samples_and_scales_as_the_numpy_core(loss_scale, every)
     _check_against(state, *_reference_run(policy, n_every, seen))
 
 
+@pytest.mark.parametrize("loss_scale", ["dynamic", "auto"])
+def test_overflows_on_sampled_and_unsampled_steps_follow_the_numpy_core(loss_scale):
+    """stats_every=3: a sampled step's finite flag is read from the sample's max |g| (one pass), an unsampled
+    step's from the usual check; NaN and Inf on either kind of step skip as the numpy core's sampler says."""
+    opt = lsj.loss_scale_optimizer(optax.sgd(0.1), loss_scale, stats_every=3)
+    state, seen = opt.init(params()), []
+    step = jax.jit(opt.update)
+    for i, bad in enumerate([None, jnp.nan, None, jnp.inf, None, None, -jnp.inf, None]):
+        grads = grads_at(float(state.loss_scale) * 2.0**-8)
+        if bad is not None:
+            grads["w"] = grads["w"].at[2, 1].set(bad)
+        seen.append(grads)
+        updates, state = step(grads, state, params())
+        ref_scale, ref_sampler = _reference_run(lossscale.get(loss_scale), 3, seen)
+        _check_against(state, ref_scale, ref_sampler)
+        assert bool(jnp.any(updates["b"])) == (bad is None), i
+    assert int(state.skipped_steps) == 3
+
+
 def test_value_and_grad_and_update_sample_the_scaled_gradients():
     """lsj.value_and_grad scales the loss by the state's S; the sample is of those scaled gradients."""
     opt = lsj.loss_scale_optimizer(optax.sgd(0.0), "auto", stats_every=1)

@@ -67,12 +67,11 @@ def measure(grads: list, count: Any, axes: tuple[Hashable, ...] | None) -> Gradi
     return sample if axes is None else _reduce_across(sample, grads, axes)
 
 
-def checked_sample(
-    every: int, grads: list, stats: SamplerState, axes: tuple[Hashable, ...] | None, check: Any
-) -> tuple[jax.Array, GradientStats, Any]:
+def checked_sample(every: int, grads: list, stats: SamplerState, check: Any) -> tuple[jax.Array, GradientStats, Any]:
     """``(finite, sample, sampled)`` with one read pass on every step: a sampled step's flag is ``isfinite(amax)``
-    (max propagates NaN), an unsampled one's ``check(grads)``; the kept sample where not sampled. For float32 and
-    narrower leaves with ``S >= 1`` only (a float64 above float32's range would read as an overflow)."""
+    (max propagates NaN), an unsampled one's ``check(grads)``; the kept sample where not sampled (this device's:
+    :func:`step_scale` combines the devices'). For float32 and narrower leaves with ``S >= 1`` only (a float64 above
+    float32's range would read as an overflow)."""
     count = jnp.asarray(stats.count)
 
     def sampled_branch(g: list) -> tuple[jax.Array, GradientStats]:

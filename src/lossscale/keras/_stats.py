@@ -99,7 +99,7 @@ class StatsVariables:
         NaN: one read pass; an unsampled one's ``check()``. Without, or on torch, ``finite`` is None."""
         slots, sizes = self.slots(grads, variables)
         if keras.backend.backend() == "torch":  # eager: the flag read on the host (a CPU view: no copy), a Python bool
-            flag = self.every == 1 or int(self.count.value.detach().cpu().numpy()) % self.every == 0  # type: ignore
+            flag = self.every == 1 or int(self.count.value.detach().cpu().numpy()) % self.every == 0  # type: ignore[attr-defined]
             return None, ((self._torch_sample(slots, sizes, scale, already) if flag else None), flag)
         count, sampled = self.due()
 
