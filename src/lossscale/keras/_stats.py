@@ -12,8 +12,8 @@ from keras import ops
 
 from .._auto import AutoLossScale, AutoState, initial_auto_state
 from .._policy import LossScale
-from .._rule import COUNTER_MAX, LossScaleState, advance_in_place
-from .._sampler import SamplerState, is_due, next_sampler_state
+from .._rule import LossScaleState, advance_in_place
+from .._sampler import SamplerState, counted_sampler_state, is_due, next_sampler_state
 from .._stats import GradientStats, as_mapping, empty_stats, summarize, tensor_sums
 from ._step import XP
 
@@ -145,17 +145,18 @@ class StatsVariables:
         """:meth:`advance` of an unsampled step in numpy on ``views`` of the torch CPU scale variables and on views of
         this sampler's: the rule (an ``AutoLossScale``'s reads no statistics then) and the count, in place."""
         count = self.count.value.detach().numpy()  # type: ignore[attr-defined]
-        if self.auto:
-            auto = [v.value.detach().numpy() for v in self.auto]
+        auto = [v.value.detach().numpy() for v in self.auto]
+        sampler = SamplerState(int(count), None, AutoState(*(a.copy() for a in auto)) if auto else None)  # type: ignore[arg-type]
+        if auto:
             state = LossScaleState(*(view.copy() for view in views))
-            sampler = SamplerState(int(count), None, AutoState(*(a.copy() for a in auto)))  # type: ignore[arg-type]
             with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
                 new, after = next_sampler_state(self.policy, state, sampler, np.bool_(finite), None, False, np)
             for view, value in [*zip(views, new), *zip(auto, after.auto or ())]:
                 view[...] = value
         else:
             advance_in_place(self.policy.rule_params(), views, finite)
-        count[...] = min(int(count) + 1, COUNTER_MAX)
+            after = counted_sampler_state(sampler, None, False, np)
+        count[...] = after.count  # the core's saturating count
 
     def mapping(self) -> dict[str, Any] | None:
         """``gradient_stats``: the kept sample as :func:`lossscale._stats.as_mapping` (None until built)."""
