@@ -11,10 +11,17 @@ from typing import Any
 
 import torch
 
-from ._stats import FLOAT16_TINY, GradientStats, summarize
+from ._stats import FLOAT16_TINY, GradientStats, summarize_columns
 from ._torch_compat import (
+    foreach_abs,
+    foreach_add,
+    foreach_clamp_max_,
+    foreach_floor_,
     foreach_mul,
+    foreach_mul_,
     foreach_norm,
+    foreach_sign,
+    foreach_sign_,
     group_in_python,
     group_tensors_by_device_and_dtype,
     non_finite_check_and_unscale_,
@@ -22,7 +29,7 @@ from ._torch_compat import (
 )
 
 __all__ = ["GradGroups", "check_finite", "check_param_grads_", "combine_flags", "dtensor_type", "gradient_stats",
-           "move", "reciprocal", "scaled_norm", "tensor_sums", "unscale_and_check_", "unscaled_copies"]
+           "move", "reciprocal", "sample_columns", "scaled_norm", "tensor_sums", "unscale_and_check_", "unscaled_copies"]
 
 
 def dtensor_type() -> type | None:
@@ -253,6 +260,10 @@ def validate_max_norm(max_norm: Any) -> None:
 
 Sums = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 
+#: The most elements :func:`sample_columns` copies at once (its transient memory: two float32 copies of this many).
+CHUNK_ELEMENTS = 2**24
+_MULTI_TENSOR = (torch.float32, torch.float16, torch.bfloat16)
+
 
 def tensor_sums(g: torch.Tensor, factor: torch.Tensor | None = None) -> Sums:
     """``(max|g|, #zeros, #subnormals, sum g**2)`` of one gradient (times ``factor``), 0-d float32 tensors. Cost: one
@@ -274,9 +285,71 @@ def tensor_sums(g: torch.Tensor, factor: torch.Tensor | None = None) -> Sums:
     return amax, n - nonzero, nonzero - normal, sumsq
 
 
+def _multi_tensor_sums(grads: list[torch.Tensor], factor: torch.Tensor | None) -> list[torch.Tensor]:
+    """The four ``(k,)`` columns of :func:`tensor_sums` for ``k`` dense gradients of one device and dtype, by
+    multi-tensor kernels: about 20 launches for all ``k`` instead of about 9 each. ``sign`` is the only op here that
+    maps NaN to a number (0), so a NaN is counted out as ``#non-NaN = sum sign(|g| + 1)``:
+    ``zeros = #non-NaN - sum sign|g|``, ``subnormals = sum sign|g| - sum sign(floor(min(|g| / 2**-14, 1)))``."""
+    a = foreach_abs(grads)  # the one copy of |g| (in the gradients' dtype)
+    if factor is not None:
+        foreach_mul_(a, factor)
+    amax = torch.stack(foreach_norm(a, math.inf))
+    root = torch.stack(foreach_norm(a, 2.0))
+    flags = foreach_add(a, 1.0)
+    foreach_sign_(flags)
+    numbers = torch.stack(foreach_norm(flags, 1.0))  # #non-NaN
+    del flags
+    signs = foreach_sign(a)
+    nonzero = torch.stack(foreach_norm(signs, 1.0))  # #(|g| > 0), NaN left out
+    del signs
+    foreach_mul_(a, 1.0 / FLOAT16_TINY)
+    foreach_clamp_max_(a, 1.0)
+    foreach_floor_(a)
+    foreach_sign_(a)
+    normal = torch.stack(foreach_norm(a, 1.0))  # #(|g| >= 2**-14), NaN left out
+    return [amax, numbers - nonzero, nonzero - normal, root * root]
+
+
+@torch.no_grad()
+def sample_columns(grads: Sequence[torch.Tensor], factor: torch.Tensor | None = None) -> list[torch.Tensor]:
+    """The four ``(T,)`` float32 columns ``(max|g|, #zeros, #subnormals, sum g**2)`` of ``grads`` (times ``factor``)
+    in their order, for :func:`lossscale._stats.summarize_columns`. Consecutive dense float32/float16/bfloat16
+    gradients go by up to :data:`CHUNK_ELEMENTS` through :func:`_multi_tensor_sums`; the others (sparse, empty,
+    DTensor, float64, half types with a ``factor``) one by one through :func:`tensor_sums`. One read pass, no sync."""
+    pieces: list[list[torch.Tensor]] = []
+    run: list[torch.Tensor] = []
+    size = 0
+    dtensor = dtensor_type()
+
+    def flush() -> None:
+        nonlocal run, size
+        if run:
+            pieces.append(_multi_tensor_sums(run, factor))
+        run, size = [], 0
+
+    for g in grads:
+        n = g.numel()
+        fits = (g.layout == torch.strided and n > 0 and g.dtype in _MULTI_TENSOR
+                and (factor is None or g.dtype == torch.float32) and (dtensor is None or not isinstance(g, dtensor)))
+        if not fits or (run and (g.device, g.dtype) != (run[0].device, run[0].dtype)) or size + n > CHUNK_ELEMENTS:
+            flush()
+        if fits:
+            run.append(g)
+            size += n
+        else:
+            pieces.append([v.reshape(1) for v in tensor_sums(g, factor)])
+    flush()
+    if not pieces:
+        raise ValueError("gradient statistics need at least one gradient; got none.")
+    device = pieces[0][0].device
+    if len(pieces) == 1:
+        return [c.float() for c in pieces[0]]
+    return [torch.cat([p[k].float().to(device) for p in pieces]) for k in range(4)]
+
+
 def gradient_stats(grads: Sequence[torch.Tensor], step: Any = 0) -> GradientStats:
-    """:func:`lossscale._stats.gradient_stats` of the (scaled) ``grads``: :func:`tensor_sums` per tensor, then about
-    30 kernels. No host sync.
+    """:func:`lossscale._stats.gradient_stats` of the (scaled) ``grads``: :func:`sample_columns`, then about 15
+    kernels. No host sync.
 
     >>> s = gradient_stats([torch.tensor([0.0, 1.0, -4.0]), torch.zeros(2)])
     >>> float(s.amax), round(float(s.zero_fraction), 6)
@@ -287,4 +360,4 @@ def gradient_stats(grads: Sequence[torch.Tensor], step: Any = 0) -> GradientStat
         raise ValueError("gradient statistics need at least one gradient; got none.")
     device = grads[0].device
     tag = torch.full((), int(step), dtype=torch.int32, device=device)  # a fill kernel, not a copy from the host
-    return summarize([tensor_sums(g) for g in grads], [g.numel() for g in grads], tag, torch, device=device)
+    return summarize_columns(sample_columns(grads), [g.numel() for g in grads], tag, torch, device=device)

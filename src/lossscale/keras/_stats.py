@@ -14,7 +14,7 @@ from .._auto import AutoLossScale, AutoState, initial_auto_state
 from .._policy import LossScale
 from .._rule import LossScaleState, advance_in_place
 from .._sampler import SamplerState, counted_sampler_state, is_due, next_sampler_state
-from .._stats import GradientStats, as_mapping, empty_stats, summarize, tensor_sums
+from .._stats import GradientStats, as_mapping, empty_stats, summarize_columns, tensor_sums
 from ._step import XP
 
 __all__ = ["StatsVariables"]
@@ -87,9 +87,8 @@ class StatsVariables:
 
     def summary(self, sums: Any, sizes: Sequence[int], count: Any, replicas: int = 1) -> tuple[Any, ...]:
         """The :class:`GradientStats` values of :meth:`table`'s sums (over ``replicas`` tensors of each size)."""
-        columns = [tuple(sums[k, t] for k in range(4)) for t in range(len(sizes))]
         on = {"device": count.device} if keras.backend.backend() == "torch" else {}
-        return tuple(summarize(columns, [n * replicas for n in sizes], count, XP, **on))
+        return tuple(summarize_columns([sums[k] for k in range(4)], [n * replicas for n in sizes], count, XP, **on))
 
     def measure(
         self, grads: Sequence[Any], variables: Sequence[Any], scale: Any, already: bool, check: Any = None
@@ -129,17 +128,16 @@ class StatsVariables:
         return new, kept
 
     def _torch_sample(self, slots: Sequence[Any], sizes: list[int], scale: Any, already: bool) -> GradientStats:
-        """The sample on torch: the torch binding's kernels (about 9 per tensor), the sizes copied once per device."""
-        from .._torch_kernels import tensor_sums as torch_sums
+        """The sample on torch: the torch binding's multi-tensor kernels, the sizes copied once per device."""
+        from .._torch_kernels import sample_columns
 
         count = _read(self.count)
         key = (count.device, tuple(sizes))
         if key not in self._sizes:
             self._sizes = {key: ops.convert_to_tensor(np.asarray(sizes, np.float32))}
-        zero = count.new_zeros((), dtype=scale.dtype)
-        factor = scale if already else None
-        sums = [torch_sums(g, factor) if n else (zero,) * 4 for g, n in zip(slots, sizes)]
-        return summarize(sums, self._sizes[key], count, XP)
+        empty = count.new_zeros((0,), dtype=scale.dtype)  # a None gradient: size 0, sums 0
+        columns = sample_columns([g if n else empty for g, n in zip(slots, sizes)], scale if already else None)
+        return summarize_columns(columns, self._sizes[key], count, XP)
 
     def advance_unsampled_in_place(self, views: LossScaleState, finite: bool) -> None:
         """:meth:`advance` of an unsampled step in numpy on ``views`` of the torch CPU scale variables and on views of

@@ -11,8 +11,8 @@ from .. import _sampler as core
 from .._auto import AutoLossScale, AutoState
 from .._policy import LossScale
 from .._rule import LossScaleState
-from .._stats import as_mapping, summarize
-from .._torch_kernels import tensor_sums
+from .._stats import as_mapping, summarize_columns
+from .._torch_kernels import sample_columns
 
 __all__ = ["StatsSampler", "check_stats_every"]
 
@@ -31,7 +31,7 @@ class StatsSampler:
         self.state = core.initial_sampler_state(policy, 0, torch, count=count)
         if auto is not None:  # a checkpoint's (numpy, from read_sampler_record)
             self.state = self.state._replace(auto=AutoState(*(torch.as_tensor(v).clone() for v in auto)))
-        self._sums: dict[int, tuple] = {}  # optimizer slot -> (sums, names, sizes, micro-batches) of this step
+        self._sums: dict[int, tuple] = {}  # optimizer slot -> (columns, names, sizes, micro-batches) of this step
         self._sets: dict[Any, tuple[tuple[str, ...], torch.Tensor]] = {}  # parameter set -> (names, sizes)
 
     @property
@@ -49,7 +49,7 @@ class StatsSampler:
             self._sets = dict(list(self._sets.items())[-7:])
             sizes = torch.tensor([float(g.numel()) for _, _, g in grads], device=key[1])
             known = self._sets[key] = (tuple(name_of(where) for where, _, _ in grads), sizes)
-        self._sums[slot] = ([tensor_sums(g, factor) for _, _, g in grads], *known, max(1, self.backwards))
+        self._sums[slot] = (sample_columns([g for _, _, g in grads], factor), *known, max(1, self.backwards))
 
     def forget(self) -> None:
         """``zero_grad()``: this step's measurements and backward count are dropped (the kept sample stays)."""
@@ -60,9 +60,13 @@ class StatsSampler:
         parts, self._sums, self.backwards = [self._sums[k] for k in sorted(self._sums)], {}, 0
         sample = None
         if parts:
-            sizes = parts[0][2] if len(parts) == 1 else torch.cat([p[2] for p in parts])
+            if len(parts) == 1:
+                columns, sizes = parts[0][0], parts[0][2]
+            else:
+                columns = [torch.cat([p[0][k] for p in parts]) for k in range(4)]
+                sizes = torch.cat([p[2] for p in parts])
             tag = torch.full((), self.state.count, dtype=torch.int32, device=sizes.device)  # a fill, not a copy
-            sample = summarize([s for p in parts for s in p[0]], sizes, tag, torch)
+            sample = summarize_columns(columns, sizes, tag, torch)
             self.names = tuple(n for p in parts for n in p[1])
             if recorder is not None:
                 recorder.note_stats(torch.stack([sample.headroom_bits, sample.zero_fraction,
