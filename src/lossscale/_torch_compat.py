@@ -10,7 +10,7 @@ import torch
 from torch.utils._foreach_utils import _group_tensors_by_device_and_dtype
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["AMP_SCALING", "TorchDispatchMode", "foreach_abs", "foreach_add", "foreach_clamp_max_", "foreach_copy_",
+__all__ = ["AMP_SCALING", "TorchDispatchMode", "foreach_abs", "foreach_add", "foreach_copy_",
            "foreach_floor_", "foreach_mul", "foreach_mul_", "foreach_norm", "foreach_sign", "foreach_sign_",
            "group_in_python", "group_tensors_by_device_and_dtype", "init_step_hooks", "non_finite_check_and_unscale_",
            "sparse_values", "step_with_scale"]
@@ -29,7 +29,6 @@ foreach_abs = torch._foreach_abs
 foreach_add = torch._foreach_add
 foreach_sign = torch._foreach_sign
 foreach_sign_ = torch._foreach_sign_
-foreach_clamp_max_ = torch._foreach_clamp_max_
 foreach_floor_ = torch._foreach_floor_
 
 #: The attribute by which a fused optimizer says its ``step()`` reads ``grad_scale``/``found_inf``.

@@ -14,7 +14,7 @@ from .._auto import AutoLossScale, AutoState, initial_auto_state
 from .._policy import LossScale
 from .._rule import LossScaleState, advance_in_place
 from .._sampler import SamplerState, counted_sampler_state, is_due, next_sampler_state
-from .._stats import GradientStats, as_mapping, empty_stats, summarize_columns, tensor_sums
+from .._stats import GradientStats, as_mapping, empty_stats, sizes_of, summarize_columns, tensor_sums
 from ._step import XP
 
 __all__ = ["StatsVariables"]
@@ -134,7 +134,7 @@ class StatsVariables:
         count = _read(self.count)
         key = (count.device, tuple(sizes))
         if key not in self._sizes:
-            self._sizes = {key: ops.convert_to_tensor(np.asarray(sizes, np.float32))}
+            self._sizes = {key: sizes_of(sizes, XP, device=count.device)}
         empty = count.new_zeros((0,), dtype=scale.dtype)  # a None gradient: size 0, sums 0
         columns = sample_columns([g if n else empty for g, n in zip(slots, sizes)], scale if already else None)
         return summarize_columns(columns, self._sizes[key], count, XP)

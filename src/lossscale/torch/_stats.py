@@ -11,7 +11,7 @@ from .. import _sampler as core
 from .._auto import AutoLossScale, AutoState
 from .._policy import LossScale
 from .._rule import LossScaleState
-from .._stats import as_mapping, summarize_columns
+from .._stats import Sizes, as_mapping, sizes_of, summarize_columns
 from .._torch_kernels import sample_columns
 
 __all__ = ["StatsSampler", "check_stats_every"]
@@ -32,7 +32,7 @@ class StatsSampler:
         if auto is not None:  # a checkpoint's (numpy, from read_sampler_record)
             self.state = self.state._replace(auto=AutoState(*(torch.as_tensor(v).clone() for v in auto)))
         self._sums: dict[int, tuple] = {}  # optimizer slot -> (columns, names, sizes, micro-batches) of this step
-        self._sets: dict[Any, tuple[tuple[str, ...], torch.Tensor]] = {}  # parameter set -> (names, sizes)
+        self._sets: dict[Any, tuple[tuple[str, ...], Sizes]] = {}  # parameter set -> (names, sizes)
 
     @property
     def due(self) -> bool:
@@ -47,7 +47,7 @@ class StatsSampler:
         known = self._sets.get(key)
         if known is None:  # a new parameter set: its names and sizes, once (the sizes' one copy to the device)
             self._sets = dict(list(self._sets.items())[-7:])
-            sizes = torch.tensor([float(g.numel()) for _, _, g in grads], device=key[1])
+            sizes = sizes_of([g.numel() for _, _, g in grads], torch, device=key[1])
             known = self._sets[key] = (tuple(name_of(where) for where, _, _ in grads), sizes)
         self._sums[slot] = (sample_columns([g for _, _, g in grads], factor), *known, max(1, self.backwards))
 
@@ -64,8 +64,8 @@ class StatsSampler:
                 columns, sizes = parts[0][0], parts[0][2]
             else:
                 columns = [torch.cat([p[0][k] for p in parts]) for k in range(4)]
-                sizes = torch.cat([p[2] for p in parts])
-            tag = torch.full((), self.state.count, dtype=torch.int32, device=sizes.device)  # a fill, not a copy
+                sizes = Sizes(torch.cat([p[2].safe for p in parts]), sum(p[2].total for p in parts))
+            tag = torch.full((), self.state.count, dtype=torch.int32, device=sizes.safe.device)  # a fill, not a copy
             sample = summarize_columns(columns, sizes, tag, torch)
             self.names = tuple(n for p in parts for n in p[1])
             if recorder is not None:
