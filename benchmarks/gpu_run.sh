@@ -22,7 +22,8 @@ run kernel_count 60 python3 benchmarks/kernel_count.py
 run bench_torch 90 python3 benchmarks/bench_torch.py --device cuda --sizes 1e6,1e7,5e7 --tensors 100 \
     --optimizers adamw-fused,adamw-foreach --clip off --rounds 7 --steps 10 --facade
 run bench_stats 240 python3 benchmarks/bench_stats.py --bindings torch jax keras-jax keras-torch --device cuda
-run bench_stats_100_tensors 120 python3 benchmarks/bench_stats.py --bindings torch keras-torch --device cuda --layers 50
+run bench_stats_100_tensors 200 python3 benchmarks/bench_stats.py --bindings torch keras-torch --device cuda --layers 50 \
+    --rounds 9
 run bench_jax 90 python3 benchmarks/bench_jax.py --sizes 1e6 1e7 --rounds 7 --donate yes
 for backend in jax torch; do
     KERAS_BACKEND=$backend run "bench_keras_$backend" 60 python3 benchmarks/bench_keras.py --backend current --rounds 7

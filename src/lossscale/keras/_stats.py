@@ -88,7 +88,7 @@ class StatsVariables:
     def summary(self, sums: Any, sizes: Sequence[int], count: Any, replicas: int = 1) -> tuple[Any, ...]:
         """The :class:`GradientStats` values of :meth:`table`'s sums (over ``replicas`` tensors of each size)."""
         on = {"device": count.device} if keras.backend.backend() == "torch" else {}
-        return tuple(summarize_columns([sums[k] for k in range(4)], [n * replicas for n in sizes], count, XP, **on))
+        return tuple(summarize_columns(ops.unstack(sums, 4), [n * replicas for n in sizes], count, XP, **on))
 
     def measure(
         self, grads: Sequence[Any], variables: Sequence[Any], scale: Any, already: bool, check: Any = None
