@@ -306,11 +306,15 @@ def _multi_tensor_sums(grads: list[torch.Tensor], factor: torch.Tensor | None) -
 
 
 @torch.no_grad()
-def sample_columns(grads: Sequence[torch.Tensor], factor: torch.Tensor | None = None) -> list[torch.Tensor]:
+def sample_columns(
+    grads: Sequence[torch.Tensor], factor: torch.Tensor | None = None, multi_tensor: bool | None = None
+) -> list[torch.Tensor]:
     """The four ``(T,)`` float32 columns ``(max|g|, #zeros, #subnormals, sum g**2)`` of ``grads`` (times ``factor``)
-    in their order, for :func:`lossscale._stats.summarize_columns`. Consecutive dense float32/float16/bfloat16
-    gradients go by up to :data:`CHUNK_ELEMENTS` through :func:`_multi_tensor_sums`; the others (sparse, empty,
-    DTensor, float64, half types with a ``factor``) one by one through :func:`tensor_sums`. One read pass, no sync."""
+    in their order, for :func:`lossscale._stats.summarize_columns`. Off the CPU (``multi_tensor`` None) or with
+    ``multi_tensor``, consecutive dense float32/float16/bfloat16 gradients go by up to :data:`CHUNK_ELEMENTS` through
+    :func:`_multi_tensor_sums`; the others (sparse, empty, DTensor, float64, half types with a ``factor``), and every
+    gradient on the CPU, one by one through :func:`tensor_sums` (on the CPU there are no launches to save, and the
+    multi-tensor ops run 3x slower there). One read pass, no sync."""
     pieces: list[list[torch.Tensor]] = []
     run: list[torch.Tensor] = []
     size = 0
@@ -324,7 +328,8 @@ def sample_columns(grads: Sequence[torch.Tensor], factor: torch.Tensor | None = 
 
     for g in grads:
         n = g.numel()
-        fits = (g.layout == torch.strided and n > 0 and g.dtype in _MULTI_TENSOR
+        fits = ((g.device.type != "cpu" if multi_tensor is None else multi_tensor)
+                and g.layout == torch.strided and n > 0 and g.dtype in _MULTI_TENSOR
                 and (factor is None or g.dtype == torch.float32) and (dtensor is None or not isinstance(g, dtensor)))
         if not fits or (run and (g.device, g.dtype) != (run[0].device, run[0].dtype)) or size + n > CHUNK_ELEMENTS:
             flush()
@@ -332,14 +337,16 @@ def sample_columns(grads: Sequence[torch.Tensor], factor: torch.Tensor | None = 
             run.append(g)
             size += n
         else:
-            pieces.append([v.reshape(1) for v in tensor_sums(g, factor)])
+            pieces.append(list(tensor_sums(g, factor)))  # 0-d
     flush()
     if not pieces:
         raise ValueError("gradient statistics need at least one gradient; got none.")
     device = pieces[0][0].device
+    if all(p[0].ndim == 0 for p in pieces):  # one by one (the CPU): one stack per column
+        return [torch.stack([p[k].to(device) for p in pieces]) for k in range(4)]
     if len(pieces) == 1:
-        return [c.float() for c in pieces[0]]
-    return [torch.cat([p[k].float().to(device) for p in pieces]) for k in range(4)]
+        return pieces[0]
+    return [torch.cat([p[k].reshape(-1).to(device) for p in pieces]) for k in range(4)]
 
 
 def gradient_stats(grads: Sequence[torch.Tensor], step: Any = 0) -> GradientStats:

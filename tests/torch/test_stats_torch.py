@@ -338,7 +338,9 @@ def numpy_columns(grads, factor=1.0):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("chunk", [2**23, 40])  # 40: every multi-tensor run is cut into several chunks
 @pytest.mark.parametrize("factor", [None, 8.0])
-def test_sample_columns_equal_the_numpy_core_on_every_kind_of_gradient(device, chunk, factor, monkeypatch):
+@pytest.mark.parametrize("multi_tensor", [True, None])  # None: the device's default (one by one on the CPU)
+def test_sample_columns_equal_the_numpy_core_on_every_kind_of_gradient(device, chunk, factor, multi_tensor,
+                                                                       monkeypatch):
     """NaN, Inf, -0, subnormals of both types, float16/bfloat16/float64, sparse, empty; chunked or not; with a
     ``factor`` (half types then go one by one, in float32). Each column equals the core's ``tensor_sums``."""
     from lossscale import _torch_kernels
@@ -347,7 +349,7 @@ def test_sample_columns_equal_the_numpy_core_on_every_kind_of_gradient(device, c
     grads = awkward(device)
     copies = [t.clone() for t in grads]
     scale = None if factor is None else torch.tensor(factor, device=device)
-    got = _torch_kernels.sample_columns(grads, scale)
+    got = _torch_kernels.sample_columns(grads, scale, multi_tensor)
     assert all(c.dtype == torch.float32 and c.shape == (len(grads),) and c.device.type == device for c in got)
     ref = numpy_columns(grads, 1.0 if factor is None else factor)
     for k, name in enumerate(("amax", "zeros", "subnormals", "sumsq")):
@@ -358,8 +360,9 @@ def test_sample_columns_equal_the_numpy_core_on_every_kind_of_gradient(device, c
 
 
 def test_the_sample_launches_the_same_ops_for_5_or_200_tensors():
-    """The dense gradients go through multi-tensor kernels: the ops dispatched do not grow with their number
-    (one by one they were about 9 per tensor: on a GPU, 1,500 launches for 100 tensors)."""
+    """The dense gradients go through multi-tensor kernels (a GPU's default; forced here on the CPU): the ops
+    dispatched do not grow with their number (one by one they were about 9 per tensor: on a GPU, 1,500 launches
+    for 100 tensors)."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     from lossscale._torch_kernels import sample_columns
@@ -376,7 +379,7 @@ def test_the_sample_launches_the_same_ops_for_5_or_200_tensors():
     def ops(n):
         grads = [torch.randn(10) for _ in range(n)]
         with Ops() as mode:
-            sample_columns(grads)
+            sample_columns(grads, multi_tensor=True)
         return mode.count
 
     assert ops(200) == ops(5) <= 20
