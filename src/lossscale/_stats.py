@@ -24,20 +24,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-__all__ = [
-    "FLOAT16_MAX",
-    "FLOAT16_TINY",
-    "GradientStats",
-    "Sizes",
-    "as_mapping",
-    "empty_stats",
-    "gradient_stats",
-    "host_array",
-    "sizes_of",
-    "summarize",
-    "summarize_columns",
-    "tensor_sums",
-]
+__all__ = ["FLOAT16_MAX", "FLOAT16_TINY", "GradientStats", "Sizes", "as_mapping", "empty_stats", "gradient_stats",
+           "host_array", "sizes_of", "summarize", "summarize_columns", "tensor_sums"]
 
 #: The largest float16.
 FLOAT16_MAX = 65504.0

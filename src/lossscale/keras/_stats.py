@@ -128,7 +128,7 @@ class StatsVariables:
         return new, kept
 
     def _torch_sample(self, slots: Sequence[Any], sizes: list[int], scale: Any, already: bool) -> GradientStats:
-        """The sample on torch: the torch binding's multi-tensor kernels, the sizes copied once per device."""
+        """The sample on torch: the torch binding's kernels (multi-tensor off the CPU), the sizes copied once."""
         from .._torch_kernels import sample_columns
 
         count = _read(self.count)
