@@ -290,18 +290,18 @@ def _multi_tensor_sums(grads: list[torch.Tensor], factor: torch.Tensor | None) -
     ``sign`` is the only op here that maps NaN to a number (0), so NaNs are counted out as
     ``#non-NaN = sum sign(|g| + 1)``: ``zeros = #non-NaN - sum sign|g|``,
     ``subnormals = sum sign|g| - sum sign(floor(|g| * 2**14))``."""
-    a = foreach_abs(grads)  # |g| in the gradients' dtype
+    a = list(foreach_abs(grads))  # |g| in the gradients' dtype
     if factor is not None:
         foreach_mul_(a, factor)
     amax = torch.stack(foreach_norm(a, math.inf))
     root = torch.stack(foreach_norm(a, 2.0))
-    numbers = foreach_add(a, 1.0)
-    foreach_sign_(numbers)  # 1 per non-NaN
-    nonzero = foreach_sign(a)  # 1 per |g| > 0, NaN left out
+    present = list(foreach_add(a, 1.0))
+    foreach_sign_(present)  # 1 per non-NaN
+    positive = list(foreach_sign(a))  # 1 per |g| > 0, NaN left out
     foreach_mul_(a, 1.0 / FLOAT16_TINY)
     foreach_floor_(a)
     foreach_sign_(a)  # 1 per |g| >= 2**-14, NaN left out
-    numbers, nonzero, normal = torch.stack(foreach_norm([*numbers, *nonzero, *a], 1.0)).view(3, len(grads)).unbind()
+    numbers, nonzero, normal = torch.stack(foreach_norm([*present, *positive, *a], 1.0)).view(3, len(grads)).unbind()
     return [amax, numbers - nonzero, nonzero - normal, root * root]
 
 
