@@ -85,6 +85,7 @@ def summarize_columns(
     :class:`Sizes` a binding made once for its parameter set. About 20 ops on ``(T,)`` arrays."""
     amax, zeros, subnormal, sumsq = columns
     safe, total = sizes if isinstance(sizes, Sizes) else sizes_of(sizes, xp, **array_kwargs)
+    total = total or 1.0  # every tensor empty: fractions 0
     rms = xp.sqrt(sumsq / safe)
     overall = xp.max(amax)
     rms_min = xp.min(xp.where(rms > 0, rms, math.inf))  # a Python scalar: no array made on the host (a copy to a GPU)
@@ -97,7 +98,8 @@ def summarize_columns(
 
 class Sizes(NamedTuple):
     """The element counts of a parameter set as :func:`summarize_columns` divides by them: ``safe``, the ``(T,)``
-    float32 sizes with 0 read as 1 (an empty tensor's fractions are 0), and ``total``, their sum (at least 1)."""
+    float32 sizes with 0 read as 1 (an empty tensor's fractions are 0), and ``total``, their sum (a float, so that
+    the sizes of several parameter sets add up)."""
 
     safe: Any
     total: Any
@@ -106,7 +108,7 @@ class Sizes(NamedTuple):
 def sizes_of(sizes: Sequence[int], xp: Any, **array_kwargs: Any) -> Sizes:
     """:class:`Sizes` of a list of element counts: one copy from the host (a binding keeps it per parameter set)."""
     safe = xp.asarray([float(n) or 1.0 for n in sizes], dtype=xp.float32, **array_kwargs)
-    return Sizes(safe, float(sum(sizes)) or 1.0)
+    return Sizes(safe, float(sum(sizes)))
 
 
 def _headroom(amax: Any, xp: Any) -> Any:

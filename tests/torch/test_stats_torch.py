@@ -383,3 +383,17 @@ def test_the_sample_launches_the_same_ops_for_5_or_200_tensors():
         return mode.count
 
     assert ops(200) == ops(5) <= 20
+
+
+def test_fractions_over_several_optimizers_count_each_element_once():
+    """Two optimizers' samples are one: the fractions divide by the elements of both, an empty gradient adding none
+    (the per-set sizes once gave each set's total a floor of 1, so a set of empty tensors counted one element)."""
+    sampler = StatsSampler(1, lossscale.get("dynamic"))
+    first, second = torch.zeros(0), torch.tensor([0.0, 1.0, 0.0, 2.0**-20])
+    sampler.measure(0, [("a", None, first)], str)
+    sampler.measure(1, [("b", None, second)], str)
+    sampler.advance(None, None)
+    ref = numpy_stats([first.numpy(), second.numpy()], np)
+    for field in ("zero_fraction", "subnormal_fraction", "tensor_zero_fraction", "tensor_subnormal_fraction"):
+        np.testing.assert_array_equal(getattr(sampler.state.sample, field).numpy(), getattr(ref, field), err_msg=field)
+    assert float(sampler.state.sample.zero_fraction) == 0.5
