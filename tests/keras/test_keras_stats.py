@@ -152,6 +152,32 @@ def test_sampled_only_every_n_steps(compiled):
     assert amaxes == [4.0 * 2.0**s for s in steps]
 
 
+def _executed_nodes(every, tensors):
+    """The nodes TensorFlow's executor runs for one traced ``apply`` (its partitioned, optimized graph)."""
+    import tensorflow as tf
+    from tensorflow.python.eager import context  # the run metadata's graphs: no public API
+
+    ws = [keras.Variable(np.zeros((3, 3), np.float32), name=f"w{i}") for i in range(tensors)]
+    opt = lsk.LossScaleOptimizer(keras.optimizers.SGD(0.1), stats_every=every)
+    opt.build(ws)
+    step = tf.function(lambda *g: opt.apply(list(g), ws))
+    context.context().enable_run_metadata()
+    try:
+        step(*(tf.ones((3, 3)) for _ in ws))
+        metadata = context.context().export_run_metadata()
+    finally:
+        context.context().disable_run_metadata()
+    return max(sum(len(p.node) for p in f.partition_graphs) for f in metadata.function_graphs)
+
+
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="TensorFlow's executor")
+def test_an_unsampled_tf_step_runs_few_nodes_more_than_without_stats():
+    """TensorFlow's executor visits every node of a lowered cond's untaken branch: the sample sits in one function
+    call, so 32 gradients add about 150 nodes to the step, not the ~590 of the sums inlined into the branch."""
+    extra = _executed_nodes(16, 32) - _executed_nodes(None, 32)
+    assert 0 < extra <= 100 + 4 * 32, extra
+
+
 @pytest.mark.skipif(BACKEND != "jax", reason="jax.transfer_guard and trace counting")
 def test_jax_step_compiles_once_and_never_transfers():
     import jax

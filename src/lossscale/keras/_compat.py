@@ -10,7 +10,7 @@ import keras
 
 __all__ = [
     "HIDDEN_FROM_DIR", "LegacyCheckpoint", "before_tf_restore", "checkpoint_children", "checkpoint_node",
-    "inner_aggregation_off", "no_automatic_dependency_tracking",
+    "inner_aggregation_off", "no_automatic_dependency_tracking", "not_inlined",
 ]
 
 
@@ -21,6 +21,23 @@ def no_automatic_dependency_tracking(method: Callable[..., Any]) -> Callable[...
     except ImportError:  # pragma: no cover - a Keras that moved it
         return method
     return tracking.no_automatic_dependency_tracking(method)
+
+
+def not_inlined(fn: Callable[[], Any]) -> Callable[[], Any]:
+    """``fn`` as a ``tf.function`` that TensorFlow calls instead of inlining (the private ``_noinline`` attribute), so
+    that a ``cond`` branch holding it is one node to skip. Eager code, other backends, or a TF that refuses the
+    attribute: ``fn`` (eagerly a new function would trace on every call)."""
+    if keras.backend.backend() != "tensorflow":
+        return fn
+    import tensorflow as tf
+
+    if tf.executing_eagerly():
+        return fn
+
+    try:
+        return tf.function(fn, autograph=False, experimental_attributes={"_noinline": True})  # type: ignore[no-any-return]
+    except (TypeError, ValueError):  # pragma: no cover - a TF without the attribute
+        return fn
 
 
 def before_tf_restore(variable: Any, check: Callable[[Any], None]) -> None:

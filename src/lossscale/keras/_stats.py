@@ -15,6 +15,7 @@ from .._policy import LossScale
 from .._rule import LossScaleState, advance_in_place
 from .._sampler import SamplerState, counted_sampler_state, is_due, next_sampler_state
 from .._stats import GradientStats, as_mapping, empty_stats, sizes_of, summarize_columns, tensor_sums
+from ._compat import not_inlined
 from ._step import XP
 
 __all__ = ["StatsVariables"]
@@ -112,6 +113,28 @@ class StatsVariables:
         out = take() if self.every == 1 else ops.cond(sampled, take, keep)
         finite, values = (None, out) if check is None else (out[0], out[1:])
         return finite, (GradientStats(*values), sampled)
+
+    def sample_or_check(
+        self, grads: Sequence[Any], variables: Sequence[Any], scale: Any, already: bool, check: Callable[[], Any],
+        fused: bool,
+    ) -> Any:
+        """The flag of a TensorFlow step whose rule reads no sample and that nothing records (the caller checks):
+        ``cond(sampled, sample written to its variables, then isfinite(amax) if fused else check(), check())``, and
+        the count advanced. An unsampled step neither reads nor writes the sample, and the sampled branch is one
+        function call: TensorFlow's executor runs 53 nodes more than without statistics, against 215 through
+        :meth:`measure` and :meth:`advance` (which keep the sample with selects and write it on every step)."""
+        slots, sizes = self.slots(grads, variables)
+        count, sampled = self.due()
+
+        def take() -> Any:
+            values = self.summary(self.table(slots, sizes, scale, already), sizes, count)
+            for variable, value in zip(self.sample, values):
+                variable.assign(value)
+            return ops.isfinite(values[1]) if fused else check()  # values[1]: the overall amax, NaN propagating
+
+        finite = take() if self.every == 1 else ops.cond(sampled, not_inlined(take), check)
+        self.count.assign(counted_sampler_state(SamplerState(count, None, None), None, False, XP).count)  # type: ignore[arg-type]
+        return finite
 
     def advance(self, state: LossScaleState, finite: Any, measured: Any) -> tuple[LossScaleState, GradientStats]:
         """The new scale state and kept sample by the core's sampler (``measure`` chose the sample); assigns both."""

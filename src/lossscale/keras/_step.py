@@ -83,14 +83,18 @@ class ScaleState:
         """``stats_every``'s sample of this step (for :meth:`finish`), or None when off."""
         return None if self.stats is None else self.stats.measure(grads, variables, scale, already)[1]
 
-    def check_and_measure(self, grads: list[Any], variables: Any, checked: list[Any], scale: Any, already: bool) -> Any:
-        """``(finite, measured)``: whether ``checked`` (the gradients or their unscaled copies) is finite, and
-        :meth:`measure`'s sample; one read pass on a sampled step of scaled float32-or-narrower gradients, ``S >= 1``."""
-        if self.stats is None:
-            return all_finite(checked), None
-        fused = not already and self.at_least_one and all(
+    def fused(self, grads: list[Any], already: bool) -> bool:
+        """Whether a sample's ``isfinite(amax)`` is the finite check: scaled float32-or-narrower gradients, ``S >= 1``."""
+        return not already and self.at_least_one and all(
             g is None or keras.backend.standardize_dtype(g.dtype) in ("float16", "bfloat16", "float32") for g in grads
         )
+
+    def check_and_measure(self, grads: list[Any], variables: Any, checked: list[Any], scale: Any, already: bool) -> Any:
+        """``(finite, measured)``: whether ``checked`` (the gradients or their unscaled copies) is finite, and
+        :meth:`measure`'s sample; one read pass on a sampled step when :meth:`fused`."""
+        if self.stats is None:
+            return all_finite(checked), None
+        fused = self.fused(grads, already)
         finite, measured = self.stats.measure(grads, variables, scale, already, (lambda: all_finite(checked)) if fused else None)
         return all_finite(checked) if finite is None else finite, measured
 
@@ -149,7 +153,9 @@ def unscale_and_check(state: ScaleState, grads: list[Any], variables: Sequence[A
 
 def apply_step(state: ScaleState, inner: Any, grads: list[Any], variables: list[Any], already: bool) -> None:
     """The stateful step (TF without a strategy, torch): ``inner.apply`` in the taken branch, the rule in each (flag
-    constant) unless stats or an observer need the flag. One multiply, one read pass; eager TF: two host syncs."""
+    constant) unless ``auto`` or an observer need the flag (``stats_every`` alone: the sample is taken and written in
+    its own branch, see :meth:`~._stats.StatsVariables.sample_or_check`). One multiply, one read pass; eager TF: two
+    host syncs."""
     if keras.backend.backend() == "torch":
         import torch
 
@@ -157,9 +163,14 @@ def apply_step(state: ScaleState, inner: Any, grads: list[Any], variables: list[
             return _torch_apply(state, inner, grads, variables, already)
     current = state.read()
     unscaled = grads if already else unscale(grads, current.loss_scale, _keep(variables))
-    finite, measured = state.check_and_measure(
-        grads, variables, grads if state.at_least_one else unscaled, current.loss_scale, already
-    )
+    checked = grads if state.at_least_one else unscaled
+    stats = state.stats
+    if stats is not None and not stats.auto and not state.observer.active:  # the rule reads no sample: as plain
+        finite = stats.sample_or_check(grads, variables, current.loss_scale, already, lambda: all_finite(checked),
+                                       state.fused(grads, already))
+        measured = None
+    else:
+        finite, measured = state.check_and_measure(grads, variables, checked, current.loss_scale, already)
     if measured is not None or state.observer.active:
         ops.cond(finite, lambda: inner.apply(unscaled, variables), lambda: None)
         return state.finish(current, finite, measured)
