@@ -31,7 +31,8 @@ class StatsVariables:
     """The sampler of one optimizer (``every``: measure every ``every``-th apply) as Keras variables."""
 
     def __init__(self, every: int, policy: LossScale) -> None:
-        self.every, self.policy, self.count = every, policy, None
+        self.every, self.policy = every, policy
+        self.count: Any = None  # the sampler's step count, a variable once built
         self.names: tuple[str, ...] = ()
         self.sample: list[Any] = []
         self._sizes: dict[Any, Any] = {}  # torch: (device, sizes) -> the sizes as a tensor there
@@ -133,7 +134,8 @@ class StatsVariables:
             return ops.isfinite(values[1]) if fused else check()  # values[1]: the overall amax, NaN propagating
 
         finite = take() if self.every == 1 else ops.cond(sampled, not_inlined(take), check)
-        self.count.assign(counted_sampler_state(SamplerState(count, None, None), None, False, XP).count)  # type: ignore[arg-type]
+        counted = counted_sampler_state(SamplerState(count, GradientStats(*self.sample), None), None, False, XP)
+        self.count.assign(counted.count)
         return finite
 
     def advance(self, state: LossScaleState, finite: Any, measured: Any) -> tuple[LossScaleState, GradientStats]:
