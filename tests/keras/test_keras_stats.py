@@ -232,6 +232,30 @@ def test_fit_compiles_and_runs_with_stats_every(mixed_float16, loss_scale):
     assert int(ops.convert_to_numpy(opt.iterations)) + int(ops.convert_to_numpy(opt.skipped_steps)) == 8
 
 
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="jit_compile of a TensorFlow train step")
+def test_fit_under_xla_samples_as_without(mixed_float16):
+    """``jit_compile=True`` (Keras's default on a GPU) compiles the sampled branch's function call into the step:
+    the same sample, count and weights as the executor's step."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((32, 8)).astype(np.float32)
+    y = rng.standard_normal((32, 1)).astype(np.float32)
+    results = []
+    for jit in (False, True):
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4), keras.layers.Dense(1, dtype="float32")])
+        opt = lsk.LossScaleOptimizer(keras.optimizers.Adam(1e-3), stats_every=3)
+        model.compile(optimizer=opt, loss="mse", jit_compile=jit)
+        model.fit(x, y, batch_size=4, epochs=1, verbose=0, shuffle=False)  # 8 steps: sampled at 0, 3, 6
+        results.append((host(opt.gradient_stats), int(ops.convert_to_numpy(opt._scale.stats.count)),
+                        [ops.convert_to_numpy(w) for w in model.weights]))
+    (plain, count, weights), (xla, xla_count, xla_weights) = results
+    assert int(plain["step"]) == int(xla["step"]) == 6 and count == xla_count == 8
+    np.testing.assert_allclose(xla["per_tensor"]["amax"], plain["per_tensor"]["amax"], rtol=1e-5)
+    np.testing.assert_allclose(xla["per_tensor"]["rms"], plain["per_tensor"]["rms"], rtol=1e-5)
+    for a, b in zip(xla_weights, weights):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
 # ------------------------------------------------------------------ auto
 
 
