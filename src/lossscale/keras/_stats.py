@@ -1,5 +1,5 @@
 """``stats_every`` for Keras: the scaled gradients' :func:`lossscale._stats.tensor_sums` and the sampler's variables.
-Cost, sampled: one read pass, ~60 scalar ops; unsampled: the ``cond`` (torch: one host read) and the count's 5 ops
+Cost, sampled: one read pass, ~60 scalar ops; unsampled: the ``cond`` (torch: one host read) and the count's ~7 ops
 (TensorFlow with ``stats_every`` alone: :meth:`StatsVariables.sample_or_check`), or ~25 small ops (``auto``,
 ``history=``, JAX, ``tf.distribute``: the kept sample read, selected and written)."""
 
