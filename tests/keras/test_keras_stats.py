@@ -233,9 +233,14 @@ def test_fit_compiles_and_runs_with_stats_every(mixed_float16, loss_scale):
 
 
 @pytest.mark.skipif(BACKEND != "tensorflow", reason="jit_compile of a TensorFlow train step")
-def test_fit_under_xla_samples_as_without(mixed_float16):
-    """``jit_compile=True`` (Keras's default on a GPU) compiles the sampled branch's function call into the step:
-    the same sample, count and weights as the executor's step."""
+def test_fit_under_xla_samples_as_without(mixed_float16, monkeypatch):
+    """``jit_compile=True`` (Keras's default on a GPU) compiles the sampled branch's function call into the step,
+    with the core's sums; TensorFlow's executor uses its own kernels' form: the same sample, count and weights."""
+    from lossscale.keras import _stats
+
+    traced = []
+    executor_sums = _stats._executor_sums
+    monkeypatch.setattr(_stats, "_executor_sums", lambda g: traced.append(g) or executor_sums(g))
     rng = np.random.default_rng(0)
     x = rng.standard_normal((32, 8)).astype(np.float32)
     y = rng.standard_normal((32, 1)).astype(np.float32)
@@ -245,7 +250,9 @@ def test_fit_under_xla_samples_as_without(mixed_float16):
         model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4), keras.layers.Dense(1, dtype="float32")])
         opt = lsk.LossScaleOptimizer(keras.optimizers.Adam(1e-3), stats_every=3)
         model.compile(optimizer=opt, loss="mse", jit_compile=jit)
+        traced.clear()
         model.fit(x, y, batch_size=4, epochs=1, verbose=0, shuffle=False)  # 8 steps: sampled at 0, 3, 6
+        assert (len(traced) > 0) != jit, jit  # the executor's form traced for each gradient, not under XLA
         results.append((host(opt.gradient_stats), int(ops.convert_to_numpy(opt._scale.stats.count)),
                         [ops.convert_to_numpy(w) for w in model.weights]))
     (plain, count, weights), (xla, xla_count, xla_weights) = results

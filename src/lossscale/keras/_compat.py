@@ -10,7 +10,7 @@ import keras
 
 __all__ = [
     "HIDDEN_FROM_DIR", "LegacyCheckpoint", "before_tf_restore", "checkpoint_children", "checkpoint_node",
-    "inner_aggregation_off", "no_automatic_dependency_tracking", "not_inlined",
+    "in_xla_trace", "inner_aggregation_off", "no_automatic_dependency_tracking", "not_inlined",
 ]
 
 
@@ -38,6 +38,22 @@ def not_inlined(fn: Callable[[], Any]) -> Callable[[], Any]:
         return tf.function(fn, autograph=False, experimental_attributes={"_noinline": True})  # type: ignore[no-any-return]
     except (TypeError, ValueError):  # pragma: no cover - a TF without the attribute
         return fn
+
+
+def in_xla_trace() -> bool:
+    """Whether TensorFlow is tracing a step that XLA compiles (``jit_compile=True``; Keras's default on a GPU): TF's
+    private ``control_flow_util.GraphOrParentsInXlaContext``. False eagerly, on other backends, or where TF moved it."""
+    if keras.backend.backend() != "tensorflow":
+        return False
+    import tensorflow as tf
+
+    if tf.executing_eagerly():
+        return False
+    try:
+        from tensorflow.python.ops import control_flow_util
+    except ImportError:  # pragma: no cover - a TF that moved it
+        return False
+    return bool(control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()))
 
 
 def before_tf_restore(variable: Any, check: Callable[[Any], None]) -> None:
