@@ -16,8 +16,9 @@ from .._auto import AutoLossScale, AutoState, initial_auto_state
 from .._policy import LossScale
 from .._rule import LossScaleState, advance_in_place
 from .._sampler import SamplerState, counted_sampler_state, is_due, next_sampler_state
-from .._stats import FLOAT16_TINY, GradientStats, as_mapping, empty_stats, sizes_of, summarize_columns, tensor_sums
+from .._stats import GradientStats, as_mapping, empty_stats, sizes_of, summarize_columns, tensor_sums
 from ._compat import in_xla_trace, not_inlined
+from ._grads import executor_sums
 from ._step import XP
 
 __all__ = ["StatsVariables"]
@@ -27,19 +28,6 @@ def _read(variable: Any) -> Any:
     """A variable's value now: a copy except on JAX (torch updates in place; TF may hand over the variable)."""
     value = ops.convert_to_tensor(variable)
     return value if keras.backend.backend() == "jax" else ops.copy(value)
-
-
-def _executor_sums(g: Any) -> tuple[Any, Any, Any, Any]:
-    """:func:`~lossscale._stats.tensor_sums` on TensorFlow's own kernels: the counts as sums of converted bools, the
-    squares by ``l2_loss``. On the executor (one kernel a pass, nothing fused) 1.0 ms against 1.5 ms for the 1M
-    float32 elements of 8 gradients (one thread; 2.4 against 3.0 on two); under XLA the core's form is the one that
-    vectorizes. NaN: neither zero nor below ``FLOAT16_TINY``; it propagates through the max and the squares."""
-    import tensorflow as tf
-
-    a = ops.abs(ops.cast(g, "float32"))
-    zeros = tf.reduce_sum(tf.cast(tf.equal(a, 0.0), tf.float32))
-    below = tf.reduce_sum(tf.cast(tf.less(a, FLOAT16_TINY), tf.float32))
-    return tf.reduce_max(a), zeros, below - zeros, 2.0 * tf.nn.l2_loss(a)
 
 
 class StatsVariables:
@@ -96,12 +84,12 @@ class StatsVariables:
 
     def table(self, slots: Sequence[Any], sizes: Sequence[int], scale: Any, already: bool) -> Any:
         """The ``(4, T)`` float32 :func:`~lossscale._stats.tensor_sums` of the scaled gradients (empty ones: 0); on
-        TensorFlow's executor (not XLA), by :func:`_executor_sums`."""
+        TensorFlow's executor (not XLA), by :func:`~._grads.executor_sums`."""
         executor = keras.backend.backend() == "tensorflow" and not in_xla_trace()
 
         def sums(g: Any) -> Any:
             g = ops.multiply(ops.cast(g, "float32"), ops.cast(scale, "float32")) if already else g
-            return ops.stack(list(_executor_sums(g) if executor else tensor_sums(g, XP)))
+            return ops.stack(list(executor_sums(g) if executor else tensor_sums(g, XP)))
 
         return ops.stack([sums(g) if n else ops.zeros((4,), "float32") for g, n in zip(slots, sizes)], axis=1)
 
