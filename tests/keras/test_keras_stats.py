@@ -239,8 +239,8 @@ def test_fit_under_xla_samples_as_without(mixed_float16, monkeypatch):
     from lossscale.keras import _stats
 
     traced = []
-    executor_sums = _stats.executor_sums
-    monkeypatch.setattr(_stats, "executor_sums", lambda g: traced.append(g) or executor_sums(g))
+    sum_of_bools = _stats._sum_of_bools
+    monkeypatch.setattr(_stats, "_sum_of_bools", lambda mask: traced.append(mask) or sum_of_bools(mask))
     rng = np.random.default_rng(0)
     x = rng.standard_normal((32, 8)).astype(np.float32)
     y = rng.standard_normal((32, 1)).astype(np.float32)
@@ -252,7 +252,7 @@ def test_fit_under_xla_samples_as_without(mixed_float16, monkeypatch):
         model.compile(optimizer=opt, loss="mse", jit_compile=jit)
         traced.clear()
         model.fit(x, y, batch_size=4, epochs=1, verbose=0, shuffle=False)  # 8 steps: sampled at 0, 3, 6
-        assert (len(traced) > 0) != jit, jit  # the executor's form traced for each gradient, not under XLA
+        assert (len(traced) > 0) != jit, jit  # the executor's counting traced for each gradient, not under XLA
         results.append((host(opt.gradient_stats), int(ops.convert_to_numpy(opt._scale.stats.count)),
                         [ops.convert_to_numpy(w) for w in model.weights]))
     (plain, count, weights), (xla, xla_count, xla_weights) = results

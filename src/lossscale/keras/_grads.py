@@ -1,5 +1,4 @@
-"""Passes over the gradients: the loss's scaling, the unscale, the finiteness check through ``keras.ops``, and the
-statistics' sums on TensorFlow's own kernels for its executor."""
+"""Passes over the gradients through ``keras.ops``: the loss's scaling, the unscale, the finiteness check."""
 
 from __future__ import annotations
 
@@ -10,10 +9,7 @@ from typing import Any
 import keras
 from keras import ops
 
-from .._stats import FLOAT16_TINY
-
-__all__ = ["all_finite", "executor_sums", "reciprocal", "scale_loss", "unscale"]
-
+__all__ = ["all_finite", "reciprocal", "scale_loss", "unscale"]
 
 def _times(x: Any, factor: Callable[[str], Any]) -> Any:
     """``x * factor(wide)`` in ``wide``, ``x``'s dtype widened to at least float32; rounded back to ``x``'s dtype."""
@@ -67,16 +63,3 @@ def all_finite(grads: Sequence[Any]) -> Any:
     sums = _conjunction([ops.isfinite(ops.sum(ops.stack(group))) for group in by_dtype.values()])
     finite = ops.cond(sums, lambda: ops.convert_to_tensor(True), lambda: _each_finite(wide))
     return ops.logical_and(finite, _each_finite(narrow)) if narrow else finite
-
-
-def executor_sums(g: Any) -> tuple[Any, Any, Any, Any]:
-    """:func:`~lossscale._stats.tensor_sums` on TensorFlow's own kernels: the counts as sums of converted bools, the
-    squares by ``l2_loss``. On the executor (one kernel a pass, nothing fused) 1.0 ms against 1.5 ms for the 1M
-    float32 elements of 8 gradients (one thread; 2.4 against 3.0 on two); under XLA the core's form is the one that
-    vectorizes. NaN: neither zero nor below ``FLOAT16_TINY``; it propagates through the max and the squares."""
-    import tensorflow as tf
-
-    a = ops.abs(ops.cast(g, "float32"))
-    zeros = tf.reduce_sum(tf.cast(tf.equal(a, 0.0), tf.float32))
-    below = tf.reduce_sum(tf.cast(tf.less(a, FLOAT16_TINY), tf.float32))
-    return tf.reduce_max(a), zeros, below - zeros, 2.0 * tf.nn.l2_loss(a)
