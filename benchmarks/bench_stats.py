@@ -22,7 +22,10 @@ Bindings (``--bindings``):
   forward under ``torch.autocast("cpu", float16)``, backward, step;
 * ``jax``: ``loss_scale_optimizer(optax.adam)``, the whole step jitted, parameters and state donated;
 * ``keras-tensorflow``, ``keras-jax``, ``keras-torch``: ``model.train_on_batch``
-  (``fit``'s compiled step), Adam, ``mixed_float16``.
+  (``fit``'s compiled step), Adam, ``mixed_float16``. The ``i``-th model of every
+  contender is built on the same layers (one set of weights per ``i``, each
+  contender its own optimizer and compiled step), so where the weights landed in
+  memory does not separate the contenders.
 
 The model is an MLP of ``--layers`` square layers holding about ``--params``
 parameters, batch 64.
@@ -161,20 +164,24 @@ def keras_steps(args: argparse.Namespace) -> dict[str, list[Step]]:
     x = rng.standard_normal((64, width)).astype(np.float32)
     y = rng.standard_normal((64, width)).astype(np.float32)
     out: dict[str, list[Step]] = {}
-    for name, (loss_scale, every) in [(n, c) for n, c in CONTENDERS.items() for _ in range(args.models)]:
+    for _ in range(args.models):
         keras.utils.set_random_seed(0)
         layers = [keras.layers.Dense(width, activation="tanh") for _ in range(args.layers - 1)]
-        model = keras.Sequential([keras.Input((width,)), *layers, keras.layers.Dense(width, dtype="float32")])
-        model.compile(optimizer=lsk.LossScaleOptimizer(keras.optimizers.Adam(1e-4), loss_scale, stats_every=every),
-                      loss="mse")
+        layers.append(keras.layers.Dense(width, dtype="float32"))
+        for name, (loss_scale, every) in CONTENDERS.items():
+            # One set of weights per model index, shared by every contender's model (each its own optimizer and
+            # compiled step): where the weights landed in memory no longer separates the contenders.
+            model = keras.Sequential([keras.Input((width,)), *layers])
+            optimizer = lsk.LossScaleOptimizer(keras.optimizers.Adam(1e-4), loss_scale, stats_every=every)
+            model.compile(optimizer=optimizer, loss="mse")
 
-        def run(n: int, model: keras.Model = model) -> None:
-            for _ in range(n):
-                loss = model.train_on_batch(x, y)
-            float(np.asarray(loss))
+            def run(n: int, model: keras.Model = model) -> None:
+                for _ in range(n):
+                    loss = model.train_on_batch(x, y)
+                float(np.asarray(loss))
 
-        run(2)
-        out.setdefault(name, []).append(run)
+            run(2)
+            out.setdefault(name, []).append(run)
     return out
 
 

@@ -152,6 +152,36 @@ def test_sampled_only_every_n_steps(compiled):
     assert amaxes == [4.0 * 2.0**s for s in steps]
 
 
+@pytest.mark.skipif(BACKEND != "torch", reason="the eager torch step decides the sample on the host")
+def test_an_unsampled_eager_torch_step_does_not_walk_the_gradients(monkeypatch):
+    """The torch backend's step reads the count first: the gradients are sorted into the sampler's order (about
+    3 us per tensor) only when the step is sampled."""
+    from lossscale.keras import _stats
+
+    walked = []
+    slots = _stats.StatsVariables.slots
+    monkeypatch.setattr(_stats.StatsVariables, "slots", lambda self, *a: walked.append(1) or slots(self, *a))
+    opt = lsk.LossScaleOptimizer(keras.optimizers.SGD(0.0), stats_every=3)
+    step = driver(opt, variables(), compiled=False)
+    for i in range(7):
+        step(known_grads(2.0**i))
+    assert len(walked) == 3  # steps 0, 3, 6
+    assert int(host(opt.gradient_stats)["step"]) == 6
+
+
+def test_a_variable_it_was_not_built_with_raises_on_unsampled_steps_too():
+    ws = variables()
+    opt = lsk.LossScaleOptimizer(keras.optimizers.SGD(1.0), stats_every=4, initial_scale=1)
+    driver(opt, ws, compiled=False)(known_grads())  # step 0: sampled; the next one is not
+    stranger = keras.Variable(np.ones(2, "float32"), name="stranger")
+    before = [np.array(ops.convert_to_numpy(v)) for v in [*ws, *opt.variables]]
+    with pytest.raises(ValueError, match="Unknown variable|not one"):
+        opt.apply([ops.ones(3), ops.ones(2)], [ws[0], stranger])
+    for v, b in zip([*ws, *opt.variables], before):
+        np.testing.assert_array_equal(ops.convert_to_numpy(v), b)
+    np.testing.assert_array_equal(ops.convert_to_numpy(stranger), np.ones(2, "float32"))
+
+
 def _executed_nodes(every, tensors):
     """The nodes TensorFlow's executor runs for one traced ``apply`` (its partitioned, optimized graph)."""
     import tensorflow as tf

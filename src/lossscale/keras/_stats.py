@@ -5,6 +5,7 @@ Cost, sampled: one read pass, ~60 scalar ops; unsampled: the ``cond`` (torch: on
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -83,7 +84,7 @@ class StatsVariables:
                     "Build a new optimizer for a new set of variables."
                 )
             slots[index] = g
-        return slots, [0 if g is None else int(np.prod(tuple(g.shape))) for g in slots]
+        return slots, [0 if g is None else math.prod(g.shape) for g in slots]
 
     def table(self, slots: Sequence[Any], sizes: Sequence[int], scale: Any, already: bool) -> Any:
         """The ``(4, T)`` float32 :func:`~lossscale._stats.tensor_sums` of the scaled gradients (empty ones: 0). On
@@ -108,10 +109,10 @@ class StatsVariables:
         """``(finite, (sample, sampled))`` of this apply (``sample`` None on torch when not sampled). With ``check``
         (for scaled ``grads``: the flag's function), a sampled apply's flag is ``isfinite(amax)``, max propagating
         NaN: one read pass; an unsampled one's ``check()``. Without, or on torch, ``finite`` is None."""
-        slots, sizes = self.slots(grads, variables)
         if keras.backend.backend() == "torch":  # eager: the flag read on the host (a CPU view: no copy), a Python bool
             flag = self.every == 1 or int(self.count.value.detach().cpu().numpy()) % self.every == 0  # type: ignore[attr-defined]
-            return None, ((self._torch_sample(slots, sizes, scale, already) if flag else None), flag)
+            return None, ((self._torch_sample(*self.slots(grads, variables), scale, already) if flag else None), flag)
+        slots, sizes = self.slots(grads, variables)
         count, sampled = self.due()
 
         def take() -> tuple[Any, ...]:
