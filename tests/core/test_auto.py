@@ -468,3 +468,26 @@ def test_an_inexact_log2_does_not_move_the_scale():
             state, auto = next_auto_state(policy, state, auto, np.bool_(True), stats, np.bool_(True), xp)
         assert float(auto.lo) == 13.0
         assert float(state.loss_scale) == 2.0**13 and int(state.good_steps) == 3  # at lo, inside the band: no move
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_step_known_unsampled_moves_as_a_step_whose_sample_is_masked(seed):
+    """``stats=None`` (a binding knows on the host that nothing was sampled) skips the sample's ops; the state after
+    it equals the state after the same step given a sample with ``sampled`` False, from any state the rule reaches
+    (scales off the powers of two, at the bounds, before and after a measured sample)."""
+    r = random.Random(seed)
+    policy = AutoLossScale(r.choice([1000.0, 2.0**15, 2.0**30]), min_loss_scale=r.choice([1.0, 3.0]),
+                           max_loss_scale=r.choice([None, 2.0**20]), relax_steps=r.choice([2, 50]), window=4)
+    state, auto = initial_state(policy, np), initial_auto_state(policy, np)
+    ignored = gradient_stats([np.full(4, 2.0**r.randint(-30, 20), np.float32)], np)
+    for _ in range(300):
+        finite = np.bool_(r.random() > 0.2)
+        masked = next_auto_state(policy, state, auto, finite, ignored, np.bool_(False), np)
+        known = next_auto_state(policy, state, auto, finite, None, False, np)
+        for a, b in zip([*masked[0], *masked[1]], [*known[0], *known[1]]):
+            np.testing.assert_array_equal(a, b)
+        if r.random() < 0.3:  # move on by a sampled step, so that later steps start from measured states
+            g = [np.full(4, 2.0**r.randint(-40, 25), np.float32), np.zeros(2, np.float32)]
+            state, auto = next_auto_state(policy, state, auto, finite, gradient_stats(g, np), np.bool_(True), np)
+        else:
+            state, auto = known
