@@ -359,13 +359,9 @@ def test_sample_columns_equal_the_numpy_core_on_every_kind_of_gradient(device, c
         assert torch.allclose(dense, copy, rtol=0, atol=0, equal_nan=True)
 
 
-def test_the_sample_launches_the_same_ops_for_5_or_200_tensors():
-    """The dense gradients go through multi-tensor kernels (a GPU's default; forced here on the CPU): the ops
-    dispatched do not grow with their number (one by one they were about 9 per tensor: on a GPU, 1,500 launches
-    for 100 tensors)."""
+def _dispatched(fn):
+    """The number of torch operators ``fn()`` dispatches (on a GPU, eagerly: one kernel launch each)."""
     from torch.utils._python_dispatch import TorchDispatchMode
-
-    from lossscale._torch_kernels import sample_columns
 
     class Ops(TorchDispatchMode):
         def __init__(self):
@@ -376,13 +372,36 @@ def test_the_sample_launches_the_same_ops_for_5_or_200_tensors():
             self.count += 1
             return func(*args, **(kwargs or {}))
 
+    with Ops() as mode:
+        fn()
+    return mode.count
+
+
+def test_the_sample_launches_the_same_ops_for_5_or_200_tensors():
+    """The dense gradients go through multi-tensor kernels (a GPU's default; forced here on the CPU): the ops
+    dispatched do not grow with their number (one by one they were about 9 per tensor: on a GPU, 1,500 launches
+    for 100 tensors)."""
+    from lossscale._torch_kernels import sample_columns
+
     def ops(n):
         grads = [torch.randn(10) for _ in range(n)]
-        with Ops() as mode:
-            sample_columns(grads, multi_tensor=True)
-        return mode.count
+        return _dispatched(lambda: sample_columns(grads, multi_tensor=True))
 
     assert ops(200) == ops(5) <= 20
+
+
+def test_an_unsampled_auto_step_runs_only_the_backoff():
+    """A step known on the host to be unsampled gives the auto rule no statistics: it computes the overflow backoff
+    and the counters, 96 operators where the masked sample's path runs 179 (117 before the backoff was split off)."""
+    from lossscale._sampler import initial_sampler_state, next_sampler_state
+    from lossscale._torch_kernels import gradient_stats
+
+    policy = lossscale.AutoLossScale()
+    state, sampler = lossscale.initial_state(policy, torch), initial_sampler_state(policy, 1, torch)
+    finite, sample = torch.tensor(True), gradient_stats([torch.full((4,), 2.0**-3)])
+    unsampled = _dispatched(lambda: next_sampler_state(policy, state, sampler, finite, None, False, torch))
+    sampled = _dispatched(lambda: next_sampler_state(policy, state, sampler, finite, sample, True, torch))
+    assert unsampled <= 100 < 150 <= sampled, (unsampled, sampled)
 
 
 def test_fractions_over_several_optimizers_count_each_element_once():
