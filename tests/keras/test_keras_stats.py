@@ -169,6 +169,32 @@ def test_an_unsampled_eager_torch_step_does_not_walk_the_gradients(monkeypatch):
     assert int(host(opt.gradient_stats)["step"]) == 6
 
 
+@pytest.mark.skipif(BACKEND != "torch", reason="the eager torch step decides the sample on the host")
+def test_the_eager_torch_step_reads_the_count_from_the_device_only_after_another_write(monkeypatch):
+    """The count's host copy follows this sampler's own writes; an ``assign`` from elsewhere (a load) makes the next
+    step read the variable again (on a GPU each read is a host sync), and the sampling follows the new count."""
+    from lossscale.keras import _stats
+
+    reads = []
+    host_int = _stats._host_int
+    monkeypatch.setattr(_stats, "_host_int", lambda t: reads.append(1) or host_int(t))
+    opt = lsk.LossScaleOptimizer(keras.optimizers.SGD(0.0), stats_every=3)
+    step = driver(opt, variables(), compiled=False)
+    for i in range(7):
+        step(known_grads(2.0**i))
+    assert (len(reads), int(host(opt.gradient_stats)["step"])) == (1, 6)
+    count = next(v for v in opt.variables if v.path.endswith("stats_count"))
+    assert int(ops.convert_to_numpy(count)) == 7
+    count.assign(2)  # as a load would
+    step(known_grads())  # count 2: not sampled
+    step(known_grads(8.0))  # count 3: sampled
+    step(known_grads())  # count 4
+    assert len(reads) == 2
+    got = host(opt.gradient_stats)
+    assert (int(got["step"]), float(got["amax"])) == (3, 32.0)
+    assert int(ops.convert_to_numpy(count)) == 5
+
+
 def test_a_variable_it_was_not_built_with_raises_on_unsampled_steps_too():
     ws = variables()
     opt = lsk.LossScaleOptimizer(keras.optimizers.SGD(1.0), stats_every=4, initial_scale=1)

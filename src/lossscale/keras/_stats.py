@@ -1,7 +1,7 @@
 """``stats_every`` for Keras: the scaled gradients' :func:`lossscale._stats.tensor_sums` and the sampler's variables.
-Cost, sampled: one read pass, ~60 scalar ops; unsampled: the ``cond`` (torch: one host read) and the count's ~7 ops
-(TensorFlow with ``stats_every`` alone: :meth:`StatsVariables.sample_or_check`), or ~25 small ops (``auto``,
-``history=``, JAX, ``tf.distribute``: the kept sample read, selected and written)."""
+Cost, sampled: one read pass, ~60 scalar ops; unsampled: the ``cond`` (torch: a Python ``if`` on a host copy of the
+count) and the count's ~7 ops (TensorFlow with ``stats_every`` alone: :meth:`StatsVariables.sample_or_check`), or
+~25 small ops (``auto``, ``history=``, JAX, ``tf.distribute``: the kept sample read, selected and written)."""
 
 from __future__ import annotations
 
@@ -30,6 +30,19 @@ def _read(variable: Any) -> Any:
     return value if keras.backend.backend() == "jax" else ops.copy(value)
 
 
+def _host_int(tensor: Any) -> int:
+    """A 0-d torch tensor's value on the host: a view of its memory on the CPU, a copy (one host sync) elsewhere."""
+    return int(tensor.detach().cpu().numpy())
+
+
+def _version(tensor: Any) -> int | None:
+    """A torch tensor's version counter (None where it keeps none: inference tensors)."""
+    try:
+        return int(tensor._version)
+    except RuntimeError:
+        return None
+
+
 def _sum_of_bools(mask: Any) -> Any:
     return ops.sum(ops.cast(mask, "float32"))
 
@@ -43,6 +56,7 @@ class StatsVariables:
         self.names: tuple[str, ...] = ()
         self.sample: list[Any] = []
         self._sizes: dict[Any, Any] = {}  # torch: (device, sizes) -> the sizes as a tensor there
+        self._host_count: tuple[Any, Any, int] | None = None  # torch: (count tensor, its version, its value)
         self.auto: list[Any] = []
 
     @property
@@ -109,8 +123,8 @@ class StatsVariables:
         """``(finite, (sample, sampled))`` of this apply (``sample`` None on torch when not sampled). With ``check``
         (for scaled ``grads``: the flag's function), a sampled apply's flag is ``isfinite(amax)``, max propagating
         NaN: one read pass; an unsampled one's ``check()``. Without, or on torch, ``finite`` is None."""
-        if keras.backend.backend() == "torch":  # eager: the flag read on the host (a CPU view: no copy), a Python bool
-            flag = self.every == 1 or int(self.count.value.detach().cpu().numpy()) % self.every == 0  # type: ignore[attr-defined]
+        if keras.backend.backend() == "torch":  # eager: the flag from the count on the host, a Python bool
+            flag = self.every == 1 or self.host_count() % self.every == 0
             return None, ((self._torch_sample(*self.slots(grads, variables), scale, already) if flag else None), flag)
         slots, sizes = self.slots(grads, variables)
         count, sampled = self.due()
@@ -161,7 +175,25 @@ class StatsVariables:
         written = list(zip(self.sample, kept)) if sample is not None else []
         for variable, value in [(self.count, after.count), *written, *zip(self.auto, after.auto or ())]:
             variable.assign(value)
+        if keras.backend.backend() == "torch":
+            self._counted_on_host()
         return new, kept
+
+    def host_count(self) -> int:
+        """torch: the step count as a Python int. A copy is kept since this sampler last wrote the variable; the
+        variable is read (one host sync on a GPU) only when its tensor or version changed since (a load, an
+        ``assign``), so an unsampled step adds no sync to the step's own."""
+        value, known = self.count.value, self._host_count  # type: ignore[attr-defined]
+        if known is None or known[0] is not value or known[1] is None or known[1] != _version(value):
+            known = self._host_count = (value, _version(value), _host_int(value))
+        return known[2]
+
+    def _counted_on_host(self) -> None:
+        """After this sampler advanced the count variable: the host copy advances by the core's count rule."""
+        value, known = self.count.value, self._host_count  # type: ignore[attr-defined]
+        if known is not None:
+            stepped = counted_sampler_state(SamplerState(known[2], None, None), None, False, np).count  # type: ignore[arg-type]
+            self._host_count = (value, _version(value), stepped)
 
     def _torch_sample(self, slots: Sequence[Any], sizes: list[int], scale: Any, already: bool) -> GradientStats:
         """The sample on torch: the torch binding's kernels (multi-tensor off the CPU), the sizes copied once."""
@@ -191,6 +223,7 @@ class StatsVariables:
             advance_in_place(self.policy.rule_params(), views, finite)
             after = counted_sampler_state(sampler, None, False, np)
         count[...] = after.count  # the core's saturating count
+        self._counted_on_host()
 
     def mapping(self) -> dict[str, Any] | None:
         """``gradient_stats``: the kept sample as :func:`lossscale._stats.as_mapping` (None until built)."""
