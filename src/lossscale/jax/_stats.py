@@ -12,7 +12,7 @@ from jax import lax
 from .._policy import LossScale
 from .._rule import LossScaleState, next_state
 from .._sampler import SamplerState, initial_sampler_state, is_due, next_sampler_state
-from .._stats import FLOAT16_TINY, GradientStats, summarize
+from .._stats import FLOAT16_TINY, GradientStats, summarize, tensor_sums
 
 __all__ = ["checked_sample", "init_stats", "measure", "step_scale", "tensor_names"]
 
@@ -40,22 +40,22 @@ CACHED_ELEMENTS = 2**20
 
 
 def _sums(g: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
-    """The core's :func:`~lossscale._stats.tensor_sums` of one non-empty leaf: ``max |g|``, zeros, subnormals, ``sum g**2``.
+    """:func:`~lossscale._stats.tensor_sums` of one non-empty leaf: ``max |g|``, zeros, subnormals, ``sum g**2``.
 
-    Two kernels by size (XLA's CPU backend): four plain reductions vectorize but write ``|g|`` and the masks out and
-    read them back (10 passes); one variadic ``lax.reduce`` reads ``g`` once but does not vectorize. Leaves that fit
-    the caches take the first (1M parameters: 0.55 ms against 1.5 ms), larger ones the second (10M: 15 vs 40 ms).
+    Two kernels by size (XLA's CPU backend): the core's four plain reductions vectorize but write ``|g|`` and the
+    masks out and read them back (10 passes); one variadic ``lax.reduce`` of the same terms reads ``g`` once but does
+    not vectorize. Leaves that fit the caches take the first (1M parameters: 0.55 ms against 1.5 ms), larger ones
+    the second (10M: 15 vs 40 ms).
     """
+    if g.size <= CACHED_ELEMENTS:
+        return tensor_sums(g, jnp)
     a = jnp.abs(g.astype(jnp.float32)).reshape(-1)
     zero, below = jnp.where(a == 0, 1.0, 0.0), jnp.where(a < FLOAT16_TINY, 1.0, 0.0)
-    if g.size <= CACHED_ELEMENTS:
-        amax, zeros, n_below, sumsq = jnp.max(a), jnp.sum(zero), jnp.sum(below), jnp.sum(a * a)
-    else:
 
-        def combine(x: tuple, y: tuple) -> tuple:
-            return lax.max(x[0], y[0]), x[1] + y[1], x[2] + y[2], x[3] + y[3]
+    def combine(x: tuple, y: tuple) -> tuple:
+        return lax.max(x[0], y[0]), x[1] + y[1], x[2] + y[2], x[3] + y[3]
 
-        amax, zeros, n_below, sumsq = lax.reduce((a, zero, below, a * a), (jnp.float32(0),) * 4, combine, (0,))
+    amax, zeros, n_below, sumsq = lax.reduce((a, zero, below, a * a), (jnp.float32(0),) * 4, combine, (0,))
     return amax, zeros, n_below - zeros, sumsq
 
 
