@@ -10,7 +10,7 @@ import keras
 
 __all__ = [
     "HIDDEN_FROM_DIR", "LegacyCheckpoint", "before_tf_restore", "checkpoint_children", "checkpoint_node",
-    "in_xla_trace", "inner_aggregation_off", "no_automatic_dependency_tracking", "not_inlined",
+    "in_xla_trace", "inner_aggregation_off", "no_automatic_dependency_tracking", "not_inlined", "version_counter",
 ]
 
 
@@ -54,6 +54,15 @@ def in_xla_trace() -> bool:
     except ImportError:  # pragma: no cover - a TF that moved it
         return False
     return bool(control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()))
+
+
+def version_counter(tensor: Any) -> int | None:
+    """A torch tensor's in-place write count (the private ``_version`` autograd keeps; no public API), or None where it
+    keeps none (inference tensors)."""
+    try:
+        return int(tensor._version)
+    except (AttributeError, RuntimeError):
+        return None
 
 
 def before_tf_restore(variable: Any, check: Callable[[Any], None]) -> None:

@@ -18,7 +18,7 @@ from .._policy import LossScale
 from .._rule import LossScaleState, advance_in_place
 from .._sampler import SamplerState, counted_sampler_state, is_due, next_sampler_state
 from .._stats import GradientStats, as_mapping, empty_stats, sizes_of, summarize_columns, tensor_sums
-from ._compat import in_xla_trace, not_inlined
+from ._compat import in_xla_trace, not_inlined, version_counter
 from ._step import XP
 
 __all__ = ["StatsVariables"]
@@ -33,14 +33,6 @@ def _read(variable: Any) -> Any:
 def _host_int(tensor: Any) -> int:
     """A 0-d torch tensor's value on the host: a view of its memory on the CPU, a copy (one host sync) elsewhere."""
     return int(tensor.detach().cpu().numpy())
-
-
-def _version(tensor: Any) -> int | None:
-    """A torch tensor's version counter (None where it keeps none: inference tensors)."""
-    try:
-        return int(tensor._version)
-    except RuntimeError:
-        return None
 
 
 def _sum_of_bools(mask: Any) -> Any:
@@ -184,8 +176,8 @@ class StatsVariables:
         variable is read (one host sync on a GPU) only when its tensor or version changed since (a load, an
         ``assign``), so an unsampled step adds no sync to the step's own."""
         value, known = self.count.value, self._host_count  # type: ignore[attr-defined]
-        if known is None or known[0] is not value or known[1] is None or known[1] != _version(value):
-            known = self._host_count = (value, _version(value), _host_int(value))
+        if known is None or known[0] is not value or known[1] is None or known[1] != version_counter(value):
+            known = self._host_count = (value, version_counter(value), _host_int(value))
         return known[2]
 
     def _counted_on_host(self) -> None:
@@ -193,7 +185,7 @@ class StatsVariables:
         value, known = self.count.value, self._host_count  # type: ignore[attr-defined]
         if known is not None:
             stepped = counted_sampler_state(SamplerState(known[2], None, None), None, False, np).count  # type: ignore[arg-type]
-            self._host_count = (value, _version(value), stepped)
+            self._host_count = (value, version_counter(value), stepped)
 
     def _torch_sample(self, slots: Sequence[Any], sizes: list[int], scale: Any, already: bool) -> GradientStats:
         """The sample on torch: the torch binding's kernels (multi-tensor off the CPU), the sizes copied once."""
