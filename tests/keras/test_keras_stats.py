@@ -208,13 +208,13 @@ def test_a_variable_it_was_not_built_with_raises_on_unsampled_steps_too():
     np.testing.assert_array_equal(ops.convert_to_numpy(stranger), np.ones(2, "float32"))
 
 
-def _executed_nodes(every, tensors):
+def _executed_nodes(every, tensors, loss_scale="dynamic"):
     """The nodes TensorFlow's executor runs for one traced ``apply`` (its partitioned, optimized graph)."""
     import tensorflow as tf
     from tensorflow.python.eager import context  # the run metadata's graphs: no public API
 
     ws = [keras.Variable(np.zeros((3, 3), np.float32), name=f"w{i}") for i in range(tensors)]
-    opt = lsk.LossScaleOptimizer(keras.optimizers.SGD(0.1), stats_every=every)
+    opt = lsk.LossScaleOptimizer(keras.optimizers.SGD(0.1), loss_scale, stats_every=every)
     opt.build(ws)
     step = tf.function(lambda *g: opt.apply(list(g), ws))
     context.context().enable_run_metadata()
@@ -232,6 +232,15 @@ def test_an_unsampled_tf_step_runs_few_nodes_more_than_without_stats():
     call, so 32 gradients add about 150 nodes to the step, not the ~590 of the sums inlined into the branch."""
     extra = _executed_nodes(16, 32) - _executed_nodes(None, 32)
     assert 0 < extra <= 100 + 4 * 32, extra
+
+
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="TensorFlow's executor")
+def test_an_unsampled_tf_auto_step_runs_the_backoff_not_the_sample_rule():
+    """``auto`` goes through the same branch: the sampled one runs the sample and the whole rule in one function
+    call, the other the check and the rule's overflow backoff. 32 gradients add about 230 nodes, not the ~740 of
+    the rule and the kept sample's selects and writes on every step."""
+    extra = _executed_nodes(None, 32, "auto") - _executed_nodes(None, 32)
+    assert 0 < extra <= 300, extra
 
 
 @pytest.mark.skipif(BACKEND != "jax", reason="jax.transfer_guard and trace counting")

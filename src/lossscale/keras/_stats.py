@@ -1,7 +1,8 @@
 """``stats_every`` for Keras: the scaled gradients' :func:`lossscale._stats.tensor_sums` and the sampler's variables.
 Cost, sampled: one read pass, ~60 scalar ops; unsampled: the ``cond`` (torch: a Python ``if`` on a host copy of the
-count) and the count's ~7 ops (TensorFlow with ``stats_every`` alone: :meth:`StatsVariables.sample_or_check`), or
-~25 small ops (``auto``, ``history=``, JAX, ``tf.distribute``: the kept sample read, selected and written)."""
+count) and the count's ~7 ops (TensorFlow without a strategy or a record: :meth:`StatsVariables.sample_or_check`,
+``auto``'s rule without the sample's ops), or ~25 small ops (``history=``, JAX, ``tf.distribute``: the kept sample
+read, selected and written)."""
 
 from __future__ import annotations
 
@@ -134,13 +135,14 @@ class StatsVariables:
 
     def sample_or_check(
         self, grads: Sequence[Any], variables: Sequence[Any], scale: Any, already: bool, check: Callable[[], Any],
-        fused: bool,
+        fused: bool, rule: Callable[[Any, GradientStats | None], None] | None = None,
     ) -> Any:
-        """The flag of a TensorFlow step whose rule reads no sample and that nothing records (the caller checks):
-        ``cond(sampled, sample written to its variables, then isfinite(amax) if fused else check(), check())``, and
-        the count advanced. An unsampled step neither reads nor writes the sample, and the sampled branch is one
-        function call: TensorFlow's executor runs 53 nodes more than without statistics, against 215 through
-        :meth:`measure` and :meth:`advance` (which keep the sample with selects and write it on every step)."""
+        """The flag of a TensorFlow step that nothing records (the caller checks): ``cond(sampled, sample written to
+        its variables, then isfinite(amax) if fused else check(), check())``, and the count advanced. ``rule(finite,
+        sample or None)``, ``auto``'s, runs in each branch (None: the caller runs the TF rule). An unsampled step
+        neither reads nor writes the sample, nor runs the rule's sample ops, and the sampled branch is one function
+        call: TensorFlow's executor runs 53 nodes more than without statistics, against 215 through :meth:`measure`
+        and :meth:`advance` (which keep the sample with selects and write it on every step)."""
         slots, sizes = self.slots(grads, variables)
         count, sampled = self.due()
 
@@ -148,12 +150,32 @@ class StatsVariables:
             values = self.summary(self.table(slots, sizes, scale, already), sizes, count)
             for variable, value in zip(self.sample, values):
                 variable.assign(value)
-            return ops.isfinite(values[1]) if fused else check()  # values[1]: the overall amax, NaN propagating
+            finite = ops.isfinite(values[1]) if fused else check()  # values[1]: the overall amax, NaN propagating
+            if rule is not None:
+                rule(finite, GradientStats(*values))
+            return finite
 
-        finite = take() if self.every == 1 else ops.cond(sampled, not_inlined(take), check)
+        def skip() -> Any:
+            finite = check()
+            if rule is not None:
+                rule(finite, None)
+            return finite
+
+        finite = take() if self.every == 1 else ops.cond(sampled, not_inlined(take), skip)
         counted = counted_sampler_state(SamplerState(count, GradientStats(*self.sample), None), None, False, XP)
         self.count.assign(counted.count)
         return finite
+
+    def auto_rule(self, state: LossScaleState, finite: Any, sample: GradientStats | None) -> LossScaleState:
+        """The core sampler's ``auto`` rule on this step's ``sample`` (None: not sampled, the rule's sample ops
+        skipped), inside :meth:`sample_or_check`'s branches; assigns the auto state, returns the new scale state."""
+        kept = GradientStats(*self.sample) if sample is None else sample  # the variables themselves: not read
+        # The count is sample_or_check's to advance: the sampler's next count here is not used.
+        sampler = SamplerState(self.count, kept, AutoState(*(_read(v) for v in self.auto)))
+        new, after = next_sampler_state(self.policy, state, sampler, finite, sample, sample is not None, XP)
+        for variable, value in zip(self.auto, after.auto or ()):
+            variable.assign(value)
+        return new
 
     def advance(self, state: LossScaleState, finite: Any, measured: Any) -> tuple[LossScaleState, GradientStats]:
         """The new scale state and kept sample by the core's sampler (``measure`` chose the sample); assigns both."""

@@ -115,12 +115,16 @@ class ScaleState:
         new, kept = self.stats.advance(state, finite, measured)
         return new, (measured[1], kept.headroom_bits, kept.zero_fraction, kept.subnormal_fraction)
 
-    def finish(self, state: LossScaleState, finite: Any, measured: Any = None) -> None:
-        """:meth:`advance`, then assigns the variables that move and tells the observer (when on)."""
-        new, stats = self.advance(state, finite, measured)
+    def assign(self, new: LossScaleState) -> None:
+        """Writes the variables the rule can move."""
         for variable, value, moving in zip(self.variables, new, self._moving):
             if moving:
                 variable.assign(value)
+
+    def finish(self, state: LossScaleState, finite: Any, measured: Any = None) -> None:
+        """:meth:`advance`, then assigns the variables that move and tells the observer (when on)."""
+        new, stats = self.advance(state, finite, measured)
+        self.assign(new)
         if self.observer.active:
             self.observer.observe(state.loss_scale, finite, new.consecutive_skips, new.loss_scale, stats)
 
@@ -153,9 +157,9 @@ def unscale_and_check(state: ScaleState, grads: list[Any], variables: Sequence[A
 
 def apply_step(state: ScaleState, inner: Any, grads: list[Any], variables: list[Any], already: bool) -> None:
     """The stateful step (TF without a strategy, torch): ``inner.apply`` in the taken branch, the rule in each (flag
-    constant) unless ``auto`` or an observer need the flag (``stats_every`` alone: the sample is taken and written in
-    its own branch, see :meth:`~._stats.StatsVariables.sample_or_check`). One multiply, one read pass; eager TF: two
-    host syncs."""
+    constant) unless an observer or ``auto`` need the flag. With statistics and no observer, the sample is taken and
+    written in its own branch, ``auto``'s rule run in each (:meth:`~._stats.StatsVariables.sample_or_check`). One
+    multiply, one read pass; eager TF: two host syncs (three with statistics)."""
     if keras.backend.backend() == "torch":
         import torch
 
@@ -165,9 +169,15 @@ def apply_step(state: ScaleState, inner: Any, grads: list[Any], variables: list[
     unscaled = grads if already else unscale(grads, current.loss_scale, _keep(variables))
     checked = grads if state.at_least_one else unscaled
     stats = state.stats
-    if stats is not None and not stats.auto and not state.observer.active:  # the rule reads no sample: as plain
+    if stats is not None and not state.observer.active:  # the sample written in its branch, auto's rule in each
+        def auto(finite: Any, sample: Any) -> None:
+            state.assign(stats.auto_rule(current, finite, sample))
+
         finite = stats.sample_or_check(grads, variables, current.loss_scale, already, lambda: all_finite(checked),
-                                       state.fused(grads, already))
+                                       state.fused(grads, already), auto if stats.auto else None)
+        if stats.auto:
+            ops.cond(finite, lambda: inner.apply(unscaled, variables), lambda: None)
+            return None
         measured = None
     else:
         finite, measured = state.check_and_measure(grads, variables, checked, current.loss_scale, already)
