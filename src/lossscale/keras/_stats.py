@@ -135,11 +135,11 @@ class StatsVariables:
 
     def sample_or_check(
         self, grads: Sequence[Any], variables: Sequence[Any], scale: Any, already: bool, check: Callable[[], Any],
-        fused: bool, rule: Callable[[Any, GradientStats | None], None] | None = None,
+        fused: bool, rule: Callable[[Any, GradientStats | None, Any], None] | None = None,
     ) -> Any:
         """The flag of a TensorFlow step that nothing records (the caller checks): ``cond(sampled, sample written to
         its variables, then isfinite(amax) if fused else check(), check())``, and the count advanced. ``rule(finite,
-        sample or None)``, ``auto``'s, runs in each branch (None: the caller runs the TF rule). An unsampled step
+        sample or None, count)``, ``auto``'s, runs in each branch (None: the caller runs the TF rule). An unsampled step
         neither reads nor writes the sample, nor runs the rule's sample ops, and the sampled branch is one function
         call: TensorFlow's executor runs 53 nodes more than without statistics, against 215 through :meth:`measure`
         and :meth:`advance` (which keep the sample with selects and write it on every step)."""
@@ -152,13 +152,13 @@ class StatsVariables:
                 variable.assign(value)
             finite = ops.isfinite(values[1]) if fused else check()  # values[1]: the overall amax, NaN propagating
             if rule is not None:
-                rule(finite, GradientStats(*values))
+                rule(finite, GradientStats(*values), count)
             return finite
 
         def skip() -> Any:
             finite = check()
             if rule is not None:
-                rule(finite, None)
+                rule(finite, None, count)
             return finite
 
         finite = take() if self.every == 1 else ops.cond(sampled, not_inlined(take), skip)
@@ -166,12 +166,12 @@ class StatsVariables:
         self.count.assign(counted.count)
         return finite
 
-    def auto_rule(self, state: LossScaleState, finite: Any, sample: GradientStats | None) -> LossScaleState:
-        """The core sampler's ``auto`` rule on this step's ``sample`` (None: not sampled, the rule's sample ops
-        skipped), inside :meth:`sample_or_check`'s branches; assigns the auto state, returns the new scale state."""
+    def auto_rule(self, state: LossScaleState, count: Any, finite: Any, sample: GradientStats | None) -> LossScaleState:
+        """The core sampler's ``auto`` rule on the step at ``count`` and its ``sample`` (None: not sampled, the rule's
+        sample ops skipped), inside :meth:`sample_or_check`'s branches; assigns the auto state, returns the new scale
+        state. The count is sample_or_check's to advance (the sampler's next one here is not used)."""
         kept = GradientStats(*self.sample) if sample is None else sample  # the variables themselves: not read
-        # The count is sample_or_check's to advance: the sampler's next count here is not used.
-        sampler = SamplerState(self.count, kept, AutoState(*(_read(v) for v in self.auto)))
+        sampler = SamplerState(count, kept, AutoState(*(_read(v) for v in self.auto)))
         new, after = next_sampler_state(self.policy, state, sampler, finite, sample, sample is not None, XP)
         for variable, value in zip(self.auto, after.auto or ()):
             variable.assign(value)
@@ -202,12 +202,14 @@ class StatsVariables:
             known = self._host_count = (value, version_counter(value), _host_int(value))
         return known[2]
 
-    def _counted_on_host(self) -> None:
-        """After this sampler advanced the count variable: the host copy advances by the core's count rule."""
+    def _counted_on_host(self, stepped: int | None = None) -> None:
+        """After this sampler advanced the count variable: the host copy moves to ``stepped`` (the new count, if the
+        caller has it on the host), else by the core's count rule."""
         value, known = self.count.value, self._host_count  # type: ignore[attr-defined]
-        if known is not None:
+        if stepped is None and known is not None:
             stepped = counted_sampler_state(SamplerState(known[2], None, None), None, False, np).count  # type: ignore[arg-type]
-            self._host_count = (value, version_counter(value), stepped)
+        if stepped is not None:
+            self._host_count = (value, version_counter(value), int(stepped))
 
     def _torch_sample(self, slots: Sequence[Any], sizes: list[int], scale: Any, already: bool) -> GradientStats:
         """The sample on torch: the torch binding's kernels (multi-tensor off the CPU), the sizes copied once."""
@@ -236,8 +238,8 @@ class StatsVariables:
         else:
             advance_in_place(self.policy.rule_params(), views, finite)
             after = counted_sampler_state(sampler, None, False, np)
-        count[...] = after.count  # the core's saturating count
-        self._counted_on_host()
+        count[...] = after.count  # the core's saturating count (a Python int here)
+        self._counted_on_host(after.count)
 
     def mapping(self) -> dict[str, Any] | None:
         """``gradient_stats``: the kept sample as :func:`lossscale._stats.as_mapping` (None until built)."""

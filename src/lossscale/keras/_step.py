@@ -168,22 +168,19 @@ def apply_step(state: ScaleState, inner: Any, grads: list[Any], variables: list[
     current = state.read()
     unscaled = grads if already else unscale(grads, current.loss_scale, _keep(variables))
     checked = grads if state.at_least_one else unscaled
-    stats = state.stats
+    stats, measured, ruled = state.stats, None, False
     if stats is not None and not state.observer.active:  # the sample written in its branch, auto's rule in each
-        def auto(finite: Any, sample: Any) -> None:
-            state.assign(stats.auto_rule(current, finite, sample))
+        def auto(finite: Any, sample: Any, count: Any) -> None:
+            state.assign(stats.auto_rule(current, count, finite, sample))
 
         finite = stats.sample_or_check(grads, variables, current.loss_scale, already, lambda: all_finite(checked),
                                        state.fused(grads, already), auto if stats.auto else None)
-        if stats.auto:
-            ops.cond(finite, lambda: inner.apply(unscaled, variables), lambda: None)
-            return None
-        measured = None
+        ruled = bool(stats.auto)
     else:
         finite, measured = state.check_and_measure(grads, variables, checked, current.loss_scale, already)
-    if measured is not None or state.observer.active:
+    if ruled or measured is not None or state.observer.active:  # the rule runs (or ran) outside the update's cond
         ops.cond(finite, lambda: inner.apply(unscaled, variables), lambda: None)
-        return state.finish(current, finite, measured)
+        return None if ruled else state.finish(current, finite, measured)
 
     def apply_and_advance() -> None:
         inner.apply(unscaled, variables)
