@@ -10,8 +10,8 @@ import torch
 from torch.utils._foreach_utils import _group_tensors_by_device_and_dtype
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["AMP_SCALING", "TorchDispatchMode", "foreach_abs", "foreach_add", "foreach_copy_",
-           "foreach_floor_", "foreach_mul", "foreach_mul_", "foreach_norm", "foreach_sign", "foreach_sign_",
+__all__ = ["AMP_SCALING", "TorchDispatchMode", "foreach_abs", "foreach_add", "foreach_ceil_", "foreach_copy_",
+           "foreach_mul", "foreach_mul_", "foreach_norm", "foreach_sign_",
            "group_in_python", "group_tensors_by_device_and_dtype", "init_step_hooks", "non_finite_check_and_unscale_",
            "sparse_values", "step_with_scale"]
 
@@ -27,9 +27,8 @@ foreach_mul = torch._foreach_mul
 foreach_copy_ = torch._foreach_copy_
 foreach_abs = torch._foreach_abs
 foreach_add = torch._foreach_add
-foreach_sign = torch._foreach_sign
 foreach_sign_ = torch._foreach_sign_
-foreach_floor_ = torch._foreach_floor_
+foreach_ceil_ = torch._foreach_ceil_
 
 #: The attribute by which a fused optimizer says its ``step()`` reads ``grad_scale``/``found_inf``.
 AMP_SCALING = "_step_supports_amp_scaling"

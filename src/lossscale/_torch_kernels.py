@@ -15,11 +15,10 @@ from ._stats import FLOAT16_TINY, GradientStats, summarize_columns
 from ._torch_compat import (
     foreach_abs,
     foreach_add,
-    foreach_floor_,
+    foreach_ceil_,
     foreach_mul,
     foreach_mul_,
     foreach_norm,
-    foreach_sign,
     foreach_sign_,
     group_in_python,
     group_tensors_by_device_and_dtype,
@@ -286,24 +285,23 @@ def tensor_sums(g: torch.Tensor, factor: torch.Tensor | None = None) -> Sums:
 
 def _multi_tensor_sums(grads: list[torch.Tensor], factor: torch.Tensor | None) -> list[torch.Tensor]:
     """The four ``(k,)`` columns of :func:`tensor_sums` for ``k`` dense gradients of one device and dtype, by
-    multi-tensor kernels: about 12 launches for all ``k`` instead of about 9 each; three copies of ``|g|``, each
-    read or written about four times.
-    ``sign`` is the only op here that maps NaN to a number (0), so NaNs are counted out as
-    ``#non-NaN = sum sign(|g| + 1)``: ``zeros = #non-NaN - sum sign|g|``,
-    ``subnormals = sum sign|g| - sum sign(floor(|g| * 2**14))``."""
+    multi-tensor kernels: 14 launches for all ``k`` instead of about 9 each; three copies of ``|g|``, each read or
+    written about four times.
+    Each count is the 1-norm of a mark ``|sign(ceil(x))|``, which is 1 where ``x`` is positive, ``x <= -1`` or
+    infinite, and 0 where it is NaN or in ``(-1, 0]`` (``sign`` is the only op here that maps NaN to a number, 0):
+    ``x = |g| + 1`` marks the non-NaN entries, ``x = |g|`` those above 0, ``x = -|g| * 2**14`` those at or above
+    float16's smallest normal, so ``zeros = #non-NaN - #positive`` and ``subnormals = #positive - #normal``."""
     a = list(foreach_abs(grads))  # |g| in the gradients' dtype
     if factor is not None:
         foreach_mul_(a, factor)
-    amax = torch.stack(foreach_norm(a, math.inf))
-    root = torch.stack(foreach_norm(a, 2.0))
-    present = list(foreach_add(a, 1.0))
-    foreach_sign_(present)  # 1 per non-NaN
-    positive = list(foreach_sign(a))  # 1 per |g| > 0, NaN left out
-    foreach_mul_(a, 1.0 / FLOAT16_TINY)
-    foreach_floor_(a)
-    foreach_sign_(a)  # 1 per |g| >= 2**-14, NaN left out
-    numbers, nonzero, normal = torch.stack(foreach_norm([*present, *positive, *a], 1.0)).view(3, len(grads)).unbind()
-    return [amax, numbers - nonzero, nonzero - normal, root * root]
+    k = len(grads)
+    norms = [*foreach_norm(a, math.inf), *foreach_norm(a, 2.0)]  # before a is marked below
+    marks = [*foreach_add(a, 1.0), *a, *foreach_mul(a, -1.0 / FLOAT16_TINY)]
+    foreach_ceil_(marks)
+    foreach_sign_(marks)
+    table = torch.stack([*norms, *foreach_norm(marks, 1.0)]).view(5, k)  # max, root, #non-NaN, #positive, #normal
+    zeros, subnormals = (table[2:4] - table[3:5]).unbind()
+    return [table[0], zeros, subnormals, table[1] * table[1]]
 
 
 @torch.no_grad()

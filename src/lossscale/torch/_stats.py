@@ -32,6 +32,7 @@ class StatsSampler:
         if auto is not None:  # a checkpoint's (numpy, from read_sampler_record)
             self.state = self.state._replace(auto=AutoState(*(torch.as_tensor(v).clone() for v in auto)))
         self._sums: dict[int, tuple] = {}  # optimizer slot -> (columns, names, sizes, micro-batches) of this step
+        self._columns: tuple | None = None  # (columns, sizes, count) of a sample not summarized yet (see advance)
         self._sets: dict[Any, tuple[tuple[str, ...], Sizes]] = {}  # parameter set -> (names, sizes)
 
     @property
@@ -58,6 +59,8 @@ class StatsSampler:
     def advance(self, scale: LossScaleState | None, found_inf: torch.Tensor | None, recorder: Any = None) -> Any:
         """Ends a step: the auto rule's new scale state for the caller to write (None: the caller's rule moves it)."""
         parts, self._sums, self.backwards = [self._sums[k] for k in sorted(self._sums)], {}, 0
+        auto = self.state.auto
+        ruled = not (scale is None or found_inf is None or auto is None or not isinstance(self.policy, AutoLossScale))
         sample = None
         if parts:
             if len(parts) == 1:
@@ -65,14 +68,14 @@ class StatsSampler:
             else:
                 columns = [torch.cat([p[0][k] for p in parts]) for k in range(4)]
                 sizes = Sizes(torch.cat([p[2].safe for p in parts]), sum(p[2].total for p in parts))
-            tag = torch.full((), self.state.count, dtype=torch.int32, device=sizes.safe.device)  # a fill, not a copy
-            sample = summarize_columns(columns, sizes, tag, torch)
             self.names = tuple(n for p in parts for n in p[1])
+            self._columns = (columns, sizes, self.state.count)
+            if ruled or recorder is not None:  # the step reads the sample: summarized now
+                sample = self._summarized().sample
             if recorder is not None:
                 recorder.note_stats(torch.stack([sample.headroom_bits, sample.zero_fraction,
                                                  sample.subnormal_fraction]))
-        auto = self.state.auto
-        if scale is None or found_inf is None or auto is None or not isinstance(self.policy, AutoLossScale):
+        if not ruled:
             self.state = core.counted_sampler_state(self.state, sample, sample is not None, torch)
             return None
         device = scale.loss_scale.device
@@ -83,10 +86,20 @@ class StatsSampler:
                                                   torch, micro_batches=micro)
         return new
 
+    def _summarized(self) -> core.SamplerState:
+        """:attr:`state` with the latest sample summarized (about 20 kernels on ``(T,)`` columns, once per sample).
+        A step that does not read its sample (no ``auto``, no History) keeps the columns and leaves this to the
+        first read: about half of a sampled step's kernels on a GPU."""
+        if self._columns is not None:
+            columns, sizes, count = self._columns
+            tag = torch.full((), count, dtype=torch.int32, device=sizes.safe.device)  # a fill, not a copy
+            self.state, self._columns = self.state._replace(sample=summarize_columns(columns, sizes, tag, torch)), None
+        return self.state
+
     @property
     def gradient_stats(self) -> dict[str, Any] | None:
         """The latest sample as :func:`lossscale._stats.as_mapping` (tensors; None before the first)."""
-        return None if self.names is None else as_mapping(self.state.sample, self.names)
+        return None if self.names is None else as_mapping(self._summarized().sample, self.names)
 
     def state_dict(self) -> dict[str, Any]:
         """The core's ``"lossscale_stats"`` record (:func:`~lossscale._sampler.sampler_record`; tensors, copied)."""
@@ -96,5 +109,5 @@ class StatsSampler:
         """A sampler over ``policy`` holding ``record`` (validated; None: the count stays) and this sample."""
         count, auto = (self.state.count, None) if record is None else core.read_sampler_record(record, policy)
         fresh = StatsSampler(self.every, policy, count, auto)
-        fresh.state, fresh.names = fresh.state._replace(sample=self.state.sample), self.names
+        fresh.state, fresh.names = fresh.state._replace(sample=self._summarized().sample), self.names
         return fresh
