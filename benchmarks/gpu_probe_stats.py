@@ -4,8 +4,11 @@ costs inside a jitted step.
 * torch: ``LossScaleOptimizer`` over fused AdamW on the 1M-parameter MLP of ``bench_stats.py``; per contender
   (``off``, ``N=16``, ``N=1``, ``auto``) the wall time per step, the operators per step, and the operators that take
   the most host time (``torch.profiler``, CPU activity).
-* JAX: the jitted step of ``bench_stats.py`` with ``off``, ``N=16`` and ``N=1``, and ``off`` plus one ``lax.cond``
-  whose true branch sums one gradient (``cond``): the wall time per step and the time the host spends dispatching
+* JAX: the jitted step of ``bench_stats.py`` with ``off``, ``N=16``, ``N=1`` and ``auto``, ``off`` plus one
+  ``lax.cond`` whose true branch sums one gradient (``cond``), and ``off`` with the finite check as
+  ``all(isfinite)`` per leaf instead of a sum with the exact check in a ``lax.cond`` (``off, isfinite check``),
+  and ``N=16`` with that check or with its ``lax.cond`` returning one packed vector (``packed cond``), in
+  interleaved rounds: the wall time per step and the time the host spends dispatching
   (a conditional whose predicate XLA reads on the host makes dispatch wait for the device). ``--xla-flags`` reruns
   the JAX part in a subprocess under those ``XLA_FLAGS``.
 
@@ -17,6 +20,7 @@ from __future__ import annotations
 import argparse
 import collections
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -92,8 +96,39 @@ def jax_part(steps: int) -> None:
             h = jnp.tanh(h @ layer["w"] + layer["b"])
         return jnp.mean((h - y) ** 2)
 
-    rows = {}
-    for name, (loss_scale, every) in {**CONTENDERS, "cond": ("dynamic", None)}.items():
+    import lossscale.jax._optimizer as optimizer_module
+    from lossscale._stats import GradientStats
+    from lossscale.jax._grads import _exactly_finite
+    from lossscale.jax._stats import is_due, measure
+
+    def packed_checked_sample(every: int, grads: list, stats: object, check: object) -> tuple:
+        """``checked_sample`` whose ``lax.cond`` returns the finite flag and one float32 vector, not 11 arrays."""
+        count, kept = jnp.asarray(stats.count), stats.sample
+
+        def pack(sample: GradientStats) -> jax.Array:
+            return jnp.concatenate([jnp.ravel(x).astype(jnp.float32) for x in sample[1:]])
+
+        def sampled_branch(g: list) -> tuple:
+            sample = measure(g, count, None)
+            return jnp.isfinite(sample.amax), pack(sample)
+
+        due = is_due(every, count)
+        finite, flat = lax.cond(due, sampled_branch, lambda g: (check(g), pack(kept)), grads)
+        fields, start = [jnp.where(due, count, kept.step)], 0
+        for x in kept[1:]:
+            fields.append(flat[start:start + x.size].reshape(x.shape))
+            start += x.size
+        return finite, GradientStats(*fields), due
+
+    shipped_check, shipped_sample = optimizer_module.all_finite, optimizer_module.checked_sample
+    runs = {}
+    variants = {**CONTENDERS, "cond": ("dynamic", None), "off, isfinite check": ("dynamic", None),
+                "N=16, isfinite check": ("dynamic", 16), "N=16, packed cond": ("dynamic", 16)}
+    for name, (loss_scale, every) in variants.items():
+        # "isfinite check": the finite check as jnp.all(isfinite) per leaf, without the sum-then-cond check
+        optimizer_module.all_finite = (lambda t: _exactly_finite(jax.tree_util.tree_leaves(t))) if "isfinite" in name \
+            else shipped_check
+        optimizer_module.checked_sample = packed_checked_sample if "packed" in name else shipped_sample
         opt = lsj.loss_scale_optimizer(optax.adam(1e-4), loss_scale, stats_every=every)
 
         def step(p: list, s: object, c: jax.Array, opt: object = opt, name: str = name) -> tuple:
@@ -106,19 +141,24 @@ def jax_part(steps: int) -> None:
         step = jax.jit(step, donate_argnums=(0, 1))
         state = [jax.tree.map(jnp.array, params0)]
         state += [opt.init(state[0]), jnp.zeros((), jnp.float32)]
-        for _ in range(32):
-            state = list(step(*state))
-        jax.block_until_ready(state)
-        walls, dispatch = [], []
-        for _ in range(7):
+
+        def run(n: int, step: object = step, state: list = state) -> tuple[float, float]:
             start = time.perf_counter()
-            for _ in range(steps):
-                state = list(step(*state))
+            for _ in range(n):
+                state[:] = step(*state)
             mid = time.perf_counter()
             jax.block_until_ready(state)
-            walls.append((time.perf_counter() - start) / steps)
-            dispatch.append((mid - start) / steps)
-        rows[name] = (statistics.median(walls), statistics.median(dispatch))
+            return (time.perf_counter() - start) / n, (mid - start) / n
+
+        run(32)  # traced here, under this variant's check
+        runs[name] = run
+    optimizer_module.all_finite, optimizer_module.checked_sample = shipped_check, shipped_sample
+    times: dict[str, list[tuple[float, float]]] = {name: [] for name in runs}
+    for _ in range(9):  # interleaved rounds in a shuffled order: a slow spell hits every variant alike
+        for name in random.sample(list(runs), len(runs)):
+            times[name].append(runs[name](steps))
+    rows = {name: (statistics.median(t[0] for t in ts), statistics.median(t[1] for t in ts))
+            for name, ts in times.items()}
     base = rows["off"][0]
     print("\n| jax step | wall ms/step | over off | host dispatch ms/step |\n|---|---|---|---|")
     for name, (wall, disp) in rows.items():
