@@ -214,10 +214,13 @@ def test_apply_gradients_samples_and_scales_as_the_numpy_core(loss_scale, every)
     _check_against(state, *_reference_run(policy, n_every, seen))
 
 
+@pytest.mark.parametrize("backend", ["cpu", "gpu"])
 @pytest.mark.parametrize("loss_scale", ["dynamic", "auto"])
-def test_overflows_on_sampled_and_unsampled_steps_follow_the_numpy_core(loss_scale):
+def test_overflows_on_sampled_and_unsampled_steps_follow_the_numpy_core(loss_scale, backend, monkeypatch):
     """stats_every=3: a sampled step's finite flag is read from the sample's max |g| (one pass), an unsampled
-    step's from the usual check; NaN and Inf on either kind of step skip as the numpy core's sampler says."""
+    step's from the usual check (on a GPU, ``all(isfinite)``); NaN and Inf on either kind of step skip as the numpy
+    core's sampler says."""
+    monkeypatch.setattr(jax, "default_backend", lambda: backend)  # the check chosen, on this machine's CPU
     opt = lsj.loss_scale_optimizer(optax.sgd(0.1), loss_scale, stats_every=3)
     state, seen = opt.init(params()), []
     step = jax.jit(opt.update)
@@ -231,6 +234,30 @@ def test_overflows_on_sampled_and_unsampled_steps_follow_the_numpy_core(loss_sca
         _check_against(state, ref_scale, ref_sampler)
         assert bool(jnp.any(updates["b"])) == (bad is None), i
     assert int(state.skipped_steps) == 3
+
+
+def _conds_inside_conds(jaxpr, depth=0):
+    found = 0
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "cond":
+            found += depth > 0
+            found += sum(_conds_inside_conds(branch.jaxpr, depth + 1) for branch in eqn.params["branches"])
+        else:  # a jit or custom_jvp inside: its jaxpr (closed or not) among the params
+            for value in eqn.params.values():
+                sub = getattr(value, "jaxpr", value)
+                if hasattr(sub, "eqns"):
+                    found += _conds_inside_conds(sub, depth)
+    return found
+
+
+@pytest.mark.parametrize(("backend", "nested"), [("cpu", 1), ("gpu", 0)])
+def test_on_a_gpu_the_unsampled_step_checks_without_a_second_conditional(backend, nested, monkeypatch):
+    """XLA's GPU runtime reads a conditional's predicate on the host: there the unsampled branch checks with
+    ``all(isfinite)`` rather than the sum check, whose own ``lax.cond`` would be a second wait on every step."""
+    monkeypatch.setattr(jax, "default_backend", lambda: backend)
+    opt = lsj.loss_scale_optimizer(optax.sgd(0.1), "dynamic", stats_every=16)
+    jaxpr = jax.make_jaxpr(opt.update)(grads_at(1.0), opt.init(params()), params())
+    assert _conds_inside_conds(jaxpr.jaxpr) == nested
 
 
 def test_value_and_grad_and_update_sample_the_scaled_gradients():

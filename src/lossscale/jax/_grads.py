@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-__all__ = ["all_finite", "check_gradients", "scale_loss", "squared_norm", "unscale"]
+__all__ = ["all_finite", "check_gradients", "nested_finite_check", "scale_loss", "squared_norm", "unscale"]
 
 
 def scale_loss(loss: Any, scale: Any) -> jax.Array:
@@ -92,6 +92,18 @@ def all_finite(tree: Any) -> jax.Array:
         # The taken branch returns the flag, not a constant: both then vary over the gradients' shard_map axes.
         flag = flag & lax.cond(summed, lambda: summed, lambda: _exactly_finite(wide))
     return flag
+
+
+def nested_finite_check() -> Any:
+    """The finite check to run inside another conditional: :func:`all_finite`, but on a GPU one ``all(isfinite)``
+    per leaf. XLA's GPU runtime reads each conditional's predicate on the host, so the sum check's own ``lax.cond``
+    nested in ``stats_every``'s is a second wait on every unsampled step. On an H100 (1M parameters,
+    ``benchmarks/gpu_probe_stats.py``) ``stats_every=16`` averaged 1.24 of a step without statistics this way, 1.37
+    with the sum check. On a CPU the sum check is the faster one (``all(isfinite)`` made that step 16% slower).
+    Both checks are exact."""
+    if jax.default_backend() == "gpu":
+        return lambda tree: _exactly_finite([jnp.asarray(leaf) for leaf in jax.tree_util.tree_leaves(tree)])
+    return all_finite
 
 
 def squared_norm(tree: Any, scale: Any) -> jax.Array:
