@@ -195,6 +195,71 @@ def test_the_eager_torch_step_reads_the_count_from_the_device_only_after_another
     assert int(ops.convert_to_numpy(count)) == 5
 
 
+def _off_the_cpu(monkeypatch):
+    """The torch step as with its variables on a GPU: no numpy path (``finish_in_place`` declines)."""
+    from lossscale.keras._step import ScaleState
+
+    monkeypatch.setattr(ScaleState, "finish_in_place", lambda *args, **kwargs: False)
+
+
+@pytest.mark.skipif(BACKEND != "torch", reason="the eager torch step decides the sample on the host")
+def test_an_unsampled_torch_step_off_the_cpu_reads_no_sample(monkeypatch):
+    """With the variables off the CPU an unsampled step neither reads nor writes the kept sample and counts in place:
+    one torch operator that launches a kernel more than without statistics (it copied each of the 11 sample
+    variables and the count, and ran the count's rule: 16 more)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.count += not func.is_view
+            return func(*args, **(kwargs or {}))
+
+    _off_the_cpu(monkeypatch)
+
+    def launched(every):
+        opt, ws = lsk.LossScaleOptimizer(keras.optimizers.SGD(0.1), stats_every=every), variables()
+        step = driver(opt, ws, compiled=False)
+        for _ in range(2):  # steps 0 (sampled) and 1
+            step(known_grads())
+        grads = [ops.convert_to_tensor(g) for g in known_grads()]
+        with Ops() as counter:
+            opt.apply(grads, ws)  # step 2 of 16: not sampled
+        return counter.count
+
+    assert launched(16) - launched(None) == 1
+
+
+@pytest.mark.skipif(BACKEND != "torch", reason="the eager torch step decides the sample on the host")
+@pytest.mark.parametrize("loss_scale", ["dynamic", "auto"])
+def test_the_torch_step_off_the_cpu_moves_as_the_numpy_path(loss_scale, monkeypatch):
+    """The scale, the count and the kept sample off the CPU equal the numpy path's on the same gradients, an Inf
+    on an unsampled step included."""
+
+    def run():
+        opt = lsk.LossScaleOptimizer(keras.optimizers.SGD(0.1), loss_scale, stats_every=3)
+        step, seen = driver(opt, variables(), compiled=False), []
+        for i in range(8):
+            grads = known_grads(2.0**i)
+            if i == 4:
+                grads[1][0, 0] = np.inf
+            step(grads)
+            seen.append((float(opt.loss_scale), int(ops.convert_to_numpy(opt.iterations)),
+                         [float(ops.convert_to_numpy(v)) for v in opt.variables if v.path.endswith("stats_count")]))
+        return seen, host(opt.gradient_stats)
+
+    on_host, stats_on_host = run()
+    _off_the_cpu(monkeypatch)
+    off_cpu, stats_off_cpu = run()
+    assert off_cpu == on_host
+    assert [c for _, _, [c] in on_host] == list(range(1, 9))
+    np.testing.assert_equal(stats_off_cpu, stats_on_host)
+    assert int(stats_on_host["step"]) == 6
+
+
 def test_a_variable_it_was_not_built_with_raises_on_unsampled_steps_too():
     ws = variables()
     opt = lsk.LossScaleOptimizer(keras.optimizers.SGD(1.0), stats_every=4, initial_scale=1)
