@@ -260,6 +260,35 @@ def test_the_torch_step_off_the_cpu_moves_as_the_numpy_path(loss_scale, monkeypa
     assert int(stats_on_host["step"]) == 6
 
 
+def _conds_inside_conds(jaxpr, depth=0):
+    found = 0
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "cond":
+            found += depth > 0
+            found += sum(_conds_inside_conds(branch.jaxpr, depth + 1) for branch in eqn.params["branches"])
+        else:  # a jit or custom_jvp inside: its jaxpr (closed or not) among the params
+            for value in eqn.params.values():
+                sub = getattr(value, "jaxpr", value)
+                if hasattr(sub, "eqns"):
+                    found += _conds_inside_conds(sub, depth)
+    return found
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="XLA on a GPU reads a conditional's predicate on the host")
+@pytest.mark.parametrize("gpu_path", [False, True], ids=["cpu-path", "gpu-path"])
+def test_on_a_gpu_the_unsampled_branch_checks_without_a_cond_of_its_own(gpu_path, monkeypatch):
+    import jax
+
+    if gpu_path:
+        _as_on_a_gpu(monkeypatch)
+    opt, ws = lsk.LossScaleOptimizer(keras.optimizers.SGD(0.1), stats_every=16), variables()
+    opt.build(ws)
+    jaxpr = jax.make_jaxpr(opt.stateless_apply)(
+        [v.value for v in opt.variables], [ops.convert_to_tensor(g) for g in known_grads()], [w.value for w in ws]
+    )
+    assert _conds_inside_conds(jaxpr.jaxpr) == (0 if gpu_path else 1)
+
+
 def test_a_variable_it_was_not_built_with_raises_on_unsampled_steps_too():
     ws = variables()
     opt = lsk.LossScaleOptimizer(keras.optimizers.SGD(1.0), stats_every=4, initial_scale=1)
@@ -458,11 +487,27 @@ def test_auto_follows_the_core_rule_and_skips_on_inf_and_nan(compiled):
     assert margin == float(ref_auto.margin) > policy.margin_bits  # the overflows were remembered
 
 
+def _as_on_a_gpu(monkeypatch):
+    """This backend's GPU paths on the CPU: JAX's finite check without a nested cond, torch without the numpy path."""
+    if BACKEND == "jax":
+        import jax
+
+        monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    elif BACKEND == "torch":
+        _off_the_cpu(monkeypatch)
+    else:
+        pytest.skip("TensorFlow takes the same path on a GPU")
+
+
+@pytest.mark.parametrize("gpu_path", [False, True], ids=["cpu-path", "gpu-path"])
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 @pytest.mark.parametrize("kind", ["auto", "dynamic"])
-def test_unsampled_steps_follow_the_core_sampler(compiled, kind):
+def test_unsampled_steps_follow_the_core_sampler(compiled, kind, gpu_path, monkeypatch):
     """stats_every=3 over overflows on sampled and unsampled steps: the scale, counters, count, auto state and kept
-    sample of every step equal the numpy core's sampler (torch on CPU runs unsampled steps on host views)."""
+    sample of every step equal the numpy core's sampler (torch on CPU runs unsampled steps on host views; with
+    ``gpu_path``, as on a GPU)."""
+    if gpu_path:
+        _as_on_a_gpu(monkeypatch)
     policy = (lossscale.AutoLossScale(2.0**4) if kind == "auto"
               else lossscale.DynamicLossScale(2.0**4, increment_period=2))
     opt = lsk.LossScaleOptimizer(keras.optimizers.SGD(0.5), policy, stats_every=3)

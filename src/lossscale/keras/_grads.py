@@ -9,7 +9,7 @@ from typing import Any
 import keras
 from keras import ops
 
-__all__ = ["all_finite", "reciprocal", "scale_loss", "unscale"]
+__all__ = ["all_finite", "nested_all_finite", "reciprocal", "scale_loss", "unscale"]
 
 def _times(x: Any, factor: Callable[[str], Any]) -> Any:
     """``x * factor(wide)`` in ``wide``, ``x``'s dtype widened to at least float32; rounded back to ``x``'s dtype."""
@@ -63,3 +63,16 @@ def all_finite(grads: Sequence[Any]) -> Any:
     sums = _conjunction([ops.isfinite(ops.sum(ops.stack(group))) for group in by_dtype.values()])
     finite = ops.cond(sums, lambda: ops.convert_to_tensor(True), lambda: _each_finite(wide))
     return ops.logical_and(finite, _each_finite(narrow)) if narrow else finite
+
+
+def nested_all_finite(grads: Sequence[Any]) -> Any:
+    """:func:`all_finite` for inside another conditional (``stats_every``'s unsampled branch): on JAX on a GPU one
+    ``isfinite`` per gradient, without the sum check's own ``cond``, whose predicate XLA's GPU runtime reads on the
+    host, a second wait on every step (in lossscale.jax this took ``stats_every=16`` from 1.37 to 1.24 of a step
+    without statistics, on an H100). Elsewhere :func:`all_finite`. Both are exact."""
+    if keras.backend.backend() == "jax":
+        import jax
+
+        if jax.default_backend() == "gpu":
+            return _each_finite([g for g in grads if g is not None])
+    return all_finite(grads)

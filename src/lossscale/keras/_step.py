@@ -14,7 +14,7 @@ from keras import ops
 
 from .._rule import LossScaleState, advance_in_place, initial_state, next_state
 from ._diagnostics import StepObserver
-from ._grads import all_finite, unscale
+from ._grads import all_finite, nested_all_finite, unscale
 
 __all__ = ["STATE_NAMES", "XP", "ScaleState", "apply_step", "jax_apply", "stateless_step", "unscale_and_check"]
 
@@ -95,7 +95,8 @@ class ScaleState:
         if self.stats is None:
             return all_finite(checked), None
         fused = self.fused(grads, already)
-        finite, measured = self.stats.measure(grads, variables, scale, already, (lambda: all_finite(checked)) if fused else None)
+        finite, measured = self.stats.measure(grads, variables, scale, already,
+                                             (lambda: nested_all_finite(checked)) if fused else None)
         return all_finite(checked) if finite is None else finite, measured
 
     def read(self, copy: bool = True) -> LossScaleState:
