@@ -260,24 +260,12 @@ def test_the_torch_step_off_the_cpu_moves_as_the_numpy_path(loss_scale, monkeypa
     assert int(stats_on_host["step"]) == 6
 
 
-def _conds_inside_conds(jaxpr, depth=0):
-    found = 0
-    for eqn in jaxpr.eqns:
-        if eqn.primitive.name == "cond":
-            found += depth > 0
-            found += sum(_conds_inside_conds(branch.jaxpr, depth + 1) for branch in eqn.params["branches"])
-        else:  # a jit or custom_jvp inside: its jaxpr (closed or not) among the params
-            for value in eqn.params.values():
-                sub = getattr(value, "jaxpr", value)
-                if hasattr(sub, "eqns"):
-                    found += _conds_inside_conds(sub, depth)
-    return found
-
-
 @pytest.mark.skipif(BACKEND != "jax", reason="XLA on a GPU reads a conditional's predicate on the host")
 @pytest.mark.parametrize("gpu_path", [False, True], ids=["cpu-path", "gpu-path"])
 def test_on_a_gpu_the_unsampled_branch_checks_without_a_cond_of_its_own(gpu_path, monkeypatch):
     import jax
+
+    from tests.jax.test_stats_jax import _conds_inside_conds
 
     if gpu_path:
         _as_on_a_gpu(monkeypatch)

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-__all__ = ["all_finite", "check_gradients", "nested_finite_check", "scale_loss", "squared_norm", "unscale"]
+__all__ = ["all_finite", "check_gradients", "nested_all_finite", "scale_loss", "squared_norm", "unscale"]
 
 
 def scale_loss(loss: Any, scale: Any) -> jax.Array:
@@ -94,16 +94,16 @@ def all_finite(tree: Any) -> jax.Array:
     return flag
 
 
-def nested_finite_check() -> Any:
-    """The finite check to run inside another conditional: :func:`all_finite`, but on a GPU one ``all(isfinite)``
-    per leaf. XLA's GPU runtime reads each conditional's predicate on the host, so the sum check's own ``lax.cond``
-    nested in ``stats_every``'s is a second wait on every unsampled step. On an H100 (1M parameters,
-    ``benchmarks/gpu_probe_stats.py``) ``stats_every=16`` averaged 1.24 of a step without statistics this way, 1.37
-    with the sum check. On a CPU the sum check is the faster one (``all(isfinite)`` made that step 16% slower).
-    Both checks are exact."""
+def nested_all_finite(tree: Any) -> jax.Array:
+    """:func:`all_finite` for inside another conditional (``stats_every``'s unsampled branch): on a GPU one
+    ``all(isfinite)`` per leaf, without the sum check's own ``lax.cond``, whose predicate XLA's GPU runtime reads on
+    the host, a second wait on every unsampled step. On an H100 (1M parameters, ``benchmarks/gpu_probe_stats.py``)
+    ``stats_every=16`` averaged 1.24 of a step without statistics this way, 1.37 with the sum check. Elsewhere
+    :func:`all_finite`: on a CPU the sum check is the faster one (``all(isfinite)`` made that step 16% slower). Both
+    are exact."""
     if jax.default_backend() == "gpu":
-        return lambda tree: _exactly_finite([jnp.asarray(leaf) for leaf in jax.tree_util.tree_leaves(tree)])
-    return all_finite
+        return _exactly_finite([jnp.asarray(leaf) for leaf in jax.tree_util.tree_leaves(tree)])
+    return all_finite(tree)
 
 
 def squared_norm(tree: Any, scale: Any) -> jax.Array:
