@@ -204,8 +204,8 @@ def _off_the_cpu(monkeypatch):
 
 @pytest.mark.skipif(BACKEND != "torch", reason="the eager torch step decides the sample on the host")
 def test_an_unsampled_torch_step_off_the_cpu_reads_no_sample(monkeypatch):
-    """With the variables off the CPU an unsampled step neither reads nor writes the kept sample and counts in place:
-    one torch operator that launches a kernel more than without statistics (it copied each of the 11 sample
+    """With the variables off the CPU an unsampled step neither reads nor writes the kept sample and adds 1 to the
+    count: two torch operators that launch kernels more than without statistics (it copied each of the 11 sample
     variables and the count, and ran the count's rule: 16 more)."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -230,7 +230,23 @@ def test_an_unsampled_torch_step_off_the_cpu_reads_no_sample(monkeypatch):
             opt.apply(grads, ws)  # step 2 of 16: not sampled
         return counter.count
 
-    assert launched(16) - launched(None) == 1
+    assert launched(16) - launched(None) == 2
+
+
+@pytest.mark.skipif(BACKEND != "torch", reason="the eager torch step decides the sample on the host")
+def test_a_stateless_unsampled_torch_step_leaves_the_given_values_alone(monkeypatch):
+    """``stateless_apply`` off the CPU: the count comes back advanced, and no tensor handed in has changed."""
+    _off_the_cpu(monkeypatch)
+    opt, ws = lsk.LossScaleOptimizer(keras.optimizers.SGD(0.1), stats_every=3), variables()
+    step = driver(opt, ws, compiled=False)
+    step(known_grads())  # step 0, sampled
+    given = [v.value.clone() for v in opt.variables]
+    kept = [t.clone() for t in given]
+    _, new = opt.stateless_apply(given, [ops.convert_to_tensor(g) for g in known_grads()], [w.value for w in ws])
+    for before, after in zip(kept, given):
+        np.testing.assert_array_equal(ops.convert_to_numpy(after), ops.convert_to_numpy(before))
+    position = next(i for i, v in enumerate(opt.variables) if v.path.endswith("stats_count"))
+    assert (int(ops.convert_to_numpy(given[position])), int(ops.convert_to_numpy(new[position]))) == (1, 2)
 
 
 @pytest.mark.skipif(BACKEND != "torch", reason="the eager torch step decides the sample on the host")

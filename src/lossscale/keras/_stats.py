@@ -180,15 +180,15 @@ class StatsVariables:
     def advance(self, state: LossScaleState, finite: Any, measured: Any) -> tuple[LossScaleState, GradientStats]:
         """The new scale state and kept sample by the core's sampler (``measure`` chose the sample); assigns both.
         An eager torch step known on the host to be unsampled neither reads nor writes the kept sample (its
-        variables are returned) and counts in place from the host copy: on a GPU it launched about 16 kernels more
-        than a step without statistics (a copy of each sample variable and of the count, the count's rule)."""
+        variables are returned) and adds 1 to the count unless the host copy says it is saturated: two kernels on a
+        GPU, where it launched 16 (a copy of each sample variable and of the count, the count's rule)."""
         sample, sampled = measured
         if sampled is False:
             auto = AutoState(*(_read(v) for v in self.auto)) if self.auto else None
             kept, count = GradientStats(*self.sample), self.host_count()
             new, after = next_sampler_state(self.policy, state, SamplerState(count, kept, auto), finite, None, False, XP)
             if after.count != count:  # saturates at 2**31 - 1
-                self.count.value.add_(1)  # type: ignore[attr-defined]
+                self.count.assign_add(1)  # not in place on the tensor: under a StatelessScope it is the caller's
             for variable, value in zip(self.auto, after.auto or ()):
                 variable.assign(value)
             self._counted_on_host(after.count)
