@@ -71,11 +71,11 @@ class StatsSampler:
             self.names = tuple(n for p in parts for n in p[1])
             self._columns = (columns, sizes, self.state.count)
             if ruled or recorder is not None:  # the step reads the sample: summarized now
-                sample = self._summarized().sample
-            if recorder is not None:
-                recorder.note_stats(torch.stack([sample.headroom_bits, sample.zero_fraction,
-                                                 sample.subnormal_fraction]))
-        if not ruled:
+                sample = summarized = self._summarized().sample
+                if recorder is not None:
+                    recorder.note_stats(torch.stack([summarized.headroom_bits, summarized.zero_fraction,
+                                                     summarized.subnormal_fraction]))
+        if scale is None or found_inf is None or auto is None or not ruled:
             self.state = core.counted_sampler_state(self.state, sample, sample is not None, torch)
             return None
         device = scale.loss_scale.device
