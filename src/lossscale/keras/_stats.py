@@ -171,11 +171,17 @@ class StatsVariables:
         sample ops skipped), inside :meth:`sample_or_check`'s branches; assigns the auto state, returns the new scale
         state. The count is sample_or_check's to advance (the sampler's next one here is not used)."""
         kept = GradientStats(*self.sample) if sample is None else sample  # the variables themselves: not read
-        sampler = SamplerState(count, kept, AutoState(*(_read(v) for v in self.auto)))
-        new, after = next_sampler_state(self.policy, state, sampler, finite, sample, sample is not None, XP)
+        return self._ruled(state, count, kept, finite, sample, sample is not None)[0]
+
+    def _ruled(self, state: LossScaleState, count: Any, kept: GradientStats, finite: Any,
+               sample: GradientStats | None, sampled: Any) -> tuple[LossScaleState, SamplerState]:
+        """The core sampler's step from ``count`` and the ``kept`` sample, on the auto variables (read, then
+        assigned): the new scale state and the sampler state after it (count and sample for the caller to write)."""
+        auto = AutoState(*(_read(v) for v in self.auto)) if self.auto else None
+        new, after = next_sampler_state(self.policy, state, SamplerState(count, kept, auto), finite, sample, sampled, XP)
         for variable, value in zip(self.auto, after.auto or ()):
             variable.assign(value)
-        return new
+        return new, after
 
     def advance(self, state: LossScaleState, finite: Any, measured: Any) -> tuple[LossScaleState, GradientStats]:
         """The new scale state and kept sample by the core's sampler (``measure`` chose the sample); assigns both.
@@ -184,27 +190,21 @@ class StatsVariables:
         GPU, where it launched 16 (a copy of each sample variable and of the count, the count's rule)."""
         sample, sampled = measured
         if sampled is False:
-            auto = AutoState(*(_read(v) for v in self.auto)) if self.auto else None
             kept, count = GradientStats(*self.sample), self.host_count()
-            new, after = next_sampler_state(self.policy, state, SamplerState(count, kept, auto), finite, None, False, XP)
+            new, after = self._ruled(state, count, kept, finite, None, False)
             if after.count != count:  # saturates at 2**31 - 1
                 self.count.assign_add(1)  # not in place on the tensor: under a StatelessScope it is the caller's
-            for variable, value in zip(self.auto, after.auto or ()):
-                variable.assign(value)
             self._counted_on_host(after.count)
             return new, kept
-        auto = AutoState(*(_read(v) for v in self.auto)) if self.auto else None
         given = None if sample is None else GradientStats(*sample)
         kept_in = given if given is not None else GradientStats(*self.stored())
-        sampler = SamplerState(_read(self.count), kept_in, auto)
-        new, after = next_sampler_state(self.policy, state, sampler, finite, given, sampled, XP)
-        kept = after.sample
-        written = list(zip(self.sample, kept)) if sample is not None else []
-        for variable, value in [(self.count, after.count), *written, *zip(self.auto, after.auto or ())]:
+        new, after = self._ruled(state, _read(self.count), kept_in, finite, given, sampled)
+        written = list(zip(self.sample, after.sample)) if sample is not None else []
+        for variable, value in [(self.count, after.count), *written]:
             variable.assign(value)
         if keras.backend.backend() == "torch":
             self._counted_on_host()
-        return new, kept
+        return new, after.sample
 
     def host_count(self) -> int:
         """torch: the step count as a Python int. A copy is kept since this sampler last wrote the variable; the
