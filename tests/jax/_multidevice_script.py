@@ -77,6 +77,23 @@ def main():
     updates, state = jax.jit(opt.update)(jax.device_put(good.reshape(8) * 1024, sharded), state, params)
     out["sharded_jit_next"] = summary(updates, state)
 
+    # shard_map with stats_every=2: an Inf on one device's shard on the unsampled step 1, with the finite check of
+    # the CPU and that of a GPU (no lax.cond of its own: the branches must still agree on the varying axes).
+    shipped = jax.default_backend
+    for path, backend in (("cpu", "cpu"), ("gpu", "gpu")):
+        jax.default_backend = lambda backend=backend: backend
+        opt = lsj.loss_scale_optimizer(optax.sgd(0.1), 1024.0, axis_name="d", stats_every=2)
+        state = opt.init(params)
+        spec = jax.tree.map(lambda x: P("d") if x.shape == params.shape else P(), state)  # the sample replicated
+        state = jax.tree.map(lambda x, s: jax.device_put(x, NamedSharding(mesh, s)), state, spec)
+        f = jax.jit(shard_map(opt.update, mesh=mesh, in_specs=(P("d"), spec), out_specs=(P("d"), spec)))
+        skipped = []
+        for g in (good, bad):
+            updates, state = f(jax.device_put(g.reshape(8) * 1024, NamedSharding(mesh, P("d"))), state)
+            skipped.append(int(state.skipped_steps))
+        out[f"shard_map_stats_{path}_check"] = {"skipped": skipped, "step": int(state.gradient_stats["step"])}
+    jax.default_backend = shipped
+
     # Statistics across devices (pmap with axis_name, every step and every 2nd): the global gradient's sample.
     rows = np.stack([np.array([0.0, 2.0**-20, 1.0, -3.0], np.float32), np.array([0.0, 0.0, 2.0**-30, 7.0], np.float32)])
     for every in (1, 2):

@@ -68,3 +68,10 @@ def test_pmap_statistics_are_those_of_the_gradients_of_both_devices(results, eve
     assert got["step"] == [0, 0]
     for key in ("amax", "zero_fraction", "subnormal_fraction", "rms_min"):
         np.testing.assert_allclose(got[key], [float(getattr(ref, key))] * 2, rtol=1e-6, err_msg=key)
+
+
+def test_shard_map_statistics_skip_an_inf_on_one_shard_with_either_finite_check(results):
+    """stats_every=2 under shard_map: the unsampled step's Inf on one device skips the step everywhere, with the
+    CPU's sum check and with the GPU's ``all(isfinite)`` in the unsampled branch alike."""
+    for path in ("cpu", "gpu"):
+        assert results[f"shard_map_stats_{path}_check"] == {"skipped": [0, 1], "step": 0}, path

@@ -433,7 +433,7 @@ def loss_scale_optimizer(
         if max_norm is None and every is not None and state.stats is not None and rule.min_scale >= 1 and all(
             leaf.dtype in (jnp.float32, jnp.float16, jnp.bfloat16) for leaf in leaves
         ):  # max |g| is the finite check too: a sampled step reads the gradients once
-            finite, sample, _ = checked_sample(every, leaves, state.stats, nested_all_finite)
+            finite, sample, _ = checked_sample(every, leaves, state.stats, nested_all_finite, axes)
         elif max_norm is None:
             finite = all_finite(grads if rule.min_scale >= 1 else unscale(grads, scale))
         else:  # one pass gives both the global norm and the finite flag

@@ -13,6 +13,7 @@ from .._policy import LossScale
 from .._rule import LossScaleState, next_state
 from .._sampler import SamplerState, initial_sampler_state, is_due, next_sampler_state
 from .._stats import FLOAT16_TINY, GradientStats, summarize, tensor_sums
+from ._compat import like, typeof
 
 __all__ = ["checked_sample", "init_stats", "measure", "step_scale", "tensor_names"]
 
@@ -67,16 +68,26 @@ def measure(grads: list, count: Any, axes: tuple[Hashable, ...] | None) -> Gradi
     return sample if axes is None else _reduce_across(sample, grads, axes)
 
 
-def checked_sample(every: int, grads: list, stats: SamplerState, check: Any) -> tuple[jax.Array, GradientStats, Any]:
+def _varying_as(x: Any, leaves: list) -> Any:
+    """``x`` marked as varying over every shard_map axis any of ``leaves`` varies over (no op elsewhere)."""
+    for leaf in leaves:
+        x = like(x, typeof(leaf))
+    return x
+
+
+def checked_sample(
+    every: int, grads: list, stats: SamplerState, check: Any, axes: tuple[Hashable, ...] | None = None
+) -> tuple[jax.Array, GradientStats, Any]:
     """``(finite, sample, sampled)`` with one read pass on every step: a sampled step's flag is ``isfinite(amax)``
-    (max propagates NaN), an unsampled one's ``check(grads)``; the kept sample where not sampled (this device's:
-    :func:`step_scale` combines the devices'). For float32 and narrower leaves with ``S >= 1`` only (a float64 above
-    float32's range would read as an overflow)."""
+    (max propagates NaN), an unsampled one's ``check(grads)``; the kept sample where not sampled. With ``axes``
+    the sample is already that of every device's gradients (:func:`step_scale` leaves it), and the flag still this
+    device's, as varying as the gradients (under ``shard_map`` both branches must agree). For float32 and narrower
+    leaves with ``S >= 1`` only (a float64 above float32's range would read as an overflow)."""
     count = jnp.asarray(stats.count)
 
     def sampled_branch(g: list) -> tuple[jax.Array, GradientStats]:
-        sample = measure(g, count, None)
-        return jnp.isfinite(sample.amax), sample
+        sample = measure(g, count, axes)
+        return _varying_as(jnp.isfinite(sample.amax), g), sample
 
     if every == 1:
         finite, sample = sampled_branch(grads)
@@ -84,7 +95,7 @@ def checked_sample(every: int, grads: list, stats: SamplerState, check: Any) -> 
     kept = stats.sample
     due = is_due(every, count)
     finite, sample = lax.cond(
-        due, sampled_branch, lambda g: (check(g), jax.tree_util.tree_map(jnp.asarray, kept)), grads
+        due, sampled_branch, lambda g: (_varying_as(check(g), g), jax.tree_util.tree_map(jnp.asarray, kept)), grads
     )
     return finite, sample, due
 
@@ -93,7 +104,8 @@ def step_scale(
     policy: LossScale, every: int | None, grads: list, scale_state: LossScaleState, stats: SamplerState | None,
     finite: jax.Array, axes: tuple[Hashable, ...] | None, sample: GradientStats | None = None,
 ) -> tuple[LossScaleState, SamplerState | None, Any]:
-    """New scale state, sampler state and ``sampled`` flag (``sample``: measured already); unsampled: no reduction."""
+    """New scale state, sampler state and ``sampled`` flag (``sample``: measured already, across ``axes`` too);
+    unsampled: no reduction."""
     if every is None or stats is None:
         return next_state(policy.rule_params(), scale_state, finite, jnp), stats, False
     count = jnp.asarray(stats.count)
@@ -101,12 +113,8 @@ def step_scale(
         sampled: Any = True
         if sample is None:
             sample = measure(grads, count, axes)
-        elif axes is not None:
-            sample = _reduce_across(sample, grads, axes)
-    elif sample is not None:  # checked_sample's: measured on this device where due, else the kept one
+    elif sample is not None:  # checked_sample's: measured (across ``axes``) where due, else the kept one
         sampled = is_due(every, count)
-        if axes is not None:
-            sample = lax.cond(sampled, lambda s: _reduce_across(s, grads, axes), lambda s: s, sample)
     else:
         sampled = is_due(every, count)
         kept = stats.sample
