@@ -80,9 +80,9 @@ def main():
     # shard_map with stats_every=2: an Inf on one device's shard on the unsampled step 1, with the finite check of
     # the CPU and that of a GPU (no lax.cond of its own: the branches must still agree on the varying axes).
     shipped = jax.default_backend
-    for path, backend in (("cpu", "cpu"), ("gpu", "gpu")):
+    for path, backend, loss_scale in (("cpu", "cpu", 1024.0), ("gpu", "gpu", 1024.0), ("auto", "cpu", "auto")):
         jax.default_backend = lambda backend=backend: backend
-        opt = lsj.loss_scale_optimizer(optax.sgd(0.1), 1024.0, axis_name="d", stats_every=2)
+        opt = lsj.loss_scale_optimizer(optax.sgd(0.1), loss_scale, axis_name="d", stats_every=2)
         state = opt.init(params)
         spec = jax.tree.map(lambda x: P("d") if x.shape == params.shape else P(), state)  # the sample replicated
         state = jax.tree.map(lambda x, s: jax.device_put(x, NamedSharding(mesh, s)), state, spec)
@@ -91,7 +91,9 @@ def main():
         for g in (good, bad):
             updates, state = f(jax.device_put(g.reshape(8) * 1024, NamedSharding(mesh, P("d"))), state)
             skipped.append(int(state.skipped_steps))
-        out[f"shard_map_stats_{path}_check"] = {"skipped": skipped, "step": int(state.gradient_stats["step"])}
+        sample = state.gradient_stats
+        out[f"shard_map_stats_{path}"] = {"skipped": skipped, "step": int(sample["step"]), "amax": float(sample["amax"]),
+                                          "zero_fraction": float(sample["zero_fraction"])}
     jax.default_backend = shipped
 
     # Statistics across devices (pmap with axis_name, every step and every 2nd): the global gradient's sample.

@@ -72,6 +72,8 @@ def test_pmap_statistics_are_those_of_the_gradients_of_both_devices(results, eve
 
 def test_shard_map_statistics_skip_an_inf_on_one_shard_with_either_finite_check(results):
     """stats_every=2 under shard_map: the unsampled step's Inf on one device skips the step everywhere, with the
-    CPU's sum check and with the GPU's ``all(isfinite)`` in the unsampled branch alike."""
-    for path in ("cpu", "gpu"):
-        assert results[f"shard_map_stats_{path}_check"] == {"skipped": [0, 1], "step": 0}, path
+    CPU's sum check and with the GPU's ``all(isfinite)`` in the unsampled branch alike, and with ``auto``."""
+    for path in ("cpu", "gpu", "auto"):
+        # step 0's sample is that of both shards: ones times 1024, no zeros
+        assert results[f"shard_map_stats_{path}"] == {"skipped": [0, 1], "step": 0, "amax": 1024.0,
+                                                      "zero_fraction": 0.0}, path
