@@ -88,7 +88,8 @@ def main():
         state = jax.tree.map(lambda x, s: jax.device_put(x, NamedSharding(mesh, s)), state, spec)
         f = jax.jit(shard_map(opt.update, mesh=mesh, in_specs=(P("d"), spec), out_specs=(P("d"), spec)))
         skipped = []
-        for g in (good, bad):
+        mixed = good.at[1].multiply(2.0).at[0, 0].set(0.0)  # the shards differ: amax 2 on device 1, a zero on 0
+        for g in (mixed, bad):
             updates, state = f(jax.device_put(g.reshape(8) * 1024, NamedSharding(mesh, P("d"))), state)
             skipped.append(int(state.skipped_steps))
         sample = state.gradient_stats
