@@ -207,16 +207,7 @@ def test_an_unsampled_torch_step_off_the_cpu_reads_no_sample(monkeypatch):
     """With the variables off the CPU an unsampled step neither reads nor writes the kept sample and adds 1 to the
     count: two torch operators that launch kernels more than without statistics (it copied each of the 11 sample
     variables and the count, and ran the count's rule: 16 more)."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Ops(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.count = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.count += not func.is_view
-            return func(*args, **(kwargs or {}))
+    from tests.torch.test_stats_torch import _dispatched
 
     _off_the_cpu(monkeypatch)
 
@@ -226,9 +217,7 @@ def test_an_unsampled_torch_step_off_the_cpu_reads_no_sample(monkeypatch):
         for _ in range(2):  # steps 0 (sampled) and 1
             step(known_grads())
         grads = [ops.convert_to_tensor(g) for g in known_grads()]
-        with Ops() as counter:
-            opt.apply(grads, ws)  # step 2 of 16: not sampled
-        return counter.count
+        return _dispatched(lambda: opt.apply(grads, ws), views=False)  # step 2 of 16: not sampled
 
     assert launched(16) - launched(None) == 2
 
@@ -500,7 +489,7 @@ def _as_on_a_gpu(monkeypatch):
     elif BACKEND == "torch":
         _off_the_cpu(monkeypatch)
     else:
-        pytest.skip("TensorFlow takes the same path on a GPU")
+        pytest.skip("with TensorFlow lossscale takes the same path on a GPU as on the CPU")
 
 
 @pytest.mark.parametrize("gpu_path", [False, True], ids=["cpu-path", "gpu-path"])
