@@ -59,10 +59,7 @@ class StatsSampler:
     def advance(self, scale: LossScaleState | None, found_inf: torch.Tensor | None, recorder: Any = None) -> Any:
         """Ends a step: the auto rule's new scale state for the caller to write (None: the caller's rule moves it)."""
         parts, self._sums, self.backwards = [self._sums[k] for k in sorted(self._sums)], {}, 0
-        auto = self.state.auto
-        ruled = not (scale is None or found_inf is None or auto is None or not isinstance(self.policy, AutoLossScale))
-        sample = None
-        if parts:
+        if parts:  # kept unsummarized (in place of the kept sample) until something reads it
             if len(parts) == 1:
                 columns, sizes = parts[0][0], parts[0][2]
             else:
@@ -70,19 +67,19 @@ class StatsSampler:
                 sizes = Sizes(torch.cat([p[2].safe for p in parts]), sum(p[2].total for p in parts))
             self.names = tuple(n for p in parts for n in p[1])
             self._columns = (columns, sizes, self.state.count)
-            if ruled or recorder is not None:  # the step reads the sample: summarized now
-                sample = summarized = self._summarized().sample
-                if recorder is not None:
-                    recorder.note_stats(torch.stack([summarized.headroom_bits, summarized.zero_fraction,
-                                                     summarized.subnormal_fraction]))
-        if scale is None or found_inf is None or auto is None or not ruled:
-            self.state = core.counted_sampler_state(self.state, sample, sample is not None, torch)
+            if recorder is not None:
+                latest = self._summarized().sample
+                recorder.note_stats(torch.stack([latest.headroom_bits, latest.zero_fraction, latest.subnormal_fraction]))
+        auto = self.state.auto
+        if scale is None or found_inf is None or auto is None or not isinstance(self.policy, AutoLossScale):
+            self.state = core.counted_sampler_state(self.state, None, False, torch)  # the new sample is kept already
             return None
         device = scale.loss_scale.device
         if auto.margin.device != device:  # once, after the scale moved
             self.state = self.state._replace(auto=AutoState(*(t.to(device) for t in auto)))
         finite, micro = found_inf.to(device) == 0, parts[0][3] if parts else 1
-        new, self.state = core.next_sampler_state(self.policy, scale, self.state, finite, sample, sample is not None,
+        sample = self._summarized().sample if parts else None  # the rule reads it
+        new, self.state = core.next_sampler_state(self.policy, scale, self.state, finite, sample, bool(parts),
                                                   torch, micro_batches=micro)
         return new
 
