@@ -174,7 +174,7 @@ def apply_step(state: ScaleState, inner: Any, grads: list[Any], variables: list[
         def auto(finite: Any, sample: Any, count: Any) -> None:
             state.assign(stats.auto_rule(current, count, finite, sample))
 
-        finite = stats.sample_or_check(grads, variables, current.loss_scale, already, lambda: all_finite(checked),
+        finite = stats.sample_or_check(grads, variables, current.loss_scale, already, lambda: nested_all_finite(checked),
                                        state.fused(grads, already), auto if stats.auto else None)
         ruled = bool(stats.auto)
     else:
