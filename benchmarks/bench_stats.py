@@ -79,6 +79,31 @@ def interleaved(steps: dict[str, list[Step]], rounds: int, count: int) -> dict[s
     return out
 
 
+def torch_mlp(width: int, layers: int, device: object) -> object:
+    """The torch model: ``layers`` square Linear + Tanh layers, seeded."""
+    import torch
+
+    torch.manual_seed(0)
+    return torch.nn.Sequential(*(torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.Tanh())
+                                 for _ in range(layers))).to(device)
+
+
+def jax_mlp(width: int, layers: int) -> tuple:
+    """The JAX model: ``(params, loss(params, x, y), x, y)`` with a batch of 64."""
+    import jax
+    import jax.numpy as jnp
+
+    keys = jax.random.split(jax.random.PRNGKey(0), layers + 2)
+    params = [{"w": jax.random.normal(k, (width, width)) / width**0.5, "b": jnp.zeros(width)} for k in keys[:layers]]
+
+    def loss(p: list, x: jax.Array, y: jax.Array) -> jax.Array:
+        for layer in p:
+            x = jnp.tanh(x @ layer["w"] + layer["b"])
+        return jnp.mean((x - y) ** 2)
+
+    return params, loss, jax.random.normal(keys[-2], (64, width)), jax.random.normal(keys[-1], (64, width))
+
+
 def torch_steps(args: argparse.Namespace) -> dict[str, list[Step]]:
     import torch
 
@@ -89,9 +114,7 @@ def torch_steps(args: argparse.Namespace) -> dict[str, list[Step]]:
     x, y = torch.randn(64, width, device=device), torch.randn(64, width, device=device)
     out: dict[str, list[Step]] = {}
     for name, (loss_scale, every) in [(n, c) for n, c in CONTENDERS.items() for _ in range(args.models)]:
-        torch.manual_seed(0)
-        model = torch.nn.Sequential(*(torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.Tanh())
-                                      for _ in range(args.layers))).to(device)
+        model = torch_mlp(width, args.layers, device)
         opt = LossScaleOptimizer(torch.optim.AdamW(model.parameters(), 1e-4, fused=True), loss_scale,
                                  stats_every=every)
 
@@ -116,16 +139,7 @@ def jax_steps(args: argparse.Namespace) -> dict[str, list[Step]]:
 
     import lossscale.jax as lsj
 
-    width = int((args.params / args.layers) ** 0.5)
-    keys = jax.random.split(jax.random.PRNGKey(0), args.layers + 2)
-    params0 = [{"w": jax.random.normal(k, (width, width)) / width**0.5, "b": jnp.zeros(width)}
-               for k in keys[:args.layers]]
-    x, y = jax.random.normal(keys[-2], (64, width)), jax.random.normal(keys[-1], (64, width))
-
-    def loss(p: list, x: jax.Array, y: jax.Array) -> jax.Array:
-        for layer in p:
-            x = jnp.tanh(x @ layer["w"] + layer["b"])
-        return jnp.mean((x - y) ** 2)
+    params0, loss, x, y = jax_mlp(int((args.params / args.layers) ** 0.5), args.layers)
 
     out: dict[str, list[Step]] = {}
     for name, (loss_scale, every) in [(n, c) for n, c in CONTENDERS.items() for _ in range(args.models)]:

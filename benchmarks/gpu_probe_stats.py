@@ -7,7 +7,8 @@ costs inside a jitted step.
 * JAX: the jitted step of ``bench_stats.py`` with ``off``, ``N=16``, ``N=1`` and ``auto``, ``off`` plus one
   ``lax.cond`` whose true branch sums one gradient (``cond``), and ``off`` with the finite check as
   ``all(isfinite)`` per leaf instead of a sum with the exact check in a ``lax.cond`` (``off, isfinite check``),
-  and ``N=16`` with that check or with its ``lax.cond`` returning one packed vector (``packed cond``), in
+  and ``N=16`` with ``all(isfinite)`` or the sum check in the unsampled branch (the library takes the first on a
+  GPU, the second elsewhere) or with its ``lax.cond`` returning one packed vector (``packed cond``), in
   interleaved rounds: the wall time per step and the time the host spends dispatching
   (a conditional whose predicate XLA reads on the host makes dispatch wait for the device). ``--xla-flags`` reruns
   the JAX part in a subprocess under those ``XLA_FLAGS``.
@@ -26,7 +27,9 @@ import subprocess
 import sys
 import time
 
-WIDTH, LAYERS, BATCH = 500, 4, 64
+from bench_stats import jax_mlp, torch_mlp  # the models bench_stats.py times (this script's folder)
+
+WIDTH, LAYERS, BATCH = 500, 4, 64  # bench_stats.py's 1M-parameter MLP
 CONTENDERS = {"off": ("dynamic", None), "N=16": ("dynamic", 16), "N=1": ("dynamic", 1), "auto": ("auto", None)}
 
 
@@ -41,9 +44,7 @@ def torch_part(steps: int) -> None:
     x, y = torch.randn(BATCH, WIDTH, device=device), torch.randn(BATCH, WIDTH, device=device)
     print(f"# torch {torch.__version__} on {torch.cuda.get_device_name() if device == 'cuda' else 'cpu'}")
     for name, (loss_scale, every) in CONTENDERS.items():
-        torch.manual_seed(0)
-        model = torch.nn.Sequential(*(torch.nn.Sequential(torch.nn.Linear(WIDTH, WIDTH), torch.nn.Tanh())
-                                      for _ in range(LAYERS))).to(device)
+        model = torch_mlp(WIDTH, LAYERS, device)
         opt = LossScaleOptimizer(torch.optim.AdamW(model.parameters(), 1e-4, fused=True), loss_scale,
                                  stats_every=every)
 
@@ -86,22 +87,17 @@ def jax_part(steps: int) -> None:
     import lossscale.jax as lsj
 
     print(f"# jax {jax.__version__} on {jax.devices()}; XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}")
-    keys = jax.random.split(jax.random.PRNGKey(0), LAYERS + 2)
-    params0 = [{"w": jax.random.normal(k, (WIDTH, WIDTH)) / WIDTH**0.5, "b": jnp.zeros(WIDTH)} for k in keys[:LAYERS]]
-    x, y = jax.random.normal(keys[-2], (BATCH, WIDTH)), jax.random.normal(keys[-1], (BATCH, WIDTH))
+    params0, mlp_loss, x, y = jax_mlp(WIDTH, LAYERS)
 
     def loss(p: list) -> jax.Array:
-        h = x
-        for layer in p:
-            h = jnp.tanh(h @ layer["w"] + layer["b"])
-        return jnp.mean((h - y) ** 2)
+        return mlp_loss(p, x, y)
 
     import lossscale.jax._optimizer as optimizer_module
     from lossscale._stats import GradientStats
     from lossscale.jax._grads import _exactly_finite
     from lossscale.jax._stats import is_due, measure
 
-    def packed_checked_sample(every: int, grads: list, stats: object, check: object) -> tuple:
+    def packed_checked_sample(every: int, grads: list, stats: object, check: object, axes: object = None) -> tuple:
         """``checked_sample`` whose ``lax.cond`` returns the finite flag and one float32 vector, not 11 arrays."""
         count, kept = jnp.asarray(stats.count), stats.sample
 
@@ -120,15 +116,22 @@ def jax_part(steps: int) -> None:
             start += x.size
         return finite, GradientStats(*fields), due
 
-    shipped_check, shipped_sample = optimizer_module.all_finite, optimizer_module.checked_sample
+    def exact(tree: object) -> jax.Array:
+        return _exactly_finite(jax.tree_util.tree_leaves(tree))
+
+    names = ("all_finite", "nested_all_finite", "checked_sample")
+    shipped = {n: getattr(optimizer_module, n) for n in names}
+    patches = {  # what each variant puts in place of the step's plain check, its nested check, its sample
+        "off, isfinite check": {"all_finite": exact},
+        "N=16, isfinite check": {"nested_all_finite": exact},  # the library's choice on a GPU
+        "N=16, sum check": {"nested_all_finite": shipped["all_finite"]},  # its choice elsewhere
+        "N=16, packed cond": {"checked_sample": packed_checked_sample},
+    }
     runs = {}
-    variants = {**CONTENDERS, "cond": ("dynamic", None), "off, isfinite check": ("dynamic", None),
-                "N=16, isfinite check": ("dynamic", 16), "N=16, packed cond": ("dynamic", 16)}
+    variants = {**CONTENDERS, "cond": ("dynamic", None), **{n: ("dynamic", 16 if "N=16" in n else None) for n in patches}}
     for name, (loss_scale, every) in variants.items():
-        # "isfinite check": the finite check as jnp.all(isfinite) per leaf, without the sum-then-cond check
-        optimizer_module.all_finite = (lambda t: _exactly_finite(jax.tree_util.tree_leaves(t))) if "isfinite" in name \
-            else shipped_check
-        optimizer_module.checked_sample = packed_checked_sample if "packed" in name else shipped_sample
+        for attr in names:
+            setattr(optimizer_module, attr, patches.get(name, {}).get(attr, shipped[attr]))
         opt = lsj.loss_scale_optimizer(optax.adam(1e-4), loss_scale, stats_every=every)
 
         def step(p: list, s: object, c: jax.Array, opt: object = opt, name: str = name) -> tuple:
@@ -152,7 +155,8 @@ def jax_part(steps: int) -> None:
 
         run(32)  # traced here, under this variant's check
         runs[name] = run
-    optimizer_module.all_finite, optimizer_module.checked_sample = shipped_check, shipped_sample
+    for attr in names:
+        setattr(optimizer_module, attr, shipped[attr])
     times: dict[str, list[tuple[float, float]]] = {name: [] for name in runs}
     for _ in range(9):  # interleaved rounds in a shuffled order: a slow spell hits every variant alike
         for name in random.sample(list(runs), len(runs)):
