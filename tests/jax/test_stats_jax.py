@@ -13,6 +13,7 @@ import lossscale.jax as lsj
 from lossscale._auto import initial_auto_state, next_auto_state
 from lossscale._stats import gradient_stats
 from lossscale.jax._stats import tensor_names
+from tests.jax.jaxpr_conds import conds_inside_conds
 
 
 def grads_at(scale):
@@ -236,20 +237,6 @@ def test_overflows_on_sampled_and_unsampled_steps_follow_the_numpy_core(loss_sca
     assert int(state.skipped_steps) == 3
 
 
-def _conds_inside_conds(jaxpr, depth=0):
-    found = 0
-    for eqn in jaxpr.eqns:
-        if eqn.primitive.name == "cond":
-            found += depth > 0
-            found += sum(_conds_inside_conds(branch.jaxpr, depth + 1) for branch in eqn.params["branches"])
-        else:  # a jit or custom_jvp inside: its jaxpr (closed or not) among the params
-            for value in eqn.params.values():
-                sub = getattr(value, "jaxpr", value)
-                if hasattr(sub, "eqns"):
-                    found += _conds_inside_conds(sub, depth)
-    return found
-
-
 @pytest.mark.parametrize(("backend", "nested"), [("cpu", 1), ("gpu", 0)])
 def test_on_a_gpu_the_unsampled_step_checks_without_a_second_conditional(backend, nested, monkeypatch):
     """XLA's GPU runtime reads a conditional's predicate on the host: there the unsampled branch checks with
@@ -257,7 +244,7 @@ def test_on_a_gpu_the_unsampled_step_checks_without_a_second_conditional(backend
     monkeypatch.setattr(jax, "default_backend", lambda: backend)
     opt = lsj.loss_scale_optimizer(optax.sgd(0.1), "dynamic", stats_every=16)
     jaxpr = jax.make_jaxpr(opt.update)(grads_at(1.0), opt.init(params()), params())
-    assert _conds_inside_conds(jaxpr.jaxpr) == nested
+    assert conds_inside_conds(jaxpr.jaxpr) == nested
 
 
 def test_value_and_grad_and_update_sample_the_scaled_gradients():

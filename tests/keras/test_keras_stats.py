@@ -207,7 +207,7 @@ def test_an_unsampled_torch_step_off_the_cpu_reads_no_sample(monkeypatch):
     """With the variables off the CPU an unsampled step neither reads nor writes the kept sample and adds 1 to the
     count: two torch operators that launch kernels more than without statistics (it copied each of the 11 sample
     variables and the count, and ran the count's rule: 16 more)."""
-    from tests.torch.test_stats_torch import _dispatched
+    from tests.torch.op_counter import count_ops
 
     _off_the_cpu(monkeypatch)
 
@@ -217,7 +217,7 @@ def test_an_unsampled_torch_step_off_the_cpu_reads_no_sample(monkeypatch):
         for _ in range(2):  # steps 0 (sampled) and 1
             step(known_grads())
         grads = [ops.convert_to_tensor(g) for g in known_grads()]
-        return _dispatched(lambda: opt.apply(grads, ws), views=False)  # step 2 of 16: not sampled
+        return count_ops(lambda: opt.apply(grads, ws), views=False)  # step 2 of 16: not sampled
 
     assert launched(16) - launched(None) == 2
 
@@ -270,7 +270,7 @@ def test_the_torch_step_off_the_cpu_moves_as_the_numpy_path(loss_scale, monkeypa
 def test_on_a_gpu_the_unsampled_branch_checks_without_a_cond_of_its_own(gpu_path, monkeypatch):
     import jax
 
-    from tests.jax.test_stats_jax import _conds_inside_conds
+    from tests.jax.jaxpr_conds import conds_inside_conds
 
     if gpu_path:
         _as_on_a_gpu(monkeypatch)
@@ -279,7 +279,7 @@ def test_on_a_gpu_the_unsampled_branch_checks_without_a_cond_of_its_own(gpu_path
     jaxpr = jax.make_jaxpr(opt.stateless_apply)(
         [v.value for v in opt.variables], [ops.convert_to_tensor(g) for g in known_grads()], [w.value for w in ws]
     )
-    assert _conds_inside_conds(jaxpr.jaxpr) == (0 if gpu_path else 1)
+    assert conds_inside_conds(jaxpr.jaxpr) == (0 if gpu_path else 1)
 
 
 def test_a_variable_it_was_not_built_with_raises_on_unsampled_steps_too():

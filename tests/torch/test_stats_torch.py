@@ -13,6 +13,7 @@ from lossscale._auto import initial_auto_state, next_auto_state
 from lossscale._stats import gradient_stats as numpy_stats
 from lossscale._torch_kernels import gradient_stats
 from lossscale.torch._stats import StatsSampler, check_stats_every
+from tests.torch.op_counter import count_ops
 
 
 def tensors():
@@ -359,25 +360,6 @@ def test_sample_columns_equal_the_numpy_core_on_every_kind_of_gradient(device, c
         assert torch.allclose(dense, copy, rtol=0, atol=0, equal_nan=True)
 
 
-def _dispatched(fn, views=True):
-    """The number of torch operators ``fn()`` dispatches (on a GPU, eagerly: one kernel launch each, but for views,
-    which ``views=False`` leaves out)."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Ops(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.count = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.count += views or not func.is_view
-            return func(*args, **(kwargs or {}))
-
-    with Ops() as mode:
-        fn()
-    return mode.count
-
-
 def test_the_sample_launches_the_same_ops_for_5_or_200_tensors():
     """The dense gradients go through multi-tensor kernels (a GPU's default; forced here on the CPU): the ops
     dispatched do not grow with their number (one by one they were about 9 per tensor: on a GPU, 1,500 launches
@@ -386,7 +368,7 @@ def test_the_sample_launches_the_same_ops_for_5_or_200_tensors():
 
     def ops(n):
         grads = [torch.randn(10) for _ in range(n)]
-        return _dispatched(lambda: sample_columns(grads, multi_tensor=True), views=False)
+        return count_ops(lambda: sample_columns(grads, multi_tensor=True), views=False)
 
     assert ops(200) == ops(5) <= 11
 
@@ -400,12 +382,12 @@ def test_a_step_that_reads_no_sample_leaves_its_summary_to_the_first_read():
              [torch.tensor([0.0, 0.0, 8.0]), torch.full((2, 2), 2.0**-3)]]
     for grads in steps:
         sampler.measure(0, [((0, i), None, g) for i, g in enumerate(grads)], str)
-        assert _dispatched(lambda: sampler.advance(None, None)) == 0
+        assert count_ops(lambda: sampler.advance(None, None)) == 0
     got, ref = sampler.gradient_stats, numpy_stats([g.numpy() for g in steps[-1]], np)
     assert int(got["step"]) == 1 and sampler.state.count == 2
     for field in ("amax", "headroom_bits", "zero_fraction", "subnormal_fraction", "rms_min"):
         np.testing.assert_allclose(float(got[field]), float(getattr(ref, field)), rtol=1e-6, err_msg=field)
-    assert _dispatched(lambda: sampler.gradient_stats) == 0  # summarized once
+    assert count_ops(lambda: sampler.gradient_stats) == 0  # summarized once
 
 
 def test_an_unsampled_auto_step_runs_only_the_backoff():
@@ -417,8 +399,8 @@ def test_an_unsampled_auto_step_runs_only_the_backoff():
     policy = lossscale.AutoLossScale()
     state, sampler = lossscale.initial_state(policy, torch), initial_sampler_state(policy, 1, torch)
     finite, sample = torch.tensor(True), gradient_stats([torch.full((4,), 2.0**-3)])
-    unsampled = _dispatched(lambda: next_sampler_state(policy, state, sampler, finite, None, False, torch))
-    sampled = _dispatched(lambda: next_sampler_state(policy, state, sampler, finite, sample, True, torch))
+    unsampled = count_ops(lambda: next_sampler_state(policy, state, sampler, finite, None, False, torch))
+    sampled = count_ops(lambda: next_sampler_state(policy, state, sampler, finite, sample, True, torch))
     assert unsampled <= 100, unsampled
     assert sampled >= 150, sampled
 
