@@ -1,8 +1,7 @@
-"""``stats_every`` for Keras: the scaled gradients' :func:`lossscale._stats.tensor_sums` and the sampler's variables.
-Cost, sampled: one read pass, ~60 scalar ops; unsampled: the ``cond`` (torch: a Python ``if`` on a host copy of the
-count) and the count's ~7 ops (TensorFlow without a strategy or a record: :meth:`StatsVariables.sample_or_check`,
-``auto``'s rule without the sample's ops), or ~25 small ops (``history=``, JAX, ``tf.distribute``: the kept sample
-read, selected and written)."""
+"""``stats_every`` for Keras: the scaled gradients' :func:`lossscale._stats.tensor_sums` and the sampler's variables
+(the decisions are :mod:`lossscale._sampler`'s). Cost, sampled: one read pass, ~60 scalar ops; unsampled: the
+``cond`` (torch: a Python ``if`` on a host copy of the count) and the count's ~7 ops (TensorFlow writing in the
+branches, see :meth:`StatsVariables.measure`), or ~25 small ops (the kept sample read, selected and written)."""
 
 from __future__ import annotations
 
@@ -16,7 +15,7 @@ from keras import ops
 
 from .._auto import AutoLossScale, AutoState, initial_auto_state
 from .._policy import LossScale
-from .._rule import LossScaleState, advance_in_place
+from .._rule import LossScaleState
 from .._sampler import SamplerState, counted_sampler_state, is_due, next_sampler_state
 from .._stats import GradientStats, as_mapping, empty_stats, sizes_of, summarize_columns, tensor_sums
 from ._compat import in_xla_trace, not_inlined, version_counter
@@ -48,9 +47,9 @@ class StatsVariables:
         self.count: Any = None  # the sampler's step count, a variable once built
         self.names: tuple[str, ...] = ()
         self.sample: list[Any] = []
+        self.auto: list[Any] = []
         self._sizes: dict[Any, Any] = {}  # torch: (device, sizes) -> the sizes as a tensor there
         self._host_count: tuple[Any, Any, int] | None = None  # torch: (count tensor, its version, its value)
-        self.auto: list[Any] = []
 
     @property
     def built(self) -> bool:
@@ -111,73 +110,49 @@ class StatsVariables:
         return tuple(summarize_columns(ops.unstack(sums, 4), [n * replicas for n in sizes], count, XP, **on))
 
     def measure(
-        self, grads: Sequence[Any], variables: Sequence[Any], scale: Any, already: bool, check: Any = None
+        self, grads: Sequence[Any], variables: Sequence[Any], scale: Any, already: bool,
+        check: Callable[[], Any] | None = None, fused: bool = False, ruled: tuple[LossScaleState, Callable] | None = None,
     ) -> tuple[Any, Any]:
-        """``(finite, (sample, sampled))`` of this apply (``sample`` None on torch when not sampled). With ``check``
-        (for scaled ``grads``: the flag's function), a sampled apply's flag is ``isfinite(amax)``, max propagating
-        NaN: one read pass; an unsampled one's ``check()``. Without, or on torch, ``finite`` is None."""
+        """``(finite, (sample, sampled))`` of this apply in a ``cond`` on ``sampled``: ``finite`` is ``check()``, on a
+        sampled apply ``isfinite(amax)`` if ``fused`` (scaled float32-or-narrower gradients: max propagates NaN, one
+        read pass). torch, eagerly: ``(None, (sample or None, sampled))``, ``sampled`` a Python bool.
+
+        With ``ruled = (state, assign)`` (TensorFlow, nothing recorded) the sampled branch writes the sample, each
+        branch runs ``auto``'s rule on ``state`` and ``assign``\\ s its new state, the count is advanced, and the
+        result is ``(finite, None)``: an unsampled step neither reads nor writes the sample nor runs the rule's sample
+        ops, and the sampled branch is one function call (TensorFlow's executor: 53 nodes more than without
+        statistics, against 215 keeping the sample with selects and writing it on every step)."""
         if keras.backend.backend() == "torch":  # eager: the flag from the count on the host, a Python bool
             flag = self.every == 1 or self.host_count() % self.every == 0
             return None, ((self._torch_sample(*self.slots(grads, variables), scale, already) if flag else None), flag)
         slots, sizes = self.slots(grads, variables)
         count, sampled = self.due()
 
-        def take() -> tuple[Any, ...]:
-            values = self.summary(self.table(slots, sizes, scale, already), sizes, count)
-            return values if check is None else (ops.isfinite(values[1]), *values)  # values[1]: the overall amax
-
-        def keep() -> tuple[Any, ...]:
-            return self.stored() if check is None else (check(), *self.stored())
-
-        out = take() if self.every == 1 else ops.cond(sampled, take, keep)
-        finite, values = (None, out) if check is None else (out[0], out[1:])
-        return finite, (GradientStats(*values), sampled)
-
-    def sample_or_check(
-        self, grads: Sequence[Any], variables: Sequence[Any], scale: Any, already: bool, check: Callable[[], Any],
-        fused: bool, rule: Callable[[Any, GradientStats | None, Any], None] | None = None,
-    ) -> Any:
-        """The flag of a TensorFlow step that nothing records (the caller checks): ``cond(sampled, sample written to
-        its variables, then isfinite(amax) if fused else check(), check())``, and the count advanced. ``rule(finite,
-        sample or None, count)``, ``auto``'s, runs in each branch (None: the caller runs the TF rule). An unsampled step
-        neither reads nor writes the sample, nor runs the rule's sample ops, and the sampled branch is one function
-        call: TensorFlow's executor runs 53 nodes more than without statistics, against 215 through :meth:`measure`
-        and :meth:`advance` (which keep the sample with selects and write it on every step)."""
-        slots, sizes = self.slots(grads, variables)
-        count, sampled = self.due()
+        def branch(sample: GradientStats | None) -> Any:
+            finite = ops.isfinite(sample.amax) if fused and sample is not None else check()  # type: ignore[misc]
+            if ruled is None:
+                return (finite, *(sample or self.stored()))
+            for variable, value in zip(self.sample, sample or ()):
+                variable.assign(value)
+            if self.auto:
+                ruled[1](self._ruled(ruled[0], count, sample or GradientStats(*self.sample), finite, sample)[0])
+            return finite
 
         def take() -> Any:
-            values = self.summary(self.table(slots, sizes, scale, already), sizes, count)
-            for variable, value in zip(self.sample, values):
-                variable.assign(value)
-            finite = ops.isfinite(values[1]) if fused else check()  # values[1]: the overall amax, NaN propagating
-            if rule is not None:
-                rule(finite, GradientStats(*values), count)
-            return finite
+            return branch(GradientStats(*self.summary(self.table(slots, sizes, scale, already), sizes, count)))
 
-        def skip() -> Any:
-            finite = check()
-            if rule is not None:
-                rule(finite, None, count)
-            return finite
-
-        finite = take() if self.every == 1 else ops.cond(sampled, not_inlined(take), skip)
-        counted = counted_sampler_state(SamplerState(count, GradientStats(*self.sample), None), None, False, XP)
-        self.count.assign(counted.count)
-        return finite
-
-    def auto_rule(self, state: LossScaleState, count: Any, finite: Any, sample: GradientStats | None) -> LossScaleState:
-        """The core sampler's ``auto`` rule on the step at ``count`` and its ``sample`` (None: not sampled, the rule's
-        sample ops skipped), inside :meth:`sample_or_check`'s branches; assigns the auto state, returns the new scale
-        state. The count is sample_or_check's to advance (the sampler's next one here is not used)."""
-        kept = GradientStats(*self.sample) if sample is None else sample  # the variables themselves: not read
-        return self._ruled(state, count, kept, finite, sample, sample is not None)[0]
+        out = take() if self.every == 1 else ops.cond(sampled, not_inlined(take) if ruled else take, lambda: branch(None))
+        if ruled is None:
+            return out[0], (GradientStats(*out[1:]), sampled)
+        self.count.assign(counted_sampler_state(SamplerState(count, None, None), None, False, XP).count)  # type: ignore[arg-type]
+        return out, None
 
     def _ruled(self, state: LossScaleState, count: Any, kept: GradientStats, finite: Any,
-               sample: GradientStats | None, sampled: Any) -> tuple[LossScaleState, SamplerState]:
-        """The core sampler's step from ``count`` and the ``kept`` sample, on the auto variables (read, then
-        assigned): the new scale state and the sampler state after it (count and sample for the caller to write)."""
+               sample: GradientStats | None, sampled: Any = None) -> tuple[LossScaleState, SamplerState]:
+        """The core sampler's step from ``count`` and the ``kept`` sample (``sampled``: whether ``sample`` is given,
+        unless said), the auto variables read and assigned: the new scale state and the sampler state after it."""
         auto = AutoState(*(_read(v) for v in self.auto)) if self.auto else None
+        sampled = sample is not None if sampled is None else sampled
         new, after = next_sampler_state(self.policy, state, SamplerState(count, kept, auto), finite, sample, sampled, XP)
         for variable, value in zip(self.auto, after.auto or ()):
             variable.assign(value)
@@ -185,44 +160,40 @@ class StatsVariables:
 
     def advance(self, state: LossScaleState, finite: Any, measured: Any) -> tuple[LossScaleState, GradientStats]:
         """The new scale state and kept sample by the core's sampler (``measure`` chose the sample); assigns both.
-        An eager torch step known on the host to be unsampled neither reads nor writes the kept sample (its
-        variables are returned) and adds 1 to the count unless the host copy says it is saturated: two kernels on a
-        GPU, where it launched 16 (a copy of each sample variable and of the count, the count's rule)."""
+        torch counts on the host: ``assign_add(1)`` unless saturated, no copy from the host; an unsampled step
+        neither reads nor writes the kept sample (its variables are returned): two kernels on a GPU."""
         sample, sampled = measured
-        if sampled is False:
-            kept, count = GradientStats(*self.sample), self.host_count()
-            new, after = self._ruled(state, count, kept, finite, None, False)
+        given = None if sample is None else GradientStats(*sample)
+        if keras.backend.backend() != "torch":
+            new, after = self._ruled(state, _read(self.count), given or GradientStats(*self.stored()), finite, given,
+                                     sampled)
+            self.count.assign(after.count)
+        else:
+            count = self.host_count()
+            new, after = self._ruled(state, count, given or GradientStats(*self.sample), finite, given)
             if after.count != count:  # saturates at 2**31 - 1
                 self.count.assign_add(1)  # not in place on the tensor: under a StatelessScope it is the caller's
-            self._counted_on_host(after.count)
-            return new, kept
-        given = None if sample is None else GradientStats(*sample)
-        kept_in = given if given is not None else GradientStats(*self.stored())
-        new, after = self._ruled(state, _read(self.count), kept_in, finite, given, sampled)
-        written = list(zip(self.sample, after.sample)) if sample is not None else []
-        for variable, value in [(self.count, after.count), *written]:
+            self.host_count(after.count)
+        for variable, value in zip(self.sample, after.sample if given else ()):
             variable.assign(value)
-        if keras.backend.backend() == "torch":
-            self._counted_on_host()
         return new, after.sample
 
-    def host_count(self) -> int:
-        """torch: the step count as a Python int. A copy is kept since this sampler last wrote the variable; the
-        variable is read (one host sync on a GPU) only when its tensor or version changed since (a load, an
-        ``assign``), so an unsampled step adds no sync to the step's own."""
-        value, known = self.count.value, self._host_count  # type: ignore[attr-defined]
-        if known is None or known[0] is not value or known[1] is None or known[1] != version_counter(value):
-            known = self._host_count = (value, version_counter(value), _host_int(value))
-        return known[2]
+    def count_in_place(self) -> None:
+        """torch, CPU: :meth:`advance`'s count of an unsampled step without ``auto``, in numpy on a view of the
+        variable (the rule is ``advance_in_place``'s): a microsecond against ``assign_add``'s three operators."""
+        view = self.count.value.detach().numpy()  # type: ignore[attr-defined]
+        view[...] = counted_sampler_state(SamplerState(self.host_count(), None, None), None, False, np).count  # type: ignore[arg-type]
+        self.host_count(int(view))
 
-    def _counted_on_host(self, stepped: int | None = None) -> None:
-        """After this sampler advanced the count variable: the host copy moves to ``stepped`` (the new count, if the
-        caller has it on the host), else by the core's count rule."""
+    def host_count(self, written: int | None = None) -> int:
+        """torch: the step count as a Python int (``written``: this sampler just wrote it to the variable). The copy
+        is kept with the variable's tensor and version; the variable is read (one host sync on a GPU) only when they
+        changed since (a load, an ``assign``), so a step adds no sync to the step's own."""
         value, known = self.count.value, self._host_count  # type: ignore[attr-defined]
-        if stepped is None and known is not None:
-            stepped = counted_sampler_state(SamplerState(known[2], None, None), None, False, np).count  # type: ignore[arg-type]
-        if stepped is not None:
-            self._host_count = (value, version_counter(value), int(stepped))
+        stale = known is None or known[0] is not value or known[1] is None or known[1] != version_counter(value)
+        if known is None or written is not None or stale:
+            known = self._host_count = (value, version_counter(value), _host_int(value) if written is None else written)
+        return known[2]
 
     def _torch_sample(self, slots: Sequence[Any], sizes: list[int], scale: Any, already: bool) -> GradientStats:
         """The sample on torch: the torch binding's kernels (multi-tensor off the CPU), the sizes copied once."""
@@ -235,24 +206,6 @@ class StatsVariables:
         empty = count.new_zeros((0,), dtype=scale.dtype)  # a None gradient: size 0, sums 0
         columns = sample_columns([g if n else empty for g, n in zip(slots, sizes)], scale if already else None)
         return summarize_columns(columns, self._sizes[key], count, XP)
-
-    def advance_unsampled_in_place(self, views: LossScaleState, finite: bool) -> None:
-        """:meth:`advance` of an unsampled step in numpy on ``views`` of the torch CPU scale variables and on views of
-        this sampler's: the rule (an ``AutoLossScale``'s reads no statistics then) and the count, in place."""
-        count = self.count.value.detach().numpy()  # type: ignore[attr-defined]
-        auto = [v.value.detach().numpy() for v in self.auto]
-        sampler = SamplerState(int(count), None, AutoState(*(a.copy() for a in auto)) if auto else None)  # type: ignore[arg-type]
-        if auto:
-            state = LossScaleState(*(view.copy() for view in views))
-            with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-                new, after = next_sampler_state(self.policy, state, sampler, np.bool_(finite), None, False, np)
-            for view, value in [*zip(views, new), *zip(auto, after.auto or ())]:
-                view[...] = value
-        else:
-            advance_in_place(self.policy.rule_params(), views, finite)
-            after = counted_sampler_state(sampler, None, False, np)
-        count[...] = after.count  # the core's saturating count (a Python int here)
-        self._counted_on_host(after.count)
 
     def mapping(self) -> dict[str, Any] | None:
         """``gradient_stats``: the kept sample as :func:`lossscale._stats.as_mapping` (None until built)."""

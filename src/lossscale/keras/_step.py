@@ -94,10 +94,9 @@ class ScaleState:
         :meth:`measure`'s sample; one read pass on a sampled step when :meth:`fused`."""
         if self.stats is None:
             return all_finite(checked), None
-        fused = self.fused(grads, already)
-        finite, measured = self.stats.measure(grads, variables, scale, already,
-                                             (lambda: nested_all_finite(checked)) if fused else None)
-        return all_finite(checked) if finite is None else finite, measured
+        finite, measured = self.stats.measure(grads, variables, scale, already, lambda: nested_all_finite(checked),
+                                              self.fused(grads, already))
+        return all_finite(checked) if finite is None else finite, measured  # None: torch's flag is not the sample's
 
     def read(self, copy: bool = True) -> LossScaleState:
         """The state now: a snapshot ordered before this step's assigns (torch: copies unless ``copy`` is False)."""
@@ -130,17 +129,18 @@ class ScaleState:
             self.observer.observe(state.loss_scale, finite, new.consecutive_skips, new.loss_scale, stats)
 
     def finish_in_place(self, finite: bool, measured: Any = None) -> bool:
-        """:meth:`finish` in numpy on views of torch CPU state, for a step not sampled (False elsewhere): 30 us
-        against 170 us, 5% of a small ``fit`` step, and about as much again with ``stats_every``."""
+        """:meth:`finish` in numpy on views of torch CPU state, for a step not sampled and without ``auto`` (False
+        elsewhere): 30 us against 170 us, 5% of a small ``fit`` step, and about as much again with ``stats_every``."""
         value = self.variables[0].value
-        if value.device.type != "cpu" or str(value.dtype) != "torch.float32" or (measured is not None and measured[1]):
+        if value.device.type != "cpu" or str(value.dtype) != "torch.float32" or (
+            measured is not None and (measured[1] or self.stats.auto)
+        ):
             return False
         views = LossScaleState(*(v.value.detach().numpy() for v in self.variables))
         old = LossScaleState(*(view[()] for view in views))
-        if measured is None:
-            advance_in_place(self.params, views, finite)
-        else:
-            self.stats.advance_unsampled_in_place(views, finite)
+        advance_in_place(self.params, views, finite)
+        if measured is not None:
+            self.stats.count_in_place()
         if self.observer.active:
             self.observer.observe(old.loss_scale, np.bool_(finite), views[4][()], views[0][()])
         return True
@@ -159,7 +159,7 @@ def unscale_and_check(state: ScaleState, grads: list[Any], variables: Sequence[A
 def apply_step(state: ScaleState, inner: Any, grads: list[Any], variables: list[Any], already: bool) -> None:
     """The stateful step (TF without a strategy, torch): ``inner.apply`` in the taken branch, the rule in each (flag
     constant) unless an observer or ``auto`` need the flag. With statistics and no observer, the sample is taken and
-    written in its own branch, ``auto``'s rule run in each (:meth:`~._stats.StatsVariables.sample_or_check`). One
+    written in its own branch, ``auto``'s rule run in each (:meth:`~._stats.StatsVariables.measure`). One
     multiply, one read pass; eager TF: two host syncs (three with statistics)."""
     if keras.backend.backend() == "torch":
         import torch
@@ -171,11 +171,8 @@ def apply_step(state: ScaleState, inner: Any, grads: list[Any], variables: list[
     checked = grads if state.at_least_one else unscaled
     stats, measured, ruled = state.stats, None, False
     if stats is not None and not state.observer.active:  # the sample written in its branch, auto's rule in each
-        def auto(finite: Any, sample: Any, count: Any) -> None:
-            state.assign(stats.auto_rule(current, count, finite, sample))
-
-        finite = stats.sample_or_check(grads, variables, current.loss_scale, already, lambda: nested_all_finite(checked),
-                                       state.fused(grads, already), auto if stats.auto else None)
+        finite = stats.measure(grads, variables, current.loss_scale, already, lambda: nested_all_finite(checked),
+                               state.fused(grads, already), (current, state.assign))[0]
         ruled = bool(stats.auto)
     else:
         finite, measured = state.check_and_measure(grads, variables, checked, current.loss_scale, already)
