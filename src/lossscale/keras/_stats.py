@@ -15,7 +15,7 @@ from keras import ops
 
 from .._auto import AutoLossScale, AutoState, initial_auto_state
 from .._policy import LossScale
-from .._rule import LossScaleState
+from .._rule import LossScaleState, advance_in_place
 from .._sampler import SamplerState, counted_sampler_state, is_due, next_sampler_state
 from .._stats import GradientStats, as_mapping, empty_stats, sizes_of, summarize_columns, tensor_sums
 from ._compat import in_xla_trace, not_inlined, version_counter
@@ -178,12 +178,22 @@ class StatsVariables:
             variable.assign(value)
         return new, after.sample
 
-    def count_in_place(self) -> None:
-        """torch, CPU: :meth:`advance`'s count of an unsampled step without ``auto``, in numpy on a view of the
-        variable (the rule is ``advance_in_place``'s): a microsecond against ``assign_add``'s three operators."""
-        view = self.count.value.detach().numpy()  # type: ignore[attr-defined]
-        view[...] = counted_sampler_state(SamplerState(self.host_count(), None, None), None, False, np).count  # type: ignore[arg-type]
-        self.host_count(int(view))
+    def advance_in_place(self, views: LossScaleState, finite: bool) -> None:
+        """:meth:`advance` of a torch CPU step known to be unsampled, in numpy on ``views`` of the scale variables
+        and on views of this sampler's, in place: the rule (``auto``'s reads no statistics then) and the count.
+        About 30 us where torch's operators on 0-d tensors take 170 us (``auto``: 1.3 ms, 10% of a small step)."""
+        count, auto = self.host_count(), [v.value.detach().numpy() for v in self.auto]
+        if auto:
+            sampler = SamplerState(count, None, AutoState(*auto))  # type: ignore[arg-type]
+            with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+                new, after = next_sampler_state(self.policy, views, sampler, np.bool_(finite), None, False, np)
+            for view, value in [*zip(views, new), *zip(auto, after.auto or ())]:
+                view[...] = value
+        else:
+            advance_in_place(self.policy.rule_params(), views, finite)
+            after = counted_sampler_state(SamplerState(count, None, None), None, False, np)  # type: ignore[arg-type]
+        self.count.value.detach().numpy()[...] = after.count  # type: ignore[attr-defined]
+        self.host_count(after.count)
 
     def host_count(self, written: int | None = None) -> int:
         """torch: the step count as a Python int (``written``: this sampler just wrote it to the variable). The copy
