@@ -316,7 +316,7 @@ def _executed_nodes(every, tensors, loss_scale="dynamic"):
 @pytest.mark.skipif(BACKEND != "tensorflow", reason="TensorFlow's executor")
 def test_an_unsampled_tf_step_runs_few_nodes_more_than_without_stats():
     """TensorFlow's executor visits every node of a lowered cond's untaken branch: the sample sits in one function
-    call, so 32 gradients add about 150 nodes to the step, not the ~590 of the sums inlined into the branch."""
+    call, so 32 gradients add about 120 nodes to the step, not the ~590 of the sums inlined into the branch."""
     extra = _executed_nodes(16, 32) - _executed_nodes(None, 32)
     assert 0 < extra <= 100 + 4 * 32, extra
 

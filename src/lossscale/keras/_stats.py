@@ -111,17 +111,17 @@ class StatsVariables:
 
     def measure(
         self, grads: Sequence[Any], variables: Sequence[Any], scale: Any, already: bool,
-        check: Callable[[], Any] | None = None, fused: bool = False, ruled: tuple[LossScaleState, Callable] | None = None,
+        check: Callable[[], Any] | None = None, fused: bool = False,
+        advancing: tuple[LossScaleState, Callable[[LossScaleState], None]] | None = None,
     ) -> tuple[Any, Any]:
         """``(finite, (sample, sampled))`` of this apply in a ``cond`` on ``sampled``: ``finite`` is ``check()``, on a
         sampled apply ``isfinite(amax)`` if ``fused`` (scaled float32-or-narrower gradients: max propagates NaN, one
         read pass). torch, eagerly: ``(None, (sample or None, sampled))``, ``sampled`` a Python bool.
 
-        With ``ruled = (state, assign)`` (TensorFlow, nothing recorded) the sampled branch writes the sample, each
-        branch runs ``auto``'s rule on ``state`` and ``assign``\\ s its new state, the count is advanced, and the
-        result is ``(finite, None)``: an unsampled step neither reads nor writes the sample nor runs the rule's sample
-        ops, and the sampled branch is one function call (TensorFlow's executor: 53 nodes more than without
-        statistics, against 215 keeping the sample with selects and writing it on every step)."""
+        With ``advancing = (state, assign)`` (TensorFlow, nothing recorded) each branch runs :meth:`advance` from
+        ``state`` and calls ``assign`` with the new state; the result is ``finite``. An unsampled step then neither reads nor
+        writes the sample nor runs ``auto``'s sample ops, and the sampled branch is one function call (TensorFlow's
+        executor: 53 nodes more than without statistics, against 215 keeping the sample with selects)."""
         if keras.backend.backend() == "torch":  # eager: the flag from the count on the host, a Python bool
             flag = self.every == 1 or self.host_count() % self.every == 0
             return None, ((self._torch_sample(*self.slots(grads, variables), scale, already) if flag else None), flag)
@@ -130,52 +130,42 @@ class StatsVariables:
 
         def branch(sample: GradientStats | None) -> Any:
             finite = ops.isfinite(sample.amax) if fused and sample is not None else check()  # type: ignore[misc]
-            if ruled is None:
+            if advancing is None:
                 return (finite, *(sample or self.stored()))
-            for variable, value in zip(self.sample, sample or ()):
-                variable.assign(value)
-            if self.auto:
-                ruled[1](self._ruled(ruled[0], count, sample or GradientStats(*self.sample), finite, sample)[0])
+            advancing[1](self.advance(advancing[0], finite, (sample, sample is not None), count)[0])
             return finite
 
         def take() -> Any:
             return branch(GradientStats(*self.summary(self.table(slots, sizes, scale, already), sizes, count)))
 
-        out = take() if self.every == 1 else ops.cond(sampled, not_inlined(take) if ruled else take, lambda: branch(None))
-        if ruled is None:
-            return out[0], (GradientStats(*out[1:]), sampled)
-        self.count.assign(counted_sampler_state(SamplerState(count, None, None), None, False, XP).count)  # type: ignore[arg-type]
-        return out, None
+        if self.every == 1:
+            out = take()
+        else:
+            out = ops.cond(sampled, not_inlined(take) if advancing else take, lambda: branch(None))
+        return (out, None) if advancing else (out[0], (GradientStats(*out[1:]), sampled))
 
-    def _ruled(self, state: LossScaleState, count: Any, kept: GradientStats, finite: Any,
-               sample: GradientStats | None, sampled: Any = None) -> tuple[LossScaleState, SamplerState]:
-        """The core sampler's step from ``count`` and the ``kept`` sample (``sampled``: whether ``sample`` is given,
-        unless said), the auto variables read and assigned: the new scale state and the sampler state after it."""
-        auto = AutoState(*(_read(v) for v in self.auto)) if self.auto else None
-        sampled = sample is not None if sampled is None else sampled
-        new, after = next_sampler_state(self.policy, state, SamplerState(count, kept, auto), finite, sample, sampled, XP)
-        for variable, value in zip(self.auto, after.auto or ()):
-            variable.assign(value)
-        return new, after
-
-    def advance(self, state: LossScaleState, finite: Any, measured: Any) -> tuple[LossScaleState, GradientStats]:
-        """The new scale state and kept sample by the core's sampler (``measure`` chose the sample); assigns both.
-        torch counts on the host: ``assign_add(1)`` unless saturated, no copy from the host; an unsampled step
-        neither reads nor writes the kept sample (its variables are returned): two kernels on a GPU."""
+    def advance(
+        self, state: LossScaleState, finite: Any, measured: Any, count: Any = None
+    ) -> tuple[LossScaleState, GradientStats]:
+        """The new scale state and kept sample by the core's sampler (``measure`` chose the sample; ``count``: the
+        count read already); assigns the auto state, the count, and the sample where given. An unsampled step keeps
+        the sample variables as they are (not read). torch counts on the host and adds 1 with ``assign_add`` unless
+        saturated: no copy from the host, two kernels on a GPU for an unsampled step."""
         sample, sampled = measured
         given = None if sample is None else GradientStats(*sample)
-        if keras.backend.backend() != "torch":
-            new, after = self._ruled(state, _read(self.count), given or GradientStats(*self.stored()), finite, given,
-                                     sampled)
+        on_host = keras.backend.backend() == "torch"
+        count = self.host_count() if on_host else _read(self.count) if count is None else count
+        auto = AutoState(*(_read(v) for v in self.auto)) if self.auto else None
+        kept = given or GradientStats(*self.sample)
+        new, after = next_sampler_state(self.policy, state, SamplerState(count, kept, auto), finite, given, sampled, XP)
+        if on_host and after.count != count:  # saturates at 2**31 - 1
+            self.count.assign_add(1)  # not in place on the tensor: under a StatelessScope it is the caller's
+        elif not on_host:
             self.count.assign(after.count)
-        else:
-            count = self.host_count()
-            new, after = self._ruled(state, count, given or GradientStats(*self.sample), finite, given)
-            if after.count != count:  # saturates at 2**31 - 1
-                self.count.assign_add(1)  # not in place on the tensor: under a StatelessScope it is the caller's
-            self.host_count(after.count)
-        for variable, value in zip(self.sample, after.sample if given else ()):
+        for variable, value in [*zip(self.auto, after.auto or ()), *zip(self.sample, after.sample if given else ())]:
             variable.assign(value)
+        if on_host:
+            self.host_count(after.count)
         return new, after.sample
 
     def advance_in_place(self, views: LossScaleState, finite: bool) -> None:

@@ -157,8 +157,8 @@ def unscale_and_check(state: ScaleState, grads: list[Any], variables: Sequence[A
 
 def apply_step(state: ScaleState, inner: Any, grads: list[Any], variables: list[Any], already: bool) -> None:
     """The stateful step (TF without a strategy, torch): ``inner.apply`` in the taken branch, the rule in each (flag
-    constant) unless an observer or ``auto`` need the flag. With statistics and no observer, the sample is taken and
-    written in its own branch, ``auto``'s rule run in each (:meth:`~._stats.StatsVariables.measure`). One
+    constant) unless an observer or the statistics need the flag. With statistics and no observer, each branch of
+    the sample's ``cond`` advances the step (:meth:`~._stats.StatsVariables.measure`). One
     multiply, one read pass; eager TF: two host syncs (three with statistics)."""
     if keras.backend.backend() == "torch":
         import torch
@@ -168,16 +168,15 @@ def apply_step(state: ScaleState, inner: Any, grads: list[Any], variables: list[
     current = state.read()
     unscaled = grads if already else unscale(grads, current.loss_scale, _keep(variables))
     checked = grads if state.at_least_one else unscaled
-    stats, measured, ruled = state.stats, None, False
-    if stats is not None and not state.observer.active:  # the sample written in its branch, auto's rule in each
-        finite = stats.measure(grads, variables, current.loss_scale, already, lambda: nested_all_finite(checked),
-                               state.fused(grads, already), (current, state.assign))[0]
-        ruled = bool(stats.auto)
-    else:
-        finite, measured = state.check_and_measure(grads, variables, checked, current.loss_scale, already)
-    if ruled or measured is not None or state.observer.active:  # the rule runs (or ran) outside the update's cond
+    if state.stats is not None and not state.observer.active:  # the step advanced in the sample's branches
+        finite = state.stats.measure(grads, variables, current.loss_scale, already, lambda: nested_all_finite(checked),
+                                     state.fused(grads, already), (current, state.assign))[0]
         ops.cond(finite, lambda: inner.apply(unscaled, variables), lambda: None)
-        return None if ruled else state.finish(current, finite, measured)
+        return None
+    finite, measured = state.check_and_measure(grads, variables, checked, current.loss_scale, already)
+    if measured is not None or state.observer.active:  # the rule runs outside the update's cond
+        ops.cond(finite, lambda: inner.apply(unscaled, variables), lambda: None)
+        return state.finish(current, finite, measured)
 
     def apply_and_advance() -> None:
         inner.apply(unscaled, variables)
