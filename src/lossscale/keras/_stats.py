@@ -119,9 +119,10 @@ class StatsVariables:
         read pass). torch, eagerly: ``(None, (sample or None, sampled))``, ``sampled`` a Python bool.
 
         With ``advancing = (state, assign)`` (TensorFlow, nothing recorded) each branch runs :meth:`advance` from
-        ``state`` and calls ``assign`` with the new state; the result is ``finite``. An unsampled step then neither reads nor
-        writes the sample nor runs ``auto``'s sample ops, and the sampled branch is one function call (TensorFlow's
-        executor: 53 nodes more than without statistics, against 215 keeping the sample with selects)."""
+        ``state`` and calls ``assign`` with the new state, and the result is ``finite``. An unsampled step then neither
+        reads nor writes the sample nor runs ``auto``'s sample ops, and the sampled branch is one function call:
+        TensorFlow's executor runs 50 nodes more than without statistics for 8 gradients, against 215 when the kept
+        sample was selected and written on every step."""
         if keras.backend.backend() == "torch":  # eager: the flag from the count on the host, a Python bool
             flag = self.every == 1 or self.host_count() % self.every == 0
             return None, ((self._torch_sample(*self.slots(grads, variables), scale, already) if flag else None), flag)
