@@ -175,9 +175,10 @@ class StatsVariables:
         About 30 us where torch's operators on 0-d tensors take 170 us (``auto``: 1.3 ms, 10% of a small step)."""
         count, auto = self.host_count(), [v.value.detach().numpy() for v in self.auto]
         if auto:
-            sampler = SamplerState(count, None, AutoState(*auto))  # type: ignore[arg-type]
+            sampler = SamplerState(count, None, AutoState(*(a.copy() for a in auto)))  # type: ignore[arg-type]
+            state = LossScaleState(*(view.copy() for view in views))  # no result aliases a view written before it
             with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-                new, after = next_sampler_state(self.policy, views, sampler, np.bool_(finite), None, False, np)
+                new, after = next_sampler_state(self.policy, state, sampler, np.bool_(finite), None, False, np)
             for view, value in [*zip(views, new), *zip(auto, after.auto or ())]:
                 view[...] = value
         else:
