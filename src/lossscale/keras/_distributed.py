@@ -98,7 +98,7 @@ def _replica_sums(stats: Any, grads: list[Any], variables: list[Any], scale: Any
 
 
 def _global_sample(strategy: Any, stats: Any, sums: Any, sizes: list[int]) -> Any:
-    """``(sample, sampled)`` of all replicas' sums: max of the maxima, sums of the rest."""
+    """``(sample, sampled, count)`` of all replicas' sums: max of the maxima, sums of the rest."""
     count, sampled = stats.due()
     replicas = strategy.num_replicas_in_sync
 
@@ -107,6 +107,4 @@ def _global_sample(strategy: Any, stats: Any, sums: Any, sizes: list[int]) -> An
         combined = ops.concatenate([ops.max(table[:, :1], axis=0), ops.sum(table[:, 1:], axis=0)], axis=0)
         return stats.summary(combined, sizes, count, replicas)  # a NaN or Inf max propagates
 
-    if stats.every == 1:
-        return take(), sampled
-    return ops.cond(sampled, take, stats.stored), sampled
+    return (take() if stats.every == 1 else ops.cond(sampled, take, stats.stored)), sampled, count

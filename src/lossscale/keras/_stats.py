@@ -114,9 +114,10 @@ class StatsVariables:
         check: Callable[[], Any] | None = None, fused: bool = False,
         advancing: tuple[LossScaleState, Callable[[LossScaleState], None]] | None = None,
     ) -> tuple[Any, Any]:
-        """``(finite, (sample, sampled))`` of this apply in a ``cond`` on ``sampled``: ``finite`` is ``check()``, on a
+        """``(finite, (sample, sampled, count))`` of this apply in a ``cond`` on ``sampled``: ``finite`` is ``check()``, on a
         sampled apply ``isfinite(amax)`` if ``fused`` (scaled float32-or-narrower gradients: max propagates NaN, one
-        read pass). torch, eagerly: ``(None, (sample or None, sampled))``, ``sampled`` a Python bool.
+        read pass); ``count``, the count read for it (the sample's step). torch, eagerly: ``(None, (sample or
+        None, sampled, count))``, ``sampled`` a Python bool and ``count`` the host's int.
 
         With ``advancing = (state, assign)`` (TensorFlow, nothing recorded) each branch runs :meth:`advance` from
         ``state`` and calls ``assign`` with the new state, and the result is ``finite``. An unsampled step then neither
@@ -124,8 +125,10 @@ class StatsVariables:
         TensorFlow's executor runs 50 nodes more than without statistics for 8 gradients, against 215 when the kept
         sample was selected and written on every step."""
         if keras.backend.backend() == "torch":  # eager: the flag from the count on the host, a Python bool
-            flag = self.every == 1 or self.host_count() % self.every == 0
-            return None, ((self._torch_sample(*self.slots(grads, variables), scale, already) if flag else None), flag)
+            count = self.host_count()
+            flag = self.every == 1 or count % self.every == 0
+            sample = self._torch_sample(*self.slots(grads, variables), scale, already) if flag else None
+            return None, (sample, flag, count)
         slots, sizes = self.slots(grads, variables)
         count, sampled = self.due()
 
@@ -133,7 +136,7 @@ class StatsVariables:
             finite = ops.isfinite(sample.amax) if fused and sample is not None else check()  # type: ignore[misc]
             if advancing is None:
                 return (finite, *(sample or self.stored()))
-            advancing[1](self.advance(advancing[0], finite, (sample, sample is not None), count)[0])
+            advancing[1](self.advance(advancing[0], finite, (sample, sample is not None, count))[0])
             return finite
 
         def take() -> Any:
@@ -143,19 +146,16 @@ class StatsVariables:
             out = take()
         else:
             out = ops.cond(sampled, not_inlined(take) if advancing else take, lambda: branch(None))
-        return (out, None) if advancing else (out[0], (GradientStats(*out[1:]), sampled))
+        return (out, None) if advancing else (out[0], (GradientStats(*out[1:]), sampled, count))
 
-    def advance(
-        self, state: LossScaleState, finite: Any, measured: Any, count: Any = None
-    ) -> tuple[LossScaleState, GradientStats]:
-        """The new scale state and kept sample by the core's sampler (``measure`` chose the sample; ``count``: the
-        count read already); assigns the auto state, the count, and the sample where given. An unsampled step keeps
+    def advance(self, state: LossScaleState, finite: Any, measured: Any) -> tuple[LossScaleState, GradientStats]:
+        """The new scale state and kept sample by the core's sampler, from :meth:`measure`'s ``(sample, sampled,
+        count)``; assigns the auto state, the count, and the sample where given. An unsampled step keeps
         the sample variables as they are (not read). torch counts on the host and adds 1 with ``assign_add`` unless
         saturated: no copy from the host, two kernels on a GPU for an unsampled step."""
-        sample, sampled = measured
+        sample, sampled, count = measured
         given = None if sample is None else GradientStats(*sample)
         on_host = keras.backend.backend() == "torch"
-        count = self.host_count() if on_host else _read(self.count) if count is None else count
         auto = AutoState(*(_read(v) for v in self.auto)) if self.auto else None
         kept = given or GradientStats(*self.sample)
         new, after = next_sampler_state(self.policy, state, SamplerState(count, kept, auto), finite, given, sampled, XP)
