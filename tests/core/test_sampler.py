@@ -10,6 +10,7 @@ from lossscale._auto import initial_auto_state, next_auto_state
 from lossscale._rule import COUNTER_MAX
 from lossscale._sampler import (
     SamplerState,
+    advance_in_place,
     initial_sampler_state,
     is_due,
     next_sampler_state,
@@ -87,6 +88,26 @@ def test_the_count_saturates_at_int32_max(host_count):
     sampler = initial_sampler_state(policy, 1, np, count=count)
     _, after = next_sampler_state(policy, lossscale.initial_state(policy, np), sampler, True, None, False, np)
     assert int(after.count) == COUNTER_MAX
+
+
+@pytest.mark.parametrize("policy", [lossscale.DynamicLossScale(2.0**4, 2), lossscale.AutoLossScale(2.0**20, window=4)])
+def test_advancing_in_place_matches_the_array_sampler_bit_for_bit(policy):
+    """The host path of an unsampled step (numpy views, a Python count) against next_sampler_state on arrays."""
+    sampler = initial_sampler_state(policy, 2, np, count=np.asarray(COUNTER_MAX - 4, np.int32))
+    scale = lossscale.initial_state(policy, np)
+    # A first sampled step gives auto its bounds; then unsampled steps, overflows among them.
+    scale, sampler = next_sampler_state(policy, scale, sampler, True, gradient_stats(grads(2.0**-8), np), True, np)
+    views = lossscale.LossScaleState(*(np.array(v) for v in scale))
+    auto = None if sampler.auto is None else type(sampler.auto)(*(np.array(v) for v in sampler.auto))
+    count = int(sampler.count)
+    for finite in [True, False, True, True, False, False, True, True]:
+        scale, sampler = next_sampler_state(policy, scale, sampler, np.bool_(finite), None, np.bool_(False), np)
+        count = advance_in_place(policy, views, count, auto, finite)
+        assert count == int(sampler.count)
+        for got, want in zip([*views, *(auto or ())], [*scale, *(sampler.auto or ())]):
+            np.testing.assert_array_equal(got, want)
+            assert got.dtype == want.dtype
+    assert count == COUNTER_MAX and int(views.skipped_steps) == 3
 
 
 def test_the_record_round_trips_and_refuses_what_does_not_fit():

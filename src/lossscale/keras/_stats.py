@@ -15,8 +15,8 @@ from keras import ops
 
 from .._auto import AutoLossScale, AutoState, initial_auto_state
 from .._policy import LossScale
-from .._rule import LossScaleState, advance_in_place
-from .._sampler import SamplerState, counted_sampler_state, is_due, next_sampler_state
+from .._rule import LossScaleState
+from .._sampler import SamplerState, advance_in_place, is_due, next_sampler_state
 from .._stats import GradientStats, as_mapping, empty_stats, sizes_of, summarize_columns, tensor_sums
 from ._compat import in_xla_trace, not_inlined, version_counter
 from ._step import XP
@@ -170,22 +170,12 @@ class StatsVariables:
         return new, after.sample
 
     def advance_in_place(self, views: LossScaleState, finite: bool) -> None:
-        """:meth:`advance` of a torch CPU step known to be unsampled, in numpy on ``views`` of the scale variables
-        and on views of this sampler's, in place: the rule (``auto``'s reads no statistics then) and the count.
-        About 30 us where torch's operators on 0-d tensors take 170 us (``auto``: 1.3 ms, 10% of a small step)."""
-        count, auto = self.host_count(), [v.value.detach().numpy() for v in self.auto]
-        if auto:
-            sampler = SamplerState(count, None, AutoState(*(a.copy() for a in auto)))  # type: ignore[arg-type]
-            state = LossScaleState(*(view.copy() for view in views))  # no result aliases a view written before it
-            with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-                new, after = next_sampler_state(self.policy, state, sampler, np.bool_(finite), None, False, np)
-            for view, value in [*zip(views, new), *zip(auto, after.auto or ())]:
-                view[...] = value
-        else:
-            advance_in_place(self.policy.rule_params(), views, finite)
-            after = counted_sampler_state(SamplerState(count, None, None), None, False, np)  # type: ignore[arg-type]
-        self.count.value.detach().numpy()[...] = after.count  # type: ignore[attr-defined]
-        self.host_count(after.count)
+        """:meth:`advance` of a torch CPU step known to be unsampled: the core's numpy
+        :func:`~lossscale._sampler.advance_in_place` on ``views`` of the scale variables and on views of these."""
+        auto = AutoState(*(v.value.detach().numpy() for v in self.auto)) if self.auto else None
+        count = advance_in_place(self.policy, views, self.host_count(), auto, finite)
+        self.count.value.detach().numpy()[...] = count  # type: ignore[attr-defined]
+        self.host_count(count)
 
     def host_count(self, written: int | None = None) -> int:
         """torch: the step count as a Python int (``written``: this sampler just wrote it to the variable). The copy
