@@ -97,8 +97,8 @@ def jax_part(steps: int) -> None:
     from lossscale.jax._grads import _exactly_finite
     from lossscale.jax._stats import is_due, measure
 
-    def packed_checked_sample(every: int, grads: list, stats: object, check: object, axes: object = None) -> tuple:
-        """``checked_sample`` whose ``lax.cond`` returns the finite flag and one float32 vector, not 11 arrays."""
+    def packed_sample_if_due(every: int, grads: list, stats: object, axes: object = None, check: object = None) -> tuple:
+        """``sample_if_due`` (with ``check``) whose ``lax.cond`` returns the finite flag and one float32 vector, not 11 arrays."""
         count, kept = jnp.asarray(stats.count), stats.sample
 
         def pack(sample: GradientStats) -> jax.Array:
@@ -119,13 +119,13 @@ def jax_part(steps: int) -> None:
     def exact(tree: object) -> jax.Array:
         return _exactly_finite(jax.tree_util.tree_leaves(tree))
 
-    names = ("all_finite", "nested_all_finite", "checked_sample")
+    names = ("all_finite", "nested_all_finite", "sample_if_due")
     shipped = {n: getattr(optimizer_module, n) for n in names}
     patches = {  # what each variant puts in place of the step's plain check, its nested check, its sample
         "off, isfinite check": {"all_finite": exact},
         "N=16, isfinite check": {"nested_all_finite": exact},  # the library's choice on a GPU
         "N=16, sum check": {"nested_all_finite": shipped["all_finite"]},  # its choice elsewhere
-        "N=16, packed cond": {"checked_sample": packed_checked_sample},
+        "N=16, packed cond": {"sample_if_due": packed_sample_if_due},
     }
     runs = {}
     variants = {**CONTENDERS, "cond": ("dynamic", None), **{n: ("dynamic", 16 if "N=16" in n else None) for n in patches}}

@@ -23,7 +23,7 @@ from .._stats import GradientStats, as_mapping
 from ._compat import eval_jaxpr_choosing, is_tracer, like
 from ._diagnostics import StepRecorder, guard_skip
 from ._grads import all_finite, check_gradients, nested_all_finite, scale_loss, squared_norm, unscale
-from ._stats import checked_sample, init_stats, step_scale
+from ._stats import init_stats, sample_if_due, step_scale
 
 __all__ = [
     "LossScaleOptimizerState", "apply_gradients", "find_state", "get_scaled_loss", "get_unscaled_gradients",
@@ -429,11 +429,12 @@ def loss_scale_optimizer(
         leaves = check_gradients(grads)
         scale = state.loss_scale
         # With S >= 1 (the policy's floor) g / S is finite exactly when g is: the check reads the scaled g.
-        factor = sample = None
+        factor = measured = None
         if max_norm is None and every is not None and state.stats is not None and rule.min_scale >= 1 and all(
             leaf.dtype in (jnp.float32, jnp.float16, jnp.bfloat16) for leaf in leaves
         ):  # max |g| is the finite check too: a sampled step reads the gradients once
-            finite, sample, _ = checked_sample(every, leaves, state.stats, nested_all_finite, axes)
+            finite, sample, sampled = sample_if_due(every, leaves, state.stats, axes, nested_all_finite)
+            measured = (sample, sampled)
         elif max_norm is None:
             finite = all_finite(grads if rule.min_scale >= 1 else unscale(grads, scale))
         else:  # one pass gives both the global norm and the finite flag
@@ -443,7 +444,7 @@ def loss_scale_optimizer(
         if axes is not None:
             finite = lax.pmin(finite.astype(jnp.int32), axes) > 0
         new_scale_state, new_stats, sampled = step_scale(
-            policy, every, leaves, state.loss_scale_state, state.stats, finite, axes, sample
+            policy, every, leaves, state.loss_scale_state, state.stats, finite, axes, measured
         )
         if recorder is not None:
             recorder.record(scale, finite, axes, None if new_stats is None else (sampled, new_stats.sample))

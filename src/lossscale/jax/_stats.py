@@ -15,7 +15,7 @@ from .._sampler import SamplerState, initial_sampler_state, is_due, next_sampler
 from .._stats import FLOAT16_TINY, GradientStats, summarize, tensor_sums
 from ._compat import like, typeof
 
-__all__ = ["checked_sample", "init_stats", "measure", "step_scale", "tensor_names"]
+__all__ = ["init_stats", "measure", "sample_if_due", "step_scale", "tensor_names"]
 
 
 def init_stats(policy: LossScale, params: Any) -> SamplerState:
@@ -75,55 +75,45 @@ def _varying_as(x: Any, leaves: list) -> Any:
     return x
 
 
-def checked_sample(
-    every: int, grads: list, stats: SamplerState, check: Any, axes: tuple[Hashable, ...] | None = None
-) -> tuple[jax.Array, GradientStats, Any]:
-    """``(finite, sample, sampled)`` with one read pass on every step: a sampled step's flag is ``isfinite(amax)``
-    (max propagates NaN), an unsampled one's ``check(grads)``; the kept sample where not sampled. With ``axes``
-    the sample is already that of every device's gradients (:func:`step_scale` leaves it), and the flag still this
-    device's, as varying as the gradients (under ``shard_map`` both branches must agree). For float32 and narrower
-    leaves with ``S >= 1`` only (a float64 above float32's range would read as an overflow)."""
+def sample_if_due(
+    every: int, grads: list, stats: SamplerState, axes: tuple[Hashable, ...] | None = None, check: Any = None
+) -> tuple[Any, GradientStats, Any]:
+    """``(finite, sample, sampled)``: the sample where due (across ``axes``), else the kept one, in one ``lax.cond``.
+
+    With ``check``, ``finite`` comes with one read pass on every step: ``isfinite(amax)`` on a sampled step (max
+    propagates NaN), ``check(grads)`` on an unsampled one; this device's flag, as varying as the gradients (under
+    ``shard_map`` both branches must agree). For float32 and narrower leaves with ``S >= 1`` only (a float64
+    above float32's range would read as an overflow). Without ``check``, ``finite`` is None."""
     count = jnp.asarray(stats.count)
 
-    def sampled_branch(g: list) -> tuple[jax.Array, GradientStats]:
+    def flagged(finite: Any, g: list) -> Any:
+        return None if check is None else _varying_as(finite(), g)
+
+    def take(g: list) -> tuple[Any, GradientStats]:
         sample = measure(g, count, axes)
-        return _varying_as(jnp.isfinite(sample.amax), g), sample
+        return flagged(lambda: jnp.isfinite(sample.amax), g), sample
+
+    def keep(g: list) -> tuple[Any, GradientStats]:
+        return flagged(lambda: check(g), g), jax.tree_util.tree_map(jnp.asarray, stats.sample)
 
     if every == 1:
-        finite, sample = sampled_branch(grads)
-        return finite, sample, True
-    kept = stats.sample
+        return *take(grads), True
     due = is_due(every, count)
-    finite, sample = lax.cond(
-        due, sampled_branch, lambda g: (_varying_as(check(g), g), jax.tree_util.tree_map(jnp.asarray, kept)), grads
-    )
-    return finite, sample, due
+    return *lax.cond(due, take, keep, grads), due
 
 
 def step_scale(
     policy: LossScale, every: int | None, grads: list, scale_state: LossScaleState, stats: SamplerState | None,
-    finite: jax.Array, axes: tuple[Hashable, ...] | None, sample: GradientStats | None = None,
+    finite: jax.Array, axes: tuple[Hashable, ...] | None, measured: tuple[GradientStats, Any] | None = None,
 ) -> tuple[LossScaleState, SamplerState | None, Any]:
-    """New scale state, sampler state and ``sampled`` flag (``sample``: measured already, across ``axes`` too);
-    unsampled: no reduction."""
+    """New scale state, sampler state and ``sampled`` flag (``measured``: :func:`sample_if_due`'s ``(sample,
+    sampled)`` already taken); unsampled: no reduction."""
     if every is None or stats is None:
         return next_state(policy.rule_params(), scale_state, finite, jnp), stats, False
-    count = jnp.asarray(stats.count)
-    if every == 1:
-        sampled: Any = True
-        if sample is None:
-            sample = measure(grads, count, axes)
-    elif sample is not None:  # checked_sample's: measured (across ``axes``) where due, else the kept one
-        sampled = is_due(every, count)
-    else:
-        sampled = is_due(every, count)
-        kept = stats.sample
-        sample = lax.cond(
-            sampled, lambda g: measure(g, count, axes), lambda _: jax.tree_util.tree_map(jnp.asarray, kept), grads
-        )
+    sample, sampled = measured or sample_if_due(every, grads, stats, axes)[1:]
     # The cond chose the kept sample already: handed in as the sampler's own, it is kept with no select.
     new_scale, new_stats = next_sampler_state(
-        policy, scale_state, SamplerState(count, sample, stats.auto), finite, sample, sampled, jnp
+        policy, scale_state, SamplerState(jnp.asarray(stats.count), sample, stats.auto), finite, sample, sampled, jnp
     )
     return new_scale, new_stats, sampled
 
