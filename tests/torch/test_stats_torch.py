@@ -240,10 +240,19 @@ def test_a_dynamic_checkpoint_loaded_into_auto_follows_the_dynamic_rule():
     assert int(target.gradient_stats["step"]) == 0 and target._sampler.state.count == 3
 
 
-def test_auto_refuses_a_shared_scale():
-    shared = lst.SharedLossScale("auto")
-    with pytest.raises(ValueError, match="SharedLossScale"):
-        lst.LossScaleOptimizer(torch.optim.SGD(_model().parameters(), lr=0.1), shared)
+def test_auto_refuses_a_shared_scale_at_construction_and_at_load():
+    with pytest.raises(ValueError, match="shared by several optimizers .SharedLossScale. is not supported"):
+        lst.SharedLossScale("auto")
+    model = _model()
+    own = lst.LossScaleOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), "auto")
+    _backward(own, model)
+    own.step()
+    shared = lst.SharedLossScale(dynamic=True, initial_scale=8.0)
+    member = lst.LossScaleOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), shared)
+    for target in (shared, member):
+        with pytest.raises(ValueError, match="SharedLossScale"):
+            target.load_state_dict(own.state_dict()["lossscale"] if target is shared else own.state_dict())
+        assert type(shared.policy) is lossscale.DynamicLossScale and float(shared.loss_scale) == 8.0
 
 
 def test_gradscaler_samples_the_scaled_gradients_without_syncs():

@@ -224,6 +224,12 @@ class SharedLossScale(ScaleOwner):
         self._pending: torch.Tensor | None = None
         self._members: list[Any] = []
 
+    def _set_policy(self, policy: LossScale) -> None:
+        """Refuses ``AutoLossScale`` at construction and at load (nothing changes), as each member would."""
+        require_own_scale(policy, self, "Give each optimizer its own loss_scale='auto', or share 'dynamic' "
+                          "(stats_every=N gives the statistics).")
+        super()._set_policy(policy)
+
     def add_step(self, found_inf: torch.Tensor, member: Any) -> None:
         """Keeps one optimizer's flag for :meth:`update`. No sync."""
         self._members.append(member)
