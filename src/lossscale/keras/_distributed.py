@@ -92,9 +92,7 @@ def _replica_sums(stats: Any, grads: list[Any], variables: list[Any], scale: Any
     def take() -> Any:
         return stats.table(slots, sizes, scale, already)[None]
 
-    if stats.every == 1:
-        return take(), sizes
-    return ops.cond(stats.due()[1], take, lambda: ops.zeros((1, 4, len(sizes)), "float32")), sizes
+    return stats.when_due(stats.due()[1], take, lambda: ops.zeros((1, 4, len(sizes)), "float32")), sizes
 
 
 def _global_sample(strategy: Any, stats: Any, sums: Any, sizes: list[int]) -> Any:
@@ -107,4 +105,4 @@ def _global_sample(strategy: Any, stats: Any, sums: Any, sizes: list[int]) -> An
         combined = ops.concatenate([ops.max(table[:, :1], axis=0), ops.sum(table[:, 1:], axis=0)], axis=0)
         return stats.summary(combined, sizes, count, replicas)  # a NaN or Inf max propagates
 
-    return (take() if stats.every == 1 else ops.cond(sampled, take, stats.stored)), sampled, count
+    return stats.when_due(sampled, take, stats.stored), sampled, count

@@ -79,6 +79,10 @@ class StatsVariables:
     def stored(self) -> tuple[Any, ...]:
         return tuple(_read(v) for v in self.sample)
 
+    def when_due(self, sampled: Any, take: Callable[[], Any], otherwise: Callable[[], Any]) -> Any:
+        """``take()`` on a sampled apply, else ``otherwise()``: a ``cond`` unless every apply is sampled."""
+        return take() if self.every == 1 else ops.cond(sampled, take, otherwise)
+
     def slots(self, grads: Sequence[Any], variables: Sequence[Any]) -> tuple[list[Any], list[int]]:
         """The gradients in build order and their sizes (a variable not given, or a None gradient: None, size 0)."""
         slots: list[Any] = [None] * len(self.names)
@@ -114,16 +118,13 @@ class StatsVariables:
         check: Callable[[], Any] | None = None, fused: bool = False,
         advancing: tuple[LossScaleState, Callable[[LossScaleState], None]] | None = None,
     ) -> tuple[Any, Any]:
-        """``(finite, (sample, sampled, count))`` of this apply in a ``cond`` on ``sampled``: ``finite`` is ``check()``, on a
-        sampled apply ``isfinite(amax)`` if ``fused`` (scaled float32-or-narrower gradients: max propagates NaN, one
-        read pass); ``count``, the count read for it (the sample's step). torch, eagerly: ``(None, (sample or
-        None, sampled, count))``, ``sampled`` a Python bool and ``count`` the host's int.
-
-        With ``advancing = (state, assign)`` (TensorFlow, nothing recorded) each branch runs :meth:`advance` from
-        ``state`` and calls ``assign`` with the new state, and the result is ``finite``. An unsampled step then neither
-        reads nor writes the sample nor runs ``auto``'s sample ops, and the sampled branch is one function call:
-        TensorFlow's executor runs 50 nodes more than without statistics for 8 gradients, against 215 when the kept
-        sample was selected and written on every step."""
+        """``(finite, (sample, sampled, count))``: the sample in a ``cond`` on ``sampled`` (else the kept one);
+        ``finite`` is ``check()``, or ``isfinite(amax)`` on a sampled apply if ``fused`` (max propagates NaN: one read
+        pass); ``count``, the one read for it. torch, eagerly: ``(None, (sample or None, sampled, count))``, a Python
+        bool and the host's int. With ``advancing = (state, assign)`` (TensorFlow, nothing recorded) each branch runs
+        :meth:`advance` and assigns its new state, and the result is ``(finite, None)``: an unsampled step neither
+        reads nor writes the sample (for 8 gradients, 50 nodes more than without statistics; 215 when the kept
+        sample was selected and written on every step)."""
         if keras.backend.backend() == "torch":  # eager: the flag from the count on the host, a Python bool
             count = self.host_count()
             flag = self.every == 1 or count % self.every == 0
@@ -142,10 +143,7 @@ class StatsVariables:
         def take() -> Any:
             return branch(GradientStats(*self.summary(self.table(slots, sizes, scale, already), sizes, count)))
 
-        if self.every == 1:
-            out = take()
-        else:
-            out = ops.cond(sampled, not_inlined(take) if advancing else take, lambda: branch(None))
+        out = self.when_due(sampled, not_inlined(take) if advancing and self.every > 1 else take, lambda: branch(None))
         return (out, None) if advancing else (out[0], (GradientStats(*out[1:]), sampled, count))
 
     def advance(self, state: LossScaleState, finite: Any, measured: Any) -> tuple[LossScaleState, GradientStats]:
