@@ -305,13 +305,21 @@ def skip_scenario(strategy, cls: str, mode: str, shards, multi_worker: bool = Fa
 # ---------------------------------------------------------------------------------------------- TF scenarios
 
 
-def tf_mirrored(cls: str, mode: str, bad: str = "0") -> dict:
-    """MirroredStrategy over two logical CPU devices; ``mode`` is ``fit`` or ``loop``; replica ``bad``'s
-    shard holds the Inf."""
-    setup("tensorflow", 2)
+def _two_replicas(kind: str) -> object:
+    """Two replicas on two logical CPUs: ``mirrored`` (MirroredStrategy), or ``central``
+    (CentralStorageStrategy: the variables on one device, the compute on both)."""
     import tensorflow as tf
 
-    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    if kind == "central":
+        return tf.distribute.experimental.CentralStorageStrategy(["/cpu:0", "/cpu:1"])
+    return tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+
+
+def tf_mirrored(cls: str, mode: str, bad: str = "0", kind: str = "mirrored") -> dict:
+    """Two replicas (:func:`_two_replicas` ``kind``) over two logical CPU devices; ``mode`` is ``fit`` or
+    ``loop``; replica ``bad``'s shard holds the Inf."""
+    setup("tensorflow", 2)
+    strategy = _two_replicas(kind)
     half = GLOBAL_BATCH // 2
 
     def shards(bad_step: bool):
@@ -559,14 +567,14 @@ def stats_scenario(strategy, policy: str, mode: str, shards, multi_worker: bool 
     return result
 
 
-def tf_mirrored_stats(policy: str, mode: str, overflow: str = "") -> dict:
-    """MirroredStrategy over two logical CPUs: the sample of one step (``fit`` or ``loop``) under ``policy``
-    (``dynamic`` or ``auto``); with ``overflow``, replica 1's kernel gradient holds an Inf (x = 2**126)."""
+def tf_mirrored_stats(policy: str, mode: str, overflow: str = "", kind: str = "mirrored") -> dict:
+    """Two replicas (:func:`_two_replicas` ``kind``) over two logical CPUs: the sample of one step (``fit`` or
+    ``loop``) under ``policy`` (``dynamic`` or ``auto``); with ``overflow``, replica 1's kernel gradient holds an
+    Inf (x = 2**126)."""
     setup("tensorflow", 2)
     import numpy as np
-    import tensorflow as tf
 
-    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    strategy = _two_replicas(kind)
     rows = [stats_rows(r) for r in range(2)]
     if overflow:
         rows[1][0][0, 0] = 2.0**126

@@ -100,6 +100,14 @@ def test_mirrored_inf_on_one_replica_skips_everywhere(cls, bad, mode):
     _checks.check_skip_then_step([run("tf_mirrored", cls, mode, bad)], cls, replica_count=2)
 
 
+@pytest.mark.parametrize("mode", ["fit", "loop"])
+def test_central_storage_inf_on_one_replica_skips_everywhere(mode):
+    """CentralStorageStrategy (the variables on one device, two replicas computing): as MirroredStrategy, the Inf
+    in replica 1's half only; one copy of the variables to check."""
+    need("tensorflow")
+    _checks.check_skip_then_step([run("tf_mirrored", "lossscale", mode, "1", "central")], "lossscale", replica_count=1)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["fit", "loop"])
 @pytest.mark.parametrize("cls", classes(KERAS_MWMS))
@@ -209,14 +217,15 @@ def stats_reference(per_replica: bool):
     return gradient_stats(grads, np)
 
 
-def check_stats(records: list[dict], policy: str, per_replica: bool) -> None:
-    """Every replica holds the reference sample (step 0), the count 1, and the scale the core's sampler gives."""
+def check_stats(records: list[dict], policy: str, per_replica: bool, copies: int = 2) -> None:
+    """Every replica holds the reference sample (step 0), the count 1, and the scale the core's sampler gives
+    (``copies``: of the variables, one per replica but under CentralStorageStrategy)."""
     import lossscale
     from lossscale._sampler import initial_sampler_state, next_sampler_state
 
     ref = stats_reference(per_replica)
     assert float(ref.zero_fraction) != float(stats_reference(not per_replica).zero_fraction)  # the test can tell
-    assert len(records) == 2, records
+    assert len(records) == copies, records
     policy_ = lossscale.AutoLossScale(STATS_SCALE) if policy == "auto" else lossscale.DynamicLossScale(STATS_SCALE)
     sampler = initial_sampler_state(policy_, 2, np)
     scale, sampler = next_sampler_state(policy_, lossscale.initial_state(policy_, np), sampler, True, ref, True, np)
@@ -237,6 +246,15 @@ def test_mirrored_stats_are_the_replicas_gradients_together(mode, policy):
     """MirroredStrategy(2): fit, and the seeds' loop; stats_every=1 (dynamic) and 2 (auto, through the cond)."""
     need("tensorflow")
     check_stats(_checks.phase(run("tf_mirrored_stats", policy, mode), "stats"), policy, per_replica=True)
+
+
+@pytest.mark.parametrize("policy", ["dynamic", "auto"])
+@pytest.mark.parametrize("mode", ["fit", "loop"])
+def test_central_storage_stats_are_the_replicas_gradients_together(mode, policy):
+    """CentralStorageStrategy over two logical CPUs: the same sample as MirroredStrategy's."""
+    need("tensorflow")
+    records = _checks.phase(run("tf_mirrored_stats", policy, mode, "", "central"), "stats")
+    check_stats(records, policy, per_replica=True, copies=1)
 
 
 @pytest.mark.parametrize("policy", ["dynamic", "auto"])
