@@ -106,7 +106,7 @@ def advance_in_place(
     >>> advance_in_place(DynamicLossScale(8.0, 1), views, 41, None, True), float(views.loss_scale)
     (42, 16.0)
     """
-    if auto_views is None or not isinstance(policy, AutoLossScale):
+    if auto_views is None:
         advance_rule_in_place(policy.rule_params(), scale_views, finite)
     else:  # on copies: no result may alias a view written before it
         scale = LossScaleState(*(view.copy() for view in scale_views))

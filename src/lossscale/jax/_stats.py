@@ -86,8 +86,8 @@ def sample_if_due(
     above float32's range would read as an overflow). Without ``check``, ``finite`` is None."""
     count = jnp.asarray(stats.count)
 
-    def flagged(finite: Any, g: list) -> Any:
-        return None if check is None else _varying_as(finite(), g)
+    def flagged(flag: Any, g: list) -> Any:  # flag() only with a check: no finite test where none was asked
+        return None if check is None else _varying_as(flag(), g)
 
     def take(g: list) -> tuple[Any, GradientStats]:
         sample = measure(g, count, axes)
