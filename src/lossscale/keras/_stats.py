@@ -1,7 +1,7 @@
 """``stats_every`` for Keras: the scaled gradients' :func:`lossscale._stats.tensor_sums` and the sampler's variables
 (the decisions are :mod:`lossscale._sampler`'s). Cost, sampled: one read pass, ~60 scalar ops; unsampled: the
-``cond`` (torch: a Python ``if`` on a host copy of the count) and the count's ~7 ops (TensorFlow writing in the
-branches, see :meth:`StatsVariables.measure`), or ~25 small ops (the kept sample read, selected and written)."""
+``cond`` (torch: a Python ``if`` on a host copy of the count) and the count's ~7 ops; where the ``cond`` returns
+the sample (JAX, TensorFlow with a History) also the kept sample's 11 variables read and written back."""
 
 from __future__ import annotations
 
@@ -109,9 +109,9 @@ class StatsVariables:
         return ops.stack([sums(g) if n else ops.zeros((4,), "float32") for g, n in zip(slots, sizes)], axis=1)
 
     def summary(self, sums: Any, sizes: Sequence[int], count: Any, replicas: int = 1) -> tuple[Any, ...]:
-        """The :class:`GradientStats` values of :meth:`table`'s sums (over ``replicas`` tensors of each size)."""
-        on = {"device": count.device} if keras.backend.backend() == "torch" else {}
-        return tuple(summarize_columns(ops.unstack(sums, 4), [n * replicas for n in sizes], count, XP, **on))
+        """The :class:`GradientStats` values of :meth:`table`'s sums (over ``replicas`` tensors of each size; in a
+        graph, not on torch: the sizes are constants)."""
+        return tuple(summarize_columns(ops.unstack(sums, 4), [n * replicas for n in sizes], count, XP))
 
     def measure(
         self, grads: Sequence[Any], variables: Sequence[Any], scale: Any, already: bool,
