@@ -16,6 +16,8 @@ On every page of the site (each ``index.html`` under site/, the API pages includ
 - no code block and no table wider than the page's text column (nothing scrolls sideways, nothing is cut off);
 - no doctest rendered as text: a ``>>>`` outside a code block, or the nested quotes Markdown makes of a bare
   ``>>>`` line (whose output then shows as junk or not at all);
+- no bold or italic opened inside a word: two powers written ``2**16 ... 2**20`` in one paragraph render as
+  "2<b>16 ... 2</b>20" (escape the asterisks in Markdown, or put the power in a code span);
 - on the API pages, every docstring example is a highlighted code block (the ``>>>`` prompts rendered by
   Pygments), and the number of them is printed.
 
@@ -79,6 +81,12 @@ LAYOUT_PROBLEMS = """() => {
   for (let node = walker.nextNode(); node; node = walker.nextNode())
     if (node.textContent.includes(">>>") && !node.parentElement.closest("pre, code"))
       problems.push(`doctest rendered as text: ${where(node.parentElement)}`);
+  for (const em of article.querySelectorAll("strong, em")) {  // emphasis opened inside a word: 2**16 ... 2**20
+    const before = em.previousSibling;
+    if (!em.closest("pre, code") && before && before.nodeType === Node.TEXT_NODE && /[0-9A-Za-z]$/.test(before.textContent)
+        && /^[-0-9A-Za-z]/.test(em.textContent))
+      problems.push(`emphasis made inside a word (an unescaped ** or *, e.g. 2**16): ${where(em)}`);
+  }
   for (const quote of article.querySelectorAll("blockquote blockquote"))  // once per nest, at its second level
     if (!quote.parentElement.closest("blockquote blockquote"))
       problems.push(`nested quotes (a bare >>> line rendered as text): ${where(quote)}`);
