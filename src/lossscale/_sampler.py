@@ -18,13 +18,12 @@ import numpy as np
 
 from ._auto import AutoLossScale, AutoState, check_stats_every, initial_auto_state, next_auto_state
 from ._policy import LossScale
-from ._rule import COUNTER_MAX, LossScaleState, next_state
-from ._rule import advance_in_place as advance_rule_in_place
+from ._rule import COUNTER_MAX, LossScaleState, advance_in_place, next_state
 from ._stats import GradientStats, empty_stats, host_array
 
 __all__ = [
-    "SamplerState", "advance_in_place", "check_stats_every", "counted_sampler_state", "initial_sampler_state", "is_due",
-    "next_sampler_state", "read_sampler_record", "sampler_record"
+    "SamplerState", "advance_sampler_in_place", "check_stats_every", "counted_sampler_state", "initial_sampler_state",
+    "is_due", "next_sampler_state", "read_sampler_record", "sampler_record"
 ]
 
 
@@ -93,7 +92,7 @@ def next_sampler_state(
     return scale_state, SamplerState(_next_count(sampler.count, xp), kept, auto)
 
 
-def advance_in_place(
+def advance_sampler_in_place(
     policy: LossScale, scale_views: LossScaleState, count: int, auto_views: AutoState | None, finite: bool
 ) -> int:
     """:func:`next_sampler_state` of a step known on the host to be unsampled, in numpy, in place on writable views
@@ -103,19 +102,19 @@ def advance_in_place(
 
     >>> from lossscale import DynamicLossScale, initial_state
     >>> views = initial_state(DynamicLossScale(8.0, 1), np)
-    >>> advance_in_place(DynamicLossScale(8.0, 1), views, 41, None, True), float(views.loss_scale)
+    >>> advance_sampler_in_place(DynamicLossScale(8.0, 1), views, 41, None, True), float(views.loss_scale)
     (42, 16.0)
     """
     if auto_views is None:
-        advance_rule_in_place(policy.rule_params(), scale_views, finite)
-    else:  # on copies: no result may alias a view written before it
-        scale = LossScaleState(*(view.copy() for view in scale_views))
-        sampler = SamplerState(count, None, AutoState(*(view.copy() for view in auto_views)))  # type: ignore[arg-type]
-        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-            new, after = next_sampler_state(policy, scale, sampler, np.bool_(finite), None, False, np)
-        for view, value in [*zip(scale_views, new), *zip(auto_views, after.auto or ())]:
-            view[...] = value
-    return _next_count(count, np)
+        advance_in_place(policy.rule_params(), scale_views, finite)
+        return _next_count(count, np)
+    scale = LossScaleState(*(view.copy() for view in scale_views))  # copies: no result may alias a view written before it
+    sampler = SamplerState(count, None, AutoState(*(view.copy() for view in auto_views)))  # type: ignore[arg-type]
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        new, after = next_sampler_state(policy, scale, sampler, np.bool_(finite), None, False, np)
+    for view, value in [*zip(scale_views, new), *zip(auto_views, after.auto or ())]:
+        view[...] = value
+    return after.count
 
 
 def counted_sampler_state(sampler: SamplerState, sample: GradientStats | None, sampled: Any, xp: Any) -> SamplerState:

@@ -10,7 +10,7 @@ from lossscale._auto import initial_auto_state, next_auto_state
 from lossscale._rule import COUNTER_MAX
 from lossscale._sampler import (
     SamplerState,
-    advance_in_place,
+    advance_sampler_in_place,
     initial_sampler_state,
     is_due,
     next_sampler_state,
@@ -102,7 +102,7 @@ def test_advancing_in_place_matches_the_array_sampler_bit_for_bit(policy):
     count = int(sampler.count)
     for finite in [True, False, True, True, False, False, True, True]:
         scale, sampler = next_sampler_state(policy, scale, sampler, np.bool_(finite), None, np.bool_(False), np)
-        count = advance_in_place(policy, views, count, auto, finite)
+        count = advance_sampler_in_place(policy, views, count, auto, finite)
         assert count == int(sampler.count)
         for got, want in zip([*views, *(auto or ())], [*scale, *(sampler.auto or ())]):
             np.testing.assert_array_equal(got, want)

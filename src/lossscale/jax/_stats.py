@@ -86,15 +86,12 @@ def sample_if_due(
     above float32's range would read as an overflow). Without ``check``, ``finite`` is None."""
     count = jnp.asarray(stats.count)
 
-    def flagged(flag: Any, g: list) -> Any:  # flag() only with a check: no finite test where none was asked
-        return None if check is None else _varying_as(flag(), g)
-
     def take(g: list) -> tuple[Any, GradientStats]:
         sample = measure(g, count, axes)
-        return flagged(lambda: jnp.isfinite(sample.amax), g), sample
+        return (None if check is None else _varying_as(jnp.isfinite(sample.amax), g)), sample
 
     def keep(g: list) -> tuple[Any, GradientStats]:
-        return flagged(lambda: check(g), g), jax.tree_util.tree_map(jnp.asarray, stats.sample)
+        return (None if check is None else _varying_as(check(g), g)), jax.tree_util.tree_map(jnp.asarray, stats.sample)
 
     if every == 1:
         return *take(grads), True

@@ -16,7 +16,7 @@ from keras import ops
 from .._auto import AutoLossScale, AutoState, initial_auto_state
 from .._policy import LossScale
 from .._rule import LossScaleState
-from .._sampler import SamplerState, advance_in_place, is_due, next_sampler_state
+from .._sampler import SamplerState, advance_sampler_in_place, is_due, next_sampler_state
 from .._stats import GradientStats, as_mapping, empty_stats, sizes_of, summarize_columns, tensor_sums
 from ._compat import in_xla_trace, not_inlined, version_counter
 from ._step import XP
@@ -127,7 +127,7 @@ class StatsVariables:
         sample was selected and written on every step)."""
         if keras.backend.backend() == "torch":  # eager: the flag from the count on the host, a Python bool
             count = self.host_count()
-            flag = self.every == 1 or count % self.every == 0
+            flag = is_due(self.every, count)
             sample = self._torch_sample(*self.slots(grads, variables), scale, already) if flag else None
             return None, (sample, flag, count)
         slots, sizes = self.slots(grads, variables)
@@ -169,9 +169,9 @@ class StatsVariables:
 
     def advance_in_place(self, views: LossScaleState, finite: bool) -> None:
         """:meth:`advance` of a torch CPU step known to be unsampled: the core's numpy
-        :func:`~lossscale._sampler.advance_in_place` on ``views`` of the scale variables and on views of these."""
+        :func:`~lossscale._sampler.advance_sampler_in_place` on ``views`` of the scale variables and on views of these."""
         auto = AutoState(*(v.value.detach().numpy() for v in self.auto)) if self.auto else None
-        count = advance_in_place(self.policy, views, self.host_count(), auto, finite)
+        count = advance_sampler_in_place(self.policy, views, self.host_count(), auto, finite)
         self.count.value.detach().numpy()[...] = count  # type: ignore[attr-defined]
         self.host_count(count)
 
@@ -180,8 +180,8 @@ class StatsVariables:
         is kept with the variable's tensor and version; the variable is read (one host sync on a GPU) only when they
         changed since (a load, an ``assign``), so a step adds no sync to the step's own."""
         value, known = self.count.value, self._host_count  # type: ignore[attr-defined]
-        stale = known is None or known[0] is not value or known[1] is None or known[1] != version_counter(value)
-        if known is None or written is not None or stale:
+        if (written is not None or known is None or known[0] is not value or known[1] is None
+                or known[1] != version_counter(value)):
             known = self._host_count = (value, version_counter(value), _host_int(value) if written is None else written)
         return known[2]
 

@@ -22,8 +22,6 @@ from ._tf_methods import TFv1Methods
 
 __all__ = ["LossScaleOptimizer"]
 
-_OWN_SCALE_FIX = ("Use one LossScaleOptimizer per scale, or loss_scale='dynamic' with stats_every=N for the "
-                  "statistics alone.")
 
 # inner optimizer -> the LossScaleOptimizer wrapping it (weakly, both ways): two wrappers would unscale twice.
 _WRAPPED: weakref.WeakKeyDictionary[torch.optim.Optimizer, weakref.ref] = weakref.WeakKeyDictionary()
@@ -105,7 +103,6 @@ class LossScaleOptimizer(TFv1Methods, torch.optim.Optimizer):
         )
         diagnostics = Diagnostics(max_consecutive_skips, overflow_report, named_parameters, history)
         every = check_stats_every(stats_every, owner.policy)
-        require_own_scale(owner.policy, owner, _OWN_SCALE_FIX)
         self._inner = optimizer
         self._sampler = None if every is None else StatsSampler(every, owner.policy)
         self._steps = OptimizerStep(owner, FlagAgreement(process_group, self._params), diagnostics, self._sampler)

@@ -225,9 +225,9 @@ class SharedLossScale(ScaleOwner):
         self._members: list[Any] = []
 
     def _set_policy(self, policy: LossScale) -> None:
-        """Refuses ``AutoLossScale`` at construction and at load (nothing changes), as each member would."""
-        require_own_scale(policy, self, "Give each optimizer its own loss_scale='auto', or share 'dynamic' "
-                          "(stats_every=N gives the statistics).")
+        """Refuses ``AutoLossScale`` at construction and at load (nothing changes): no member can follow it."""
+        require_own_scale(policy, self, "Use one LossScaleOptimizer per scale, or loss_scale='dynamic' with "
+                          "stats_every=N for the statistics alone.")
         super()._set_policy(policy)
 
     def add_step(self, found_inf: torch.Tensor, member: Any) -> None:
