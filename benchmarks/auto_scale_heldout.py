@@ -22,6 +22,13 @@ with seeds 10 and 11:
   20 bits of headroom and auto's "enough" scale about 12): the policy must learn
   the spike. The spiked step's update is what it is (the
   loss of that batch is larger): a skip refuses it.
+* ``spike-jax`` (added later, with seeds 20 and 21, before the spike-cap change and not
+  run on any rule before it was fixed): ``digits-clf`` at K = 2**16 with the loss
+  multiplied by 2**k on the same steps, k in 12, 16, 20: the spike case on another
+  model and binding.
+* ``spike-flush`` (added with ``spike-jax``): ``cancer`` at K = 2**24 with spikes of
+  k in 12, 20: where the TF rule flushes, a taller remembered spike must not cost
+  flushing, and a skip that refuses a spike is not a loss.
 * ``accum``: ``cancer`` with 8 micro-batches of 8 summed per step (each a
   float16 backward of its own, loss divided by K = 2**20 per micro-batch), the
   core rule fed the sum's statistics, ``micro_batches=8`` against ``1``; the
@@ -217,7 +224,8 @@ def run_accum(name: str, k: int, seed: int, steps: int, micro: int = 8) -> dict[
 # ----------------------------------------------------------------------------- JAX: the digits classifier
 
 
-def run_digits(name: str, k: int, seed: int, steps: int, initial: float | None = None) -> dict[str, Any]:
+def run_digits(name: str, k: int, seed: int, steps: int, initial: float | None = None,
+               spikes: tuple[int, ...] = (), spike_bits: int = 0) -> dict[str, Any]:
     import jax
     import jax.numpy as jnp
     import optax
@@ -249,7 +257,7 @@ def run_digits(name: str, k: int, seed: int, steps: int, initial: float | None =
     state = opt.init(params)
     xs, ys = jnp.asarray(x_tr), jnp.asarray(y_tr)
 
-    def step(params: Any, state: Any, idx: Any) -> Any:
+    def step(params: Any, state: Any, idx: Any, spike: Any) -> Any:
         x, y = xs[idx], ys[idx]
 
         def loss_fn(p: Any) -> Any:
@@ -258,7 +266,7 @@ def run_digits(name: str, k: int, seed: int, steps: int, initial: float | None =
                 x16 = x.astype(jnp.float16)
             else:
                 x16 = x
-            return lsj.get_scaled_loss(xent(forward(p, x16), y) / k, state)
+            return lsj.get_scaled_loss(xent(forward(p, x16), y) / k * spike, state)
 
         grads = jax.grad(loss_fn)(params)
         total = sum(layer["w"].size for layer in grads)
@@ -270,7 +278,8 @@ def run_digits(name: str, k: int, seed: int, steps: int, initial: float | None =
     start = time.perf_counter()
     records = [None] * steps
     for i, idx in enumerate(batches(len(x_tr), steps, 64, seed)):
-        params, state, records[i] = step(params, state, idx)
+        spike = jnp.float32(2.0**spike_bits if i in spikes else 1.0)
+        params, state, records[i] = step(params, state, idx, spike)
     zeros, skipped, scales = (np.asarray(jnp.stack(c)) for c in zip(*records))
     metric = float(xent(forward(params, jnp.asarray(x_te)), jnp.asarray(y_te)))
     return record(list(zeros), list(skipped), list(scales) if half else [1.0] * steps, metric, start)
@@ -354,7 +363,8 @@ def spike_notes(rows: list[dict[str, Any]]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--cases", nargs="+", default=["cancer", "digits-clf", "start", "spike", "accum"])
+    parser.add_argument("--cases", nargs="+", default=["cancer", "digits-clf", "start", "spike", "accum"],
+                        help="also: spike-jax, spike-flush (added later, see the module docstring)")
     parser.add_argument("--policies", nargs="+", default=list(POLICIES))
     parser.add_argument("--seeds", type=int, nargs="+", default=None)
     parser.add_argument("--steps", type=int, default=None)
@@ -376,6 +386,14 @@ def main() -> None:
         spikes = tuple(range(100, steps - 50, 30))
         for bits in (12, 16, 20):
             rows += grid("spike", run_cancer, [16], policies, seeds, steps, spikes=spikes, spike_bits=bits)
+    if "spike-jax" in args.cases:  # added with the spike-cap change, before it
+        spikes = tuple(range(100, steps - 50, 30))
+        for bits in (12, 16, 20):
+            rows += grid("spike jax", run_digits, [16], policies, seeds, steps, spikes=spikes, spike_bits=bits)
+    if "spike-flush" in args.cases:  # added with the spike-cap change, before it
+        spikes = tuple(range(100, steps - 50, 30))
+        for bits in (12, 20):
+            rows += grid("spike", run_cancer, [24], policies, seeds, steps, spikes=spikes, spike_bits=bits)
     if "accum" in args.cases:
         accum = [p for p in ("fp32", "tf", "auto", "auto_k1", "auto1", "auto1_k1") if p.split("_")[0] in policies]
         rows += grid("accum 8x8", run_accum, [20] if args.quick else [20, 24], accum, seeds, min(steps, 200))
