@@ -11,9 +11,18 @@ costs inside a jitted step.
   GPU, the second elsewhere) or with its ``lax.cond`` returning one packed vector (``packed cond``), in
   interleaved rounds: the wall time per step and the time the host spends dispatching
   (a conditional whose predicate XLA reads on the host makes dispatch wait for the device). ``--xla-flags`` reruns
-  the JAX part in a subprocess under those ``XLA_FLAGS``.
+  the JAX part in a subprocess under those ``XLA_FLAGS``. Two more ``N=16`` steps:
 
-Run:  python benchmarks/gpu_probe_stats.py [--part torch|jax|both] [--xla-flags "..."]
+  - ``N=16, one switch``: one ``lax.switch`` per step serves both the sum check's exact fallback and the sample
+    (2 due, else 0 sum finite, else 1 exact check): does one conditional per step, as ``off``'s, cost what it does?
+  - ``N=16, late cond``: ``off``'s finite check, then the sample's ``lax.cond`` with its predicate passed through
+    ``lax.optimization_barrier`` with the updates and the inner state: does a host wait after the update kernels
+    hide behind them? (XLA's CPU compiler drops the barrier before scheduling, its GPU compiler after.)
+
+  ``--check`` first runs each of the two and the library's ``stats_every=16`` step for 40 steps on the same gradients
+  (Inf, NaN and overflowing sums among them) and exits unless updates, scale state, sample and count agree bit for bit.
+
+Run:  python benchmarks/gpu_probe_stats.py [--part torch|jax|both] [--check] [--xla-flags "..."]
 """
 
 from __future__ import annotations
@@ -78,6 +87,183 @@ def torch_part(steps: int) -> None:
             print(f"  {key[:48]:48s} {count / steps:7.2f}/step {us / steps:8.1f} us/step")
 
 
+def _sum_check(leaves: list) -> tuple:
+    """``all_finite``'s checks before its ``lax.cond``, op for op: ``(flag of the float16/bfloat16/other leaves,
+    isfinite(float32 sum of the float32/float64 leaves' sums))``; where the sum is not finite, the exact check of the
+    float32/float64 leaves decides."""
+    import jax.numpy as jnp
+
+    from lossscale.jax._grads import _exactly_finite
+
+    leaves = [jnp.asarray(leaf) for leaf in leaves]
+    wide = [leaf for leaf in leaves if leaf.dtype in (jnp.float32, jnp.float64)]
+    half = [leaf for leaf in leaves if leaf.dtype in (jnp.float16, jnp.bfloat16)]
+    other = [leaf for leaf in leaves if leaf.dtype not in (jnp.float32, jnp.float64, jnp.float16, jnp.bfloat16)]
+    flag = _exactly_finite(other)
+    for leaf in half:
+        flag = flag & jnp.isfinite(jnp.max(jnp.abs(leaf), initial=0).astype(jnp.float32))
+    total = jnp.zeros((), jnp.float32)
+    for leaf in wide:
+        total = total + jnp.sum(leaf).astype(jnp.float32)
+    return flag, jnp.isfinite(total)
+
+
+def switch_sample_if_due(every: int, grads: list, stats: object, axes: object = None, check: object = None) -> tuple:
+    """``sample_if_due`` (with a check) as one ``lax.switch``, which also stands for ``all_finite``'s own conditional:
+    index 2 when due (the measurement; finite = isfinite(amax)), else 0 when the sum check is finite (finite, the kept
+    sample), else 1 (the exact check, the kept sample). ``check`` is ignored: the finite flag is ``all_finite``'s."""
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+
+    from lossscale.jax._grads import _exactly_finite
+    from lossscale.jax._stats import _varying_as, is_due, measure
+
+    count, kept = jnp.asarray(stats.count), stats.sample
+    flag, summed = _sum_check(grads)
+
+    def take(g: list) -> tuple:
+        sample = measure(g, count, axes)
+        return _varying_as(jnp.isfinite(sample.amax), g), sample
+
+    def fast(g: list) -> tuple:
+        return _varying_as(flag & summed, g), jax.tree_util.tree_map(jnp.asarray, kept)
+
+    def exact(g: list) -> tuple:
+        wide = [leaf for leaf in g if leaf.dtype in (jnp.float32, jnp.float64)]
+        return _varying_as(flag & _exactly_finite(wide), g), jax.tree_util.tree_map(jnp.asarray, kept)
+
+    if every == 1:
+        return *take(grads), True
+    due = is_due(every, count)
+    index = jnp.where(due, 2, jnp.where(summed, 0, 1)).astype(jnp.int32)
+    return *lax.switch(index, (fast, exact, take), list(grads)), due
+
+
+def late_cond_optimizer(inner: object, loss_scale: object = None, *, stats_every: int | None = None) -> object:
+    """``lsj.loss_scale_optimizer(inner, loss_scale, stats_every=...)`` (no clip, axes, history or skip limit) with its
+    own stepper: the finite flag by ``all_finite`` (``off``'s), the updates, then the sample's ``lax.cond`` on
+    ``is_due`` passed through ``lax.optimization_barrier`` with the updates (the barrier's updates are returned)."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+    from jax import lax
+
+    import lossscale.jax as lsj
+    from lossscale._resolve import resolve_loss_scale
+    from lossscale._sampler import check_stats_every, is_due
+    from lossscale.jax._grads import all_finite, check_gradients, unscale
+    from lossscale.jax._optimizer import LossScaleOptimizerState, _chosen
+    from lossscale.jax._stats import measure, step_scale
+
+    policy = resolve_loss_scale(loss_scale)
+    every = check_stats_every(stats_every, policy)
+    if every is None or every == 1 or policy.rule_params().min_scale < 1:
+        raise ValueError("late_cond_optimizer: the library's fused path only (stats_every >= 2, a scale >= 1)")
+    init = lsj.loss_scale_optimizer(inner, loss_scale, stats_every=stats_every).init
+    inner = optax.with_extra_args_support(inner)
+
+    def update(grads: object, state: object, params: object = None, **extra_args: object) -> tuple:
+        leaves = check_gradients(grads)
+        if not all(leaf.dtype in (jnp.float32, jnp.float16, jnp.bfloat16) for leaf in leaves):
+            raise TypeError("late_cond_optimizer: float32, float16 and bfloat16 gradients only (the fused path's)")
+        scale = state.loss_scale
+        finite = all_finite(grads)
+
+        def taken(grads: object, inner_state: object, params: object) -> tuple:
+            return inner.update(unscale(grads, scale), inner_state, params, **extra_args)
+
+        updates, new_inner = _chosen(finite, taken, (grads, state.inner_state, params), (None, state.inner_state))
+        count = jnp.asarray(state.stats.count)
+        # the inner state too: Adam's moments may come out of kernels of their own
+        due, updates, new_inner = lax.optimization_barrier((is_due(every, count), updates, new_inner))
+        sample = lax.cond(due, lambda g: measure(g, count, None),
+                          lambda g: jax.tree_util.tree_map(jnp.asarray, state.stats.sample), leaves)
+        new_scale, new_stats, _ = step_scale(policy, every, leaves, state.loss_scale_state, state.stats, finite, None,
+                                             (sample, due))
+        return updates, LossScaleOptimizerState(new_inner, new_scale, new_stats)
+
+    return optax.GradientTransformationExtraArgs(init, update)
+
+
+def check_jax_variants(steps: int = 40) -> None:
+    """Each new ``N=16`` variant beside the library's own ``stats_every=16`` step, jitted, from the same state on the
+    same gradients for ``steps`` steps: updates, parameters, inner state, scale state, kept sample (every field) and
+    count equal bit for bit, for the ``dynamic`` and ``auto`` policies; SystemExit naming the first difference."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import optax
+
+    import lossscale.jax as lsj
+    import lossscale.jax._optimizer as optimizer_module
+
+    params0, mlp_loss, x, y = jax_mlp(WIDTH, LAYERS)
+    # count -> what goes into the gradients: Inf/NaN in one element, or a whole leaf of 3e38 (the float32 sum
+    # overflows, every value finite: the sum check says no, the exact check yes); 0, 16, 32 are sampled
+    poison = {3: np.inf, 9: "huge", 16: np.nan, 20: -np.inf, 27: np.inf, 32: "huge", 33: "huge", 37: np.nan}
+
+    def poisoned(g: list, i: int) -> list:
+        g = jax.tree_util.tree_map(jnp.array, g)
+        what = poison.get(i)
+        if what == "huge":
+            g[1]["w"] = jnp.full_like(g[1]["w"], 3e38)
+        elif what is not None:
+            g[2]["b"] = g[2]["b"].at[7].set(what)
+        return g
+
+    def same(a: object, b: object) -> bool:
+        a, b = np.asarray(a), np.asarray(b)
+        return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+
+    grad_fn = jax.jit(lambda p, s: jax.grad(lambda p: lsj.get_scaled_loss(mlp_loss(p, x, y), s))(p))
+    for policy in ("dynamic", "auto"):
+        for variant in ("N=16, one switch", "N=16, late cond"):
+            ref_opt = lsj.loss_scale_optimizer(optax.adam(1e-4), policy, stats_every=16)
+            build = late_cond_optimizer if variant == "N=16, late cond" else lsj.loss_scale_optimizer
+            var_opt = build(optax.adam(1e-4), policy, stats_every=16)
+            patch = {"sample_if_due": switch_sample_if_due} if variant == "N=16, one switch" else {}
+            ref_update, var_update = jax.jit(ref_opt.update), jax.jit(var_opt.update)
+            p_ref = p_var = jax.tree_util.tree_map(jnp.array, params0)
+            s_ref, s_var = ref_opt.init(p_ref), var_opt.init(p_var)
+            skipped, sampled = [], []
+            for i in range(steps):
+                g = poisoned(grad_fn(p_ref, s_ref), i)
+                u_ref, s_ref = ref_update(g, s_ref, p_ref)
+                shipped = {n: getattr(optimizer_module, n) for n in patch}
+                try:  # the variant's trace (its first call) under its patch; the reference's never
+                    for n, f in patch.items():
+                        setattr(optimizer_module, n, f)
+                    u_var, s_var = var_update(g, s_var, p_var)
+                finally:
+                    for n, f in shipped.items():
+                        setattr(optimizer_module, n, f)
+                p_ref, p_var = optax.apply_updates(p_ref, u_ref), optax.apply_updates(p_var, u_var)
+                parts = {
+                    "updates": (u_ref, u_var), "params": (p_ref, p_var),
+                    "inner state": (s_ref.inner_state, s_var.inner_state),
+                    **{f"loss_scale_state.{k}": (a, b) for k, a, b in zip(
+                        s_ref.loss_scale_state._fields, s_ref.loss_scale_state, s_var.loss_scale_state)},
+                    **{f"sample.{k}": (a, b) for k, a, b in zip(
+                        s_ref.stats.sample._fields, s_ref.stats.sample, s_var.stats.sample)},
+                    "count": (s_ref.stats.count, s_var.stats.count), "auto state": (s_ref.stats.auto, s_var.stats.auto),
+                }
+                for what, (a, b) in parts.items():
+                    a_leaves, b_leaves = jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)
+                    if len(a_leaves) != len(b_leaves) or not all(map(same, a_leaves, b_leaves)):
+                        raise SystemExit(f"check failed: {variant} ({policy}) differs from the library's "
+                                         f"stats_every=16 step in {what} after step {i} (poison {poison.get(i)!r})")
+                if int(s_ref.stats.sample.step) == i:
+                    sampled.append(i)
+                if bool(s_ref.last_step_skipped):
+                    skipped.append(i)
+            if not (sampled == [0, 16, 32] and skipped and set(skipped) & set(sampled)):
+                raise SystemExit(f"check failed: {variant} ({policy}): the run did not cover what it should "
+                                 f"(sampled {sampled}, skipped {skipped})")
+            print(f"check ok: {variant} ({policy}) == library stats_every=16, bit for bit, {steps} steps "
+                  f"(sampled {sampled}, skipped {skipped}, scale {float(s_ref.loss_scale):g})")
+
+
 def jax_part(steps: int) -> None:
     import jax
     import jax.numpy as jnp
@@ -126,13 +312,16 @@ def jax_part(steps: int) -> None:
         "N=16, isfinite check": {"nested_all_finite": exact},  # the library's choice on a GPU
         "N=16, sum check": {"nested_all_finite": shipped["all_finite"]},  # its choice elsewhere
         "N=16, packed cond": {"sample_if_due": packed_sample_if_due},
+        "N=16, one switch": {"sample_if_due": switch_sample_if_due},  # one conditional per step, as off's
     }
+    builders = {"N=16, late cond": late_cond_optimizer}  # variants with their own stepper
     runs = {}
-    variants = {**CONTENDERS, "cond": ("dynamic", None), **{n: ("dynamic", 16 if "N=16" in n else None) for n in patches}}
+    variants = {**CONTENDERS, "cond": ("dynamic", None), **{n: ("dynamic", 16 if "N=16" in n else None) for n in patches},
+                **{n: ("dynamic", 16) for n in builders}}
     for name, (loss_scale, every) in variants.items():
         for attr in names:
             setattr(optimizer_module, attr, patches.get(name, {}).get(attr, shipped[attr]))
-        opt = lsj.loss_scale_optimizer(optax.adam(1e-4), loss_scale, stats_every=every)
+        opt = builders.get(name, lsj.loss_scale_optimizer)(optax.adam(1e-4), loss_scale, stats_every=every)
 
         def step(p: list, s: object, c: jax.Array, opt: object = opt, name: str = name) -> tuple:
             g = jax.grad(lambda p: lsj.get_scaled_loss(loss(p), s))(p)
@@ -174,10 +363,15 @@ def main() -> None:
     parser.add_argument("--part", choices=("torch", "jax", "both"), default="both")
     parser.add_argument("--steps", type=int, default=64)
     parser.add_argument("--xla-flags", action="append", default=[], help="rerun the JAX part under these XLA_FLAGS")
+    parser.add_argument("--check", action="store_true",
+                        help="first check the new JAX variants against the library's stats_every=16 step, bit for bit")
     args = parser.parse_args()
     if args.part in ("torch", "both"):
         torch_part(args.steps)
     if args.part in ("jax", "both"):
+        if args.check:
+            check_jax_variants()
+            sys.stdout.flush()
         jax_part(args.steps)
         sys.stdout.flush()
         for flags in args.xla_flags:

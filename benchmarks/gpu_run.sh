@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The checks and measurements that need a CUDA GPU, in one run (about 8 minutes on one H100): the CUDA tests (no
+# The checks and measurements that need a CUDA GPU, in one run (about 10 minutes on one H100): the CUDA tests (no
 # host sync with statistics and auto; the sample equals the numpy core on the GPU), the kernels per step, then the
-# torch, JAX and Keras (jax, torch backends) benchmarks on the device. Needs torch with CUDA, jax with CUDA, optax;
+# torch, JAX and Keras (jax, torch backends) benchmarks on the device, and the JAX step variants of
+# gpu_probe_stats.py (checked bit for bit against the library's step first). Needs torch with CUDA, jax with CUDA, optax;
 # jmp and keras for their rows.
 #   bash benchmarks/gpu_run.sh [OUT_DIR]            everything
 #   ONLY="cuda_tests bench_stats" bash benchmarks/gpu_run.sh    the named parts only
@@ -24,6 +25,7 @@ run bench_torch 90 python3 benchmarks/bench_torch.py --device cuda --sizes 1e6,1
 run bench_stats 240 python3 benchmarks/bench_stats.py --bindings torch jax keras-jax keras-torch --device cuda
 run bench_stats_100_tensors 200 python3 benchmarks/bench_stats.py --bindings torch keras-torch --device cuda --layers 50 \
     --rounds 9
+run probe_jax 150 python3 benchmarks/gpu_probe_stats.py --part jax --check  # the JAX variants for +2% at N=16
 run bench_jax 90 python3 benchmarks/bench_jax.py --sizes 1e6 1e7 --rounds 7 --donate yes
 for backend in jax torch; do
     KERAS_BACKEND=$backend run "bench_keras_$backend" 60 python3 benchmarks/bench_keras.py --backend current --rounds 7
