@@ -11,7 +11,10 @@ Three workloads, every policy on the same data, seeds and code path:
   steps. Scenarios over 100k steps: ``steady`` (level -20), ``shrink`` (-10 to
   -40 over the first 20k steps, as gradients fall with the loss or a K switch),
   ``grow`` (-40 to -10 over 20k steps), ``start32`` (level -4, initial scale 2**32
-  for every policy: the start-up cascade).
+  for every policy: the start-up cascade). Added for the spike cap (before changing
+  it): ``tall`` (level -20 with a spike every 30 steps from step 20k, 16, 18, 20 and
+  22 bits tall in four phases of 2500 steps), ``tall-wide`` (the same with the
+  tensors' RMS spread over 16 bits instead of 10) and ``tall-narrow`` (over 4 bits).
 * ``ae``: the demo's digits autoencoder (``lossscale.demo``'s data, model,
   batches and Adam), 1000 steps, loss divided by K, torch (autocast float16)
   and JAX (float16 compute, float32 master weights).
@@ -31,8 +34,9 @@ the tables report is measured every step for all policies). The JAX runs use
 
 Reported per case (mean over seeds, and the range): skipped steps in the first
 100 steps and in total; steps with more than 1% of the weight gradients
-exactly zero (flushed); the final metric (PSNR dB, or held-out loss in nats);
-seconds per run (a loaded 2-core machine: indicative only).
+exactly zero (flushed); in the simulation also the steps with more than 1%
+under float16's smallest normal (``subnormal_steps``: precision lost, not yet
+zero); the final metric (PSNR dB, or held-out loss in nats); seconds per run (a loaded 2-core machine: indicative only).
 
 Usage::
 
@@ -121,6 +125,20 @@ def table(rows: list[dict[str, Any]], columns: list[str]) -> str:
 
 SIM_SIZES = np.array([4096, 4096, 1024, 1024, 256, 256, 64, 64], float)
 SIM_OFFSETS = np.array([0, -1, -2, -3, -4, -6, -8, -10], float)
+#: ``tall-wide``: the tensors' RMS spread over 16 bits, so "enough" leaves little room under overflow.
+SIM_WIDE_OFFSETS = np.array([0, -2, -4, -6, -8, -10, -13, -16], float)
+#: ``tall-narrow``: spread over 4 bits, so "enough" leaves much room under overflow.
+SIM_NARROW_OFFSETS = np.array([0, -0.5, -1, -1.5, -2, -2.5, -3, -4], float)
+
+
+def tall_spikes(steps: int) -> np.ndarray:
+    """``tall``/``tall-wide``: from step 20000, four phases of 2500 steps with a spike every 30 steps, 16, 18, 20
+    and 22 bits tall (taller than the 16-bit margin cap of the issue-28 rule)."""
+    heights = np.zeros(steps)
+    for phase, bits in enumerate((16, 18, 20, 22)):
+        begin = 20000 + 2500 * phase
+        heights[begin:min(begin + 2500, steps):30] = bits
+    return heights
 
 
 def sim_level(scenario: str, steps: int) -> np.ndarray:
@@ -131,6 +149,9 @@ def sim_level(scenario: str, steps: int) -> np.ndarray:
         "shrink": -10.0 - 30.0 * ramp,
         "grow": -40.0 + 30.0 * ramp,
         "start32": np.full(steps, -4.0),
+        "tall": np.full(steps, -20.0),
+        "tall-wide": np.full(steps, -20.0),
+        "tall-narrow": np.full(steps, -20.0),
     }[scenario]
 
 
@@ -140,12 +161,16 @@ def sim_run(scenario: str, name: str, steps: int, seed: int) -> dict[str, Any]:
     outlier = np.zeros(steps)
     spikes = np.arange(500, steps, 997)
     outlier[spikes] = rng.integers(2, 13, len(spikes))
+    if scenario.startswith("tall"):
+        outlier = np.maximum(outlier, tall_spikes(steps))
     scaler = Scaler(name, np, initial=2.0**32 if scenario == "start32" else None)
-    log_rms = level[:, None] + SIM_OFFSETS[None, :] + outlier[:, None]
+    offsets = {"tall-wide": SIM_WIDE_OFFSETS, "tall-narrow": SIM_NARROW_OFFSETS}.get(scenario, SIM_OFFSETS)
+    log_rms = level[:, None] + offsets[None, :] + outlier[:, None]
     rms = np.exp2(log_rms)
     amax = rms * 8.0
     skips = np.zeros(steps, bool)
     under = np.zeros(steps)
+    subnormal = np.zeros(steps)
     scales = np.zeros(steps)
     start = time.perf_counter()
     from scipy.special import erf
@@ -155,6 +180,8 @@ def sim_run(scenario: str, name: str, steps: int, seed: int) -> dict[str, Any]:
         finite = s * amax[i, 0] * 2.0 < 65504.0
         share = erf(2.0**-25 / (s * rms[i] * math.sqrt(2)))
         under[i] = float(np.sum(share * SIM_SIZES) / SIM_SIZES.sum())
+        below = erf(2.0**-14 / (s * rms[i] * math.sqrt(2)))  # under float16's smallest normal: precision lost
+        subnormal[i] = float(np.sum(below * SIM_SIZES) / SIM_SIZES.sum())
         stats = GradientStats(
             np.int32(i), np.float32(s * amax[i, 0]), None, None, None, np.float32(s * rms[i].min()),
             None, None, None, None, None,
@@ -166,6 +193,7 @@ def sim_run(scenario: str, name: str, steps: int, seed: int) -> dict[str, Any]:
         "skips_first100": int(skips[:100].sum()),
         "skips": int(skips.sum()),
         "underflow_steps": int((under > 0.01).sum()),
+        "subnormal_steps": int((subnormal > 0.01).sum()),
         "final_log2_scale": math.log2(scaler.scale),
         "scale_changes": int(np.sum(np.diff(scales) != 0)),
         "seconds": time.perf_counter() - start,
@@ -178,12 +206,12 @@ def run_sim(args: argparse.Namespace) -> list[dict[str, Any]]:
         for name in args.policies:
             runs = [sim_run(scenario, name, args.steps, seed) for seed in args.seeds]
             row = {"case": scenario, "policy": name}
-            row.update(summary(runs, ("skips_first100", "skips", "underflow_steps", "final_log2_scale",
-                                      "scale_changes", "seconds")))
+            row.update(summary(runs, ("skips_first100", "skips", "underflow_steps", "subnormal_steps",
+                                      "final_log2_scale", "scale_changes", "seconds")))
             rows.append(row)
             print(row, flush=True)
-    print(table(rows, ["case", "policy", "skips_first100", "skips", "underflow_steps", "final_log2_scale",
-                       "scale_changes", "seconds"]))
+    print(table(rows, ["case", "policy", "skips_first100", "skips", "underflow_steps", "subnormal_steps",
+                       "final_log2_scale", "scale_changes", "seconds"]))
     return rows
 
 

@@ -18,6 +18,8 @@ __all__ = ["AutoLossScale", "AutoState", "check_stats_every", "initial_auto_stat
 _LOG2_TINY = -14.0
 #: The scale's exponent stays within float32's normal powers of two.
 _MAX_EXPONENT = 126.0
+#: The margin's own limit: float16's range, smallest subnormal to max (a taller one acts no further).
+_MARGIN_LIMIT = 40.0
 
 
 @dataclass(frozen=True, repr=False)
@@ -27,19 +29,22 @@ class AutoLossScale(LossScale):
     A binding that measures gradients (``stats_every=N``; 16 when not given) feeds each sample to
     :func:`next_auto_state`. In bits (log2): ``S = 2**e`` is the scale, ``m`` the current margin (``margin_bits``
     at the start), ``F = log2(65504)``, ``top`` and ``low`` the largest and the smallest ``log2(amax / S)``
-    (unscaled) in the window of recent samples, ``hi(m) = floor(F - max(m + low, margin_bits + top))``. Per step::
+    (unscaled) in the window of recent samples, ``lo`` the last sample's "enough" (below), and
+    ``hi(m) = min(b(min(m, M)), max(b(m), lo - underflow_bits))`` with ``b(m) = floor(F - max(m + low,
+    margin_bits + top))`` and ``M = max_margin_bits``: a margin past ``M`` lowers the bound only as far as the
+    smallest tensor RMS stays at float16's smallest normal. Per step::
 
         if not finite and no sample measured yet:   # the start was a guess
             e = e - start_backoff_bits              # any start up to 2**32 in at most 2 skips
         elif not finite:                            # a spike passed F at e: it was over F - e - low bits tall
-            m = min(max(ceil(F - e - low) + 1, 2 m), max_margin_bits)     # remember its height
+            m = min(max(ceil(F - e - low) + 1, min(2 m, M), m), 40)   # remember its height (doubling stops at M)
             e = min(hi(m), e - 1)                   # the bound of that margin, at least one bit down
         elif sampled and amax == 0:                 # everything flushed: search upwards
             e = e + search_bits
         elif sampled:
             window <- log2(amax / S)
-            hi = hi(m)                              # the spike m bits over the typical gradient fits
             lo = ceil(-14 + underflow_bits - log2(rms_min / micro_batches / S))  # smallest RMS b bits above the floor
+            hi = hi(m)                              # (with this lo) the spike m bits over the typical gradient fits
             if e < lo:  e = max(e, min(lo + 1, hi - 1, e + max_jump_bits))  # raise only when short of "enough"
             e = min(e, hi)                          # lower at once when too close to overflow
         S = clamp(2**e, min, max)
@@ -52,7 +57,8 @@ class AutoLossScale(LossScale):
         initial_loss_scale: the scale at step 0 (2**15).
         min_loss_scale, max_loss_scale: the floor (1) and the ceiling (None: 2**126).
         margin_bits: ``m`` at the start and its floor (4).
-        max_margin_bits: ``m``'s ceiling (16).
+        max_margin_bits: ``M``, where the margin stops doubling and the most room it keeps at a cost to the
+            underflow room (16); past it the margin grows to a spike's height only, into the normal range only.
         window: samples of ``amax`` remembered for ``hi`` (16).
         underflow_bits: ``b``, bits between the smallest tensor RMS and float16's smallest normal (8).
         relax_steps: finite steps in a row after which ``m`` shrinks by one (2000).
@@ -153,10 +159,19 @@ def _window_range(window: Any, xp: Any) -> tuple[Any, Any]:
     return top, low
 
 
-def _overflow_bound(policy: AutoLossScale, m: Any, top: Any, low: Any, xp: Any) -> Any:
-    """``hi = floor(F - max(m + low, margin_bits + top))`` (see :class:`AutoLossScale`)."""
-    need = xp.where(m + low > policy.margin_bits + top, m + low, policy.margin_bits + top)
-    return xp.floor(LOG2_FLOAT16_MAX - need)
+def _overflow_bound(policy: AutoLossScale, m: Any, top: Any, low: Any, xp: Any, floor: Any = None) -> Any:
+    """``hi = floor(F - max(m + low, margin_bits + top))`` (see :class:`AutoLossScale`); with ``floor`` (the
+    normal-range floor ``lo - underflow_bits``), the margin above ``max_margin_bits`` lowers it no further than
+    that: ``min(hi(min(m, max_margin_bits)), max(hi(m), floor))``."""
+    def bound(margin: Any) -> Any:
+        need = xp.where(margin + low > policy.margin_bits + top, margin + low, policy.margin_bits + top)
+        return xp.floor(LOG2_FLOAT16_MAX - need)
+
+    if floor is None:
+        return bound(m)
+    capped = bound(xp.where(m > policy.max_margin_bits, float(policy.max_margin_bits), m))
+    full = xp.where(bound(m) > floor, bound(m), floor)
+    return xp.where(full < capped, full, capped)
 
 
 def _floor_log2(scale: Any, xp: Any) -> Any:
@@ -200,9 +215,12 @@ def next_auto_state(
     guess = LOG2_FLOAT16_MAX - e - m  # an empty window: as if the scale sat at the margin
     top_ref, low_ref = xp.where(filled, top, guess), xp.where(filled, low, guess)
     implied = xp.ceil(LOG2_FLOAT16_MAX - e - low_ref) + 1.0
-    grown = xp.where(implied > 2.0 * m, implied, 2.0 * m)
-    grown = xp.where(grown > policy.max_margin_bits, float(policy.max_margin_bits), grown)
-    spike_hi = _overflow_bound(policy, grown, top_ref, low_ref, xp)
+    doubled = xp.where(2.0 * m > policy.max_margin_bits, float(policy.max_margin_bits), 2.0 * m)
+    doubled = xp.where(doubled > m, doubled, m)  # doubling stops at max_margin_bits; past it, only a spike's height
+    grown = xp.where(implied > doubled, implied, doubled)
+    grown = xp.where(grown > _MARGIN_LIMIT, _MARGIN_LIMIT, grown)
+    normal_floor = xp.where(measured, auto.lo - policy.underflow_bits, -math.inf)
+    spike_hi = _overflow_bound(policy, grown, top_ref, low_ref, xp, normal_floor)
     spike_e = xp.where(spike_hi < e - 1, spike_hi, e - 1)
     backed_e = xp.where(measured, spike_e, e - policy.start_backoff_bits)
     backed = _pow2(xp.where(backed_e < -_MAX_EXPONENT, -_MAX_EXPONENT, backed_e), xp)
@@ -220,9 +238,9 @@ def next_auto_state(
         first = xp.cumsum(xp.ones_like(window), 0) == 1  # the newest slot, on the window's device (no arange)
         pushed = xp.where(first, x, xp.roll(window, 1))
         window = xp.where(seen, pushed, window)
-        hi_new = _overflow_bound(policy, m, *_window_range(window, xp), xp)
         r = xp.log2(xp.where(rms_min > 0, rms_min / micro_batches, 1.0)) - log_s
         lo_new = xp.where(rms_min > 0, xp.ceil(_LOG2_TINY + policy.underflow_bits - r), -math.inf)
+        hi_new = _overflow_bound(policy, m, *_window_range(window, xp), xp, lo_new - policy.underflow_bits)
         up = xp.where(lo_new + 1 < hi_new - 1, lo_new + 1, hi_new - 1)
         up = xp.where(up > e + policy.max_jump_bits, e + policy.max_jump_bits, up)
         chosen = xp.where((e < lo_new) & (up > e), up, e)

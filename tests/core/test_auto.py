@@ -47,8 +47,9 @@ class Ref:
                 e_b = e - p.start_backoff_bits
             else:  # the spike was more than F - e - low bits over the window's lowest sample
                 top, low = (max(self.window), min(self.window)) if self.window else (F - e - self.m,) * 2
-                grown = min(max(math.ceil(F - e - low) + 1, 2 * self.m), p.max_margin_bits)
-                e_b = min(self.hi(grown, top, low), e - 1)
+                doubled = max(min(2 * self.m, p.max_margin_bits), self.m)
+                grown = min(max(math.ceil(F - e - low) + 1, doubled), 40)
+                e_b = min(self.hi(grown, top, low, self.lo - p.underflow_bits), e - 1)
                 self.m = grown
             self.S = max(2.0 ** max(e_b, -126), p.min_loss_scale)
             self.calm, self.good = 0, 0
@@ -59,8 +60,8 @@ class Ref:
             target = e + p.search_bits
         elif amax is not None:
             self.window = ([math.log2(amax) - math.log2(self.S)] + self.window)[: p.window]
-            hi = self.hi(self.m, max(self.window), min(self.window))
             lo = math.ceil(-14 + p.underflow_bits - (math.log2(rms_min / micro_batches) - math.log2(self.S)))
+            hi = self.hi(self.m, max(self.window), min(self.window), lo - p.underflow_bits)
             up = min(lo + 1, hi - 1, e + p.max_jump_bits)
             if e < lo and up > e:
                 target = up
@@ -75,8 +76,12 @@ class Ref:
             self.calm = 0
         self.good = self.good + 1 if self.S == old else 0
 
-    def hi(self, m: float, top: float, low: float) -> float:
-        return math.floor(F - max(m + low, self.p.margin_bits + top))
+    def hi(self, m: float, top: float, low: float, floor: float) -> float:
+        """The overflow bound of margin ``m``; past ``max_margin_bits`` the margin lowers it to ``floor`` at most."""
+        def bound(margin: float) -> float:
+            return math.floor(F - max(margin + low, self.p.margin_bits + top))
+
+        return min(bound(min(m, self.p.max_margin_bits)), max(bound(m), floor))
 
 
 def sample(rng, S, true_log2_amax, spread=6):
@@ -346,6 +351,47 @@ def test_repeated_tall_spikes_are_learned_in_two_overflows():
         (state, auto), _ = float16_step(policy, state, auto, grads, step)
     assert int(state.skipped_steps) <= 2
     assert float(auto.margin) >= 12
+
+
+def test_a_spike_taller_than_max_margin_bits_is_learned_where_the_gradients_leave_room():
+    """A 20-bit spike every 50 steps over gradients spread over 2 bits: "enough" sits 16 bits under overflow and
+    float16's normal range leaves 8 more. The margin grows past ``max_margin_bits`` to the spike's height, into
+    that room only: at most 4 skips, no gradient flushed (the rule with a hard 16-bit cap: all 20 spikes)."""
+    policy = AutoLossScale(2.0**0)
+    rng = np.random.default_rng(8)
+    state, auto = initial_state(policy, np), initial_auto_state(policy, np)
+    (state, auto), _ = float16_step(policy, state, auto, steady(rng, -20, spread=2), 0)
+    normal_floor = float(auto.lo) - policy.underflow_bits  # the smallest RMS at float16's smallest normal
+    skips, zeros, exponents = 0, [], []
+    for step in range(1, 1000):
+        grads = steady(rng, -20, spread=2)
+        spiked = step % 50 == 49
+        if spiked:
+            grads = [g * np.float32(2.0**20) for g in grads]
+        (state, auto), finite = float16_step(policy, state, auto, grads, step)
+        skips += not finite
+        exponents.append(math.log2(float(state.loss_scale)))
+        if not spiked:
+            zeros.append(float(gradient_stats([(g * np.float32(state.loss_scale)).astype(np.float16) for g in grads],
+                                              np).zero_fraction))
+    assert skips <= 4, skips
+    assert float(auto.margin) >= 20
+    assert min(exponents) >= normal_floor, (min(exponents), normal_floor)
+    assert max(zeros) < 0.01
+
+
+def test_doubling_the_margin_stops_at_max_margin_bits():
+    """Past ``max_margin_bits`` an overflow grows the margin only to the height the spike implied (the first version
+    of the change kept doubling: 16 to 32 bits on a 12-bit outlier, and the scale sat at the normal-range floor)."""
+    policy = AutoLossScale(2.0**20)
+    stats = gradient_stats([np.full(8, 1.0, np.float32), np.full(8, 2.0**-4, np.float32)], np)
+    state, auto = initial_state(policy, np), initial_auto_state(policy, np)
+    state, auto = next_auto_state(policy, state, auto, True, stats, True, np)  # measured: 2**-20 unscaled at 2**20
+    assert float(state.loss_scale) == 2.0**20 and float(auto.lo) - policy.underflow_bits == 10
+    auto = auto._replace(margin=np.float32(16.0))  # a margin learned at the cap
+    state, auto = next_auto_state(policy, state, auto, False, None, False, np)  # overflow: over F - 20 + 20 bits
+    assert float(auto.margin) == 17  # the implied height, ceil(F) + 1 (a hard cap: 16; doubling: 32)
+    assert float(state.loss_scale) == 2.0**18  # hi(17), inside the normal range's room (floor 2**10)
 
 
 def test_no_jitter_at_the_overflow_bound():
