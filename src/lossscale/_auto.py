@@ -159,19 +159,19 @@ def _window_range(window: Any, xp: Any) -> tuple[Any, Any]:
     return top, low
 
 
-def _overflow_bound(policy: AutoLossScale, m: Any, top: Any, low: Any, xp: Any, floor: Any = None) -> Any:
-    """``hi = floor(F - max(m + low, margin_bits + top))`` (see :class:`AutoLossScale`); with ``floor`` (the
-    normal-range floor ``lo - underflow_bits``), the margin above ``max_margin_bits`` lowers it no further than
-    that: ``min(hi(min(m, max_margin_bits)), max(hi(m), floor))``."""
-    def bound(margin: Any) -> Any:
-        need = xp.where(margin + low > policy.margin_bits + top, margin + low, policy.margin_bits + top)
-        return xp.floor(LOG2_FLOAT16_MAX - need)
+def _overflow_bound(policy: AutoLossScale, m: Any, top: Any, low: Any, floor: Any, xp: Any) -> Any:
+    """``hi(m) = min(b(min(m, M)), max(b(m), floor))``, ``b(m) = floor(F - max(m + low, margin_bits + top))``,
+    ``floor`` the normal-range floor ``lo - underflow_bits`` (see :class:`AutoLossScale`). As ``b`` falls with
+    ``m``, computed as ``max(b(m), min(b(M), floor))``: about 15 operators."""
+    spike_free = policy.margin_bits + top
 
-    if floor is None:
-        return bound(m)
-    capped = bound(xp.where(m > policy.max_margin_bits, float(policy.max_margin_bits), m))
-    full = xp.where(bound(m) > floor, bound(m), floor)
-    return xp.where(full < capped, full, capped)
+    def bound(margin: Any) -> Any:
+        need = margin + low
+        return xp.floor(LOG2_FLOAT16_MAX - xp.where(need > spike_free, need, spike_free))
+
+    full, capped = bound(m), bound(float(policy.max_margin_bits))
+    floor = xp.where(capped < floor, capped, floor)
+    return xp.where(full > floor, full, floor)
 
 
 def _floor_log2(scale: Any, xp: Any) -> Any:
@@ -196,7 +196,7 @@ def next_auto_state(
             reads ``rms_min / micro_batches``, so the scale suits one float16 backward; ``amax`` is read as is.
 
     The skip counters move as in :func:`lossscale.next_state`; ``bad_steps`` stays 0. Cost, in torch operators
-    dispatched (eager: each one kernel): about 180 on 0-d arrays and a few on the ``(window,)`` array, or about 95
+    dispatched (eager: each one kernel): about 200 on 0-d arrays and a few on the ``(window,)`` array, or about 110
     with ``stats`` None (a step known on the host to be unsampled: the scale stays or backs off). No host sync.
     """
     finite = _finite_flag(finite, state.loss_scale, xp)
@@ -219,8 +219,7 @@ def next_auto_state(
     doubled = xp.where(doubled > m, doubled, m)  # doubling stops at max_margin_bits; past it, only a spike's height
     grown = xp.where(implied > doubled, implied, doubled)
     grown = xp.where(grown > _MARGIN_LIMIT, _MARGIN_LIMIT, grown)
-    normal_floor = xp.where(measured, auto.lo - policy.underflow_bits, -math.inf)
-    spike_hi = _overflow_bound(policy, grown, top_ref, low_ref, xp, normal_floor)
+    spike_hi = _overflow_bound(policy, grown, top_ref, low_ref, auto.lo - policy.underflow_bits, xp)  # NaN: unused
     spike_e = xp.where(spike_hi < e - 1, spike_hi, e - 1)
     backed_e = xp.where(measured, spike_e, e - policy.start_backoff_bits)
     backed = _pow2(xp.where(backed_e < -_MAX_EXPONENT, -_MAX_EXPONENT, backed_e), xp)
@@ -240,7 +239,7 @@ def next_auto_state(
         window = xp.where(seen, pushed, window)
         r = xp.log2(xp.where(rms_min > 0, rms_min / micro_batches, 1.0)) - log_s
         lo_new = xp.where(rms_min > 0, xp.ceil(_LOG2_TINY + policy.underflow_bits - r), -math.inf)
-        hi_new = _overflow_bound(policy, m, *_window_range(window, xp), xp, lo_new - policy.underflow_bits)
+        hi_new = _overflow_bound(policy, m, *_window_range(window, xp), lo_new - policy.underflow_bits, xp)
         up = xp.where(lo_new + 1 < hi_new - 1, lo_new + 1, hi_new - 1)
         up = xp.where(up > e + policy.max_jump_bits, e + policy.max_jump_bits, up)
         chosen = xp.where((e < lo_new) & (up > e), up, e)

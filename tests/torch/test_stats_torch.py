@@ -401,7 +401,8 @@ def test_a_step_that_reads_no_sample_leaves_its_summary_to_the_first_read():
 
 def test_an_unsampled_auto_step_runs_only_the_backoff():
     """A step known on the host to be unsampled gives the auto rule no statistics: it computes the overflow backoff
-    and the counters, 96 operators where the masked sample's path runs 179 (117 before the backoff was split off)."""
+    and the counters, 109 operators where the masked sample's path runs 200 (117 and 179 before the backoff was
+    split off; 96 and 179 before the spike-cap change added about 13 to the backoff, the margin past 16 bits)."""
     from lossscale._sampler import initial_sampler_state, next_sampler_state
     from lossscale._torch_kernels import gradient_stats
 
@@ -410,8 +411,8 @@ def test_an_unsampled_auto_step_runs_only_the_backoff():
     finite, sample = torch.tensor(True), gradient_stats([torch.full((4,), 2.0**-3)])
     unsampled = count_ops(lambda: next_sampler_state(policy, state, sampler, finite, None, False, torch))
     sampled = count_ops(lambda: next_sampler_state(policy, state, sampler, finite, sample, True, torch))
-    assert unsampled <= 100, unsampled
-    assert sampled >= 150, sampled
+    assert unsampled <= 112, unsampled
+    assert sampled - unsampled >= 80, (sampled, unsampled)
 
 
 def test_fractions_over_several_optimizers_count_each_element_once():
