@@ -81,9 +81,11 @@ def sample_if_due(
     """``(finite, sample, sampled)``: the sample where due (across ``axes``), else the kept one, in one ``lax.cond``.
 
     With ``check``, ``finite`` comes with one read pass on every step: ``isfinite(amax)`` on a sampled step (max
-    propagates NaN), ``check(grads)`` on an unsampled one; this device's flag, as varying as the gradients (under
-    ``shard_map`` both branches must agree). For float32 and narrower leaves with ``S >= 1`` only (a float64
-    above float32's range would read as an overflow). Without ``check``, ``finite`` is None."""
+    propagates NaN), ``check(grads)`` on an unsampled one; as varying as the gradients (under ``shard_map`` both
+    branches must agree). With ``axes`` the sampled flag is already the devices' common one (``amax`` is
+    ``pmax``-ed), the unsampled one this device's; the caller's ``pmin`` makes them alike. For float32 and narrower
+    leaves with ``S >= 1`` only (a float64 above float32's range would read as an overflow). Without ``check``,
+    ``finite`` is None."""
     count = jnp.asarray(stats.count)
 
     def take(g: list) -> tuple[Any, GradientStats]:
