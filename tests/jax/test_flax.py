@@ -110,3 +110,18 @@ def test_nnx_optimizer_skips_and_its_state_reads_as_arrays():
     ]
     assert int(lsj.find_state(optimizer.opt_state).skipped_steps) == 3
     assert int(optimizer.step[...]) == len(POISON)  # nnx's step, like linen's, counts every update() call
+
+
+def test_find_state_in_a_tuple_beside_another_optimizers_state():
+    """A tuple of two optimizers' states (an actor's and a critic's) is not a chain that clips first: the other
+    optimizer's state holds arrays, not only stateless EmptyStates (it was refused in one order and not the other).
+    A chain that runs a stateless transformation, or a chain of them, first is still refused."""
+    p = jnp.ones(2)
+    mine = lsj.loss_scale_optimizer(optax.adam(1e-3), 8.0).init(p)
+    other = optax.adam(1e-3).init(p)
+    assert float(lsj.find_state((other, mine)).loss_scale) == 8.0
+    assert float(lsj.find_state((mine, other)).loss_scale) == 8.0
+    for first in (optax.clip_by_global_norm(1.0), optax.chain(optax.clip(1.0), optax.scale(2.0)), optax.zero_nans()):
+        chained = optax.chain(first, lsj.loss_scale_optimizer(optax.adam(1e-3), 8.0))
+        with pytest.raises(ValueError, match="before loss_scale_optimizer"):
+            lsj.find_state(chained.init(p))

@@ -163,3 +163,22 @@ def test_apply_gradients_with_any_other_transformation():
     assert new.tolist() == [0.0, -1.0]
     with pytest.raises(TypeError, match="needs the parameters"):
         lsj.apply_gradients(opt, jnp.ones(2), opt.init(params), None)
+
+
+def test_the_stall_guard_under_vmap_raises_only_for_a_member_that_stalls():
+    """Under ``jax.vmap`` the guard's ``lax.cond`` runs as a select, so its callback runs on every step; it raises
+    only for a member whose streak reached the limit (it raised on the first, finite step before)."""
+    tx = lsj.loss_scale_optimizer(optax.sgd(0.1), "dynamic", max_consecutive_skips=3)
+    params = jnp.ones((2, 2))
+    state = jax.vmap(tx.init)(params)
+    step = jax.jit(jax.vmap(tx.update))
+    _, state = step(jnp.ones((2, 2)), state, params)  # all finite
+    jax.effects_barrier()
+    bad = jnp.array([[1.0, 1.0], [jnp.inf, 1.0]])  # member 1 overflows on every step
+    for _ in range(2):
+        _, state = step(bad, state, params)
+        jax.effects_barrier()
+    assert state.consecutive_skips.tolist() == [0, 2]
+    with pytest.raises(Exception, match="3 steps in a row were skipped"):
+        _, state = step(bad, state, params)
+        jax.effects_barrier()

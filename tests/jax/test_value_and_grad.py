@@ -110,3 +110,15 @@ def test_errors_name_the_fix():
         lsj.value_and_grad(lambda w: loss_fn(w, X, Y), state, has_aux=True)(W)
     with pytest.raises(TypeError, match="0-d floating-point array, got .* of dtype int32 and shape ()"):
         lsj.value_and_grad(lambda w: jnp.int32(1), state)(W)
+
+
+def test_a_loss_keyword_named_scale_reaches_the_loss():
+    """``value_and_grad`` takes the loss function's own keywords, ``scale`` among them (it collided with the
+    wrapper's scale argument: TypeError, multiple values for argument 'scale')."""
+    def loss(p, x, scale=1.0):
+        return jnp.sum(p * x) * scale
+
+    state = lsj.loss_scale_optimizer(optax.sgd(0.1), 4.0).init(jnp.ones(2))
+    value, grads = lsj.value_and_grad(loss)(jnp.ones(2), jnp.array([1.0, 3.0]), scale=2.0, opt_state=state)
+    assert float(value) == 8.0
+    np.testing.assert_array_equal(np.asarray(grads), [8.0, 24.0])  # d(4 * 2 * p.x)/dp

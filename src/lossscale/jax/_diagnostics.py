@@ -18,6 +18,8 @@ __all__ = ["StepRecorder", "guard_skip"]
 
 
 def _raise(streak: Any, scale: Any, *, limit: int) -> None:
+    if int(np.asarray(streak)) < limit:  # under vmap the lax.cond runs as a select: the callback runs every step
+        return
     raise stall_error(
         int(streak), float(scale), limit, "jnp.isfinite(loss), or run with jax.config.update('jax_debug_nans', True)",
         "  * a model pretrained in bfloat16 and run in float16, whose activations overflow 65504: "

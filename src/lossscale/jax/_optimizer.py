@@ -130,9 +130,14 @@ def _find(state: Any, caller: str) -> LossScaleOptimizerState:
     for path, node in leaves:
         if not isinstance(node, _HIDE_SCALED_GRADIENTS):
             continue
-        # where the two paths part: a lower index in the same chain runs first
-        mine, theirs = next(((a, b) for a, b in zip(path, scale_path) if a != b), (None, None))
-        if isinstance(mine, SequenceKey) and isinstance(theirs, SequenceKey) and mine.idx < theirs.idx:
+        # where the two paths part: a lower index in the same chain runs first; that transformation is wholly
+        # stateless (a clip, a chain of them), not another optimizer's state beside this one in a tuple
+        k = next((i for i, (a, b) in enumerate(zip(path, scale_path)) if a != b), None)
+        if k is None:
+            continue
+        mine, theirs, sibling = path[k], scale_path[k], path[:k + 1]
+        stateless = all(isinstance(n, _HIDE_SCALED_GRADIENTS) for p, n in leaves if p[:k + 1] == sibling)
+        if stateless and isinstance(mine, SequenceKey) and isinstance(theirs, SequenceKey) and mine.idx < theirs.idx:
             raise ValueError(
                 f"{caller}: an optax.chain runs a transformation ({type(node).__name__} at "
                 f"{jax.tree_util.keystr(path)}; e.g. optax.clip_by_global_norm) before loss_scale_optimizer, "
@@ -220,7 +225,7 @@ def value_and_grad(
         raise TypeError(f"value_and_grad() needs a callable loss function, got {type(fun).__name__}.")
     bound = None if opt_state is None else _find(opt_state, "value_and_grad()")
 
-    def scaled(scale: jax.Array, *args: Any, **kwargs: Any) -> tuple[jax.Array, Any]:
+    def scaled(scale: jax.Array, /, *args: Any, **kwargs: Any) -> tuple[jax.Array, Any]:  # fun may take scale=
         out = fun(*args, **kwargs)
         if has_aux and not (isinstance(out, (tuple, list)) and len(out) == 2):
             raise TypeError(
