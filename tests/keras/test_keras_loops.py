@@ -151,6 +151,35 @@ def test_contract_rule_side_call_for_logging_still_unscales():
     np.testing.assert_array_equal(ops.convert_to_numpy(w), [-1.0, -2.0])
 
 
+def test_contract_rule_logging_after_the_step_arms_nothing():
+    """get_unscaled_gradients on the gradients the last apply took (logging after the step) leaves the next apply
+    on Keras 3's contract; it took the next step's new scaled gradients as unscaled, a step S times too large."""
+    opt, w = _fresh()
+    for _ in range(2):
+        scaled = _grads(opt, 4.0)
+        opt.apply(scaled, [w])
+        opt.get_unscaled_gradients(scaled)  # logged after the step
+    np.testing.assert_array_equal(ops.convert_to_numpy(w), [-2.0, -4.0])
+
+
+@pytest.mark.skipif(BACKEND == "torch", reason="eager: a call before fit cannot be told from the TF contract")
+def test_contract_rule_a_call_outside_fit_does_not_reach_fits_steps():
+    """A call made eagerly (an inspection before training) is not the traced first step's contract: fit trains as
+    without it (on JAX the first trace baked "already unscaled" into every step: the loss went to inf)."""
+    x = np.random.default_rng(0).normal(size=(64, 4)).astype("float32")
+    y = np.ones((64, 1), "float32")
+    losses = []
+    for inspect in (False, True):
+        keras.utils.set_random_seed(1)
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        opt = lsk.LossScaleOptimizer(keras.optimizers.SGD(0.01))
+        model.compile(optimizer=opt, loss="mse")
+        if inspect:
+            opt.get_unscaled_gradients([ops.ones_like(v.value) for v in model.trainable_variables])
+        losses.append(model.fit(x, y, batch_size=32, epochs=2, verbose=0).history["loss"])
+    np.testing.assert_allclose(losses[1], losses[0], rtol=1e-6)
+
+
 def test_contract_rule_clipped_unscaled_gradients_are_not_unscaled_again():
     opt, w = _fresh()
     (unscaled,) = opt.get_unscaled_gradients(_grads(opt, 4.0))
@@ -205,6 +234,19 @@ def test_minimize_tensorflow_seed_example():
     (grad,) = opt.get_unscaled_gradients([tape.gradient(scaled, var)])
     opt.apply_gradients([(grad, var)])
     assert float(var) == 0.25
+
+
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="minimize is TensorFlow's")
+@pytest.mark.parametrize("form", ["tf.Variable", "keras.Variable", "callable"])
+def test_minimize_takes_one_variable_or_a_callable_as_var_list(form):
+    """The seed's own form, ``minimize(loss, var_list=var)`` with one variable (it raised "Cannot iterate over a
+    scalar tensor"), and TF's callable var_list, called after the loss."""
+    import tensorflow as tf
+
+    opt = lsk.LossScaleOptimizer(keras.optimizers.SGD(0.25), "dynamic")
+    var = tf.Variable(1.0) if form == "tf.Variable" else keras.Variable(1.0)
+    opt.minimize(lambda: var**2, var_list=(lambda: [var]) if form == "callable" else var)
+    assert float(var.numpy()) == 0.5
 
 
 def test_apply_to_a_variable_it_was_not_built_with_raises_and_changes_nothing():

@@ -80,6 +80,45 @@ def test_scale_rejects_what_is_not_a_tensor(scaler_factory):
 # ---- unscale_ / step / update ordering -----------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("call", ["step", "unscale_"])
+def test_step_or_unscale_before_any_scale_raises_as_torch_does(scaler_factory, call):
+    """Gradients that no scale() scaled (a forgotten scaler.scale(loss)) are refused, not divided by S silently:
+    torch asserts that its _scale exists (AssertionError), lossscale raises a RuntimeError with torch's words."""
+    scaler = scaler_factory(init_scale=4.0)
+    param, optimizer = _param_and_sgd()
+    param.sum().backward()
+    with pytest.raises((AssertionError, RuntimeError), match=r"did not use scaler\.scale\(loss or outputs\)"):
+        getattr(scaler, call)(optimizer)
+    torch.testing.assert_close(param.detach(), torch.ones(3))
+    _one_step(scaler, param, optimizer)  # scaled from here on: steps as usual
+    torch.testing.assert_close(param.detach(), torch.full((3,), 0.5))
+
+
+def test_found_inf_per_device_is_what_step_reads(scaler_factory):
+    """The distributed idiom: after unscale_, all-reduce (MAX) each of _found_inf_per_device(opt)'s flags in place;
+    a rank whose own gradients are finite then skips with the others. _growth_tracker and _get_scale_async are the
+    live state."""
+    scaler = scaler_factory(init_scale=4.0, growth_interval=100)
+    param, optimizer = _param_and_sgd()
+    _one_step(scaler, param, optimizer)
+    tracker = scaler._growth_tracker
+    assert tracker.dtype == torch.int32 and tracker.ndim == 0 and int(tracker) == 1
+    assert float(scaler._get_scale_async()) == 4.0
+    optimizer.zero_grad()
+    _backward(scaler, param)
+    assert scaler._found_inf_per_device(optimizer) == {}  # nothing checked yet
+    scaler.unscale_(optimizer)
+    flags = scaler._found_inf_per_device(optimizer)
+    assert list(flags) == [torch.device("cpu")] and float(flags[torch.device("cpu")]) == 0.0
+    for flag in flags.values():
+        flag.fill_(1.0)  # as dist.all_reduce(flag, MAX) would, another rank having overflowed
+    before = param.detach().clone()
+    scaler.step(optimizer)
+    scaler.update()
+    torch.testing.assert_close(param.detach(), before)  # skipped
+    assert scaler.get_scale() == 2.0 and int(scaler._growth_tracker) == 0
+
+
 def test_unscale_twice_raises_as_torch_does(scaler_factory):
     scaler = scaler_factory(init_scale=4.0)
     param, optimizer = _param_and_sgd()

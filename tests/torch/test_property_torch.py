@@ -245,6 +245,7 @@ def gradscaler_property(data) -> None:
     def fresh():
         scaler = lst.GradScaler("cpu")
         scaler.load_state_dict(copy.deepcopy(config))
+        scaler.scale(torch.zeros(()))  # the gradients below are set as a scaled loss's would be
         params = [torch.nn.Parameter(torch.ones(s)) for s in SHAPES]
         return scaler, params, INNER["foreach"](params)
 

@@ -180,3 +180,13 @@ class LegacyCheckpoint:
         for name, variable in zip(LEGACY_SCALE_NAMES, scale_variables):
             if name in waiting:
                 optimizer._handle_deferred_dependencies(name=name, trackable=variable)
+
+
+def trace_of(tensor: Any) -> Any:
+    """The trace ``tensor`` belongs to: TensorFlow's graph of a symbolic tensor, JAX's trace of a tracer (both private
+    attributes), else None (an eager value)."""
+    try:
+        graph = getattr(tensor, "graph", None)  # an EagerTensor raises AttributeError: None
+    except AttributeError:
+        graph = None
+    return graph if graph is not None else getattr(tensor, "_trace", None)

@@ -21,6 +21,7 @@ from ._compat import (
     checkpoint_children,
     checkpoint_node,
     no_automatic_dependency_tracking,
+    trace_of,
 )
 from ._config import BASE_DEFAULTS, read_config, restore, write_config
 from ._diagnostics import StepObserver
@@ -98,22 +99,33 @@ def _forward(name: str) -> property:
 
 
 class UnscaleStage:
-    """Which gradient contract an apply follows: what ``get_unscaled_gradients`` got, kept per thread (replica)."""
+    """Which gradient contract an apply follows: what ``get_unscaled_gradients`` got, kept per thread (replica).
+
+    A call arms the next apply (its gradients are taken as already unscaled unless they are the call's inputs),
+    except a call on the gradients the last apply took (logging after a step), and the note holds only in the
+    trace it was made in (a call made eagerly does not reach the first step ``fit`` traces)."""
 
     def __init__(self) -> None:
         self._local = threading.local()
 
     def note(self, scaled: Sequence[Any]) -> None:
-        self._local.inputs = tuple(g for g in scaled if g is not None)  # held so that their ids stay valid
+        inputs = tuple(g for g in scaled if g is not None)  # held so that their ids stay valid
+        applied = getattr(self._local, "applied", ())
+        logged = bool(inputs) and len(inputs) == len(applied) and all(ref() is g for ref, g in zip(applied, inputs))
+        self._local.inputs = None if logged else inputs  # logged: the gradients of the step just taken, arm nothing
 
     def take(self, grads: Sequence[Any]) -> bool:
         """Whether ``grads`` are already unscaled; forgets the call either way."""
         inputs = getattr(self._local, "inputs", None)
         self._local.inputs = None
-        if inputs is None:
+        given = [g for g in grads if g is not None]
+        try:  # weak: the gradients of the last step must not stay in memory for this
+            self._local.applied = tuple(weakref.ref(g) for g in given)
+        except TypeError:
+            self._local.applied = ()
+        if not inputs or (given and trace_of(inputs[0]) is not trace_of(given[0])):
             return False
         ids = {id(g) for g in inputs}
-        given = [g for g in grads if g is not None]
         side = [id(g) in ids for g in given]
         if given and all(side):
             return False

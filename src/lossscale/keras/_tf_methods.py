@@ -49,15 +49,16 @@ class TFMethods:
     get_unscaled_gradients: Any
     apply_gradients: Any
 
-    def minimize(self, loss: Any, var_list: Sequence[Any], tape: Any = None) -> Any:
-        """TF's ``minimize`` (TensorFlow backend): scale, differentiate, unscale, apply; returns ``iterations``."""
+    def minimize(self, loss: Any, var_list: Any, tape: Any = None) -> Any:
+        """TF's ``minimize`` (TensorFlow backend): scale, differentiate, unscale, apply; returns ``iterations``.
+        ``var_list``: a variable, a list or tuple of them, or a callable returning one (called after ``loss``)."""
         _tensorflow_only("minimize", "tf.GradientTape")
         import tensorflow as tf
 
-        variables = list(var_list)
         tape = tape if tape is not None else tf.GradientTape()
         with tape:
             scaled = self.get_scaled_loss(loss() if callable(loss) else loss)
+        variables = tf.nest.flatten(var_list() if callable(var_list) else var_list)
         grads = tape.gradient(scaled, variables)
         return self.apply_gradients(zip(self.get_unscaled_gradients(grads), variables))
 

@@ -107,6 +107,7 @@ class GradScaler:
         """Divides ``optimizer``'s gradients by ``S`` in place and checks them, once per iteration: one R+W pass."""
         if not self._enabled:
             return
+        self._require_scaled("unscale_")
         slot = self._step_of(optimizer)
         if slot.record.stage is Stage.UNSCALED:
             raise RuntimeError("unscale_() has already been called on this optimizer since the last update(). "
@@ -124,6 +125,7 @@ class GradScaler:
             raise RuntimeError("Closure use is not currently supported if GradScaler is enabled. For closure-based "
                                "optimizers (LBFGS) wrap them in lossscale.torch.LossScaleOptimizer, whose "
                                "step(closure) checks every evaluation.")
+        self._require_scaled("step")
         slot = self._step_of(optimizer)
         if slot.record.stage is Stage.STEPPED:
             raise RuntimeError("step() has already been called since the last update(). Call update() once per "
@@ -131,6 +133,15 @@ class GradScaler:
         named = (lambda: self._diagnostics.named_grads(optimizer.param_groups)) if self._diagnostics.reporter else ()
         done = slot.step(optimizer, args, kwargs, on_host=self.sync_skips, named_grads=named)
         return None if done is None else done[2]
+
+    def _require_scaled(self, what: str) -> None:
+        """torch's check that ``scale()`` ran at least once (else the gradients were never scaled, and unscaling
+        them would divide them by ``S`` silently)."""
+        if not self._placed:
+            raise RuntimeError(
+                f"Attempted {what} but _scale is None.  This may indicate your script did not use "
+                "scaler.scale(loss or outputs) earlier in the iteration. Call scaler.scale(loss).backward() first."
+            )
 
     def _step_of(self, optimizer: torch.optim.Optimizer) -> OptimizerStep:
         """``optimizer``'s step object, made on first use."""
@@ -200,6 +211,23 @@ class GradScaler:
     _init_growth_tracker = property(
         lambda self: self._get_growth_tracker(), lambda self, v: self._owner.overwrite(growth_tracker=v)
     )
+
+    @property
+    def _growth_tracker(self) -> torch.Tensor | None:
+        """torch's attribute: the live 0-d int32 count of finite steps since the scale last changed (None when
+        disabled); client code all-reduces it in place."""
+        return self._owner.state.good_steps if self._enabled else None
+
+    def _get_scale_async(self) -> torch.Tensor | None:
+        """torch's method: :attr:`_scale`, with no sync."""
+        return self._scale
+
+    def _found_inf_per_device(self, optimizer: torch.optim.Optimizer) -> dict[torch.device, torch.Tensor]:
+        """torch's method: ``{device: found_inf}`` of ``optimizer``'s check this iteration (after ``unscale_``;
+        empty before). The tensor is the one ``step()`` reads: an in-place all-reduce of it decides the step."""
+        step = self._steps.get(optimizer)
+        found = None if step is None else step.record.found_inf
+        return {} if found is None else {found.device: found}
 
     def _get_growth_tracker(self) -> int:
         """Finite steps since the scale last changed, a Python int (0 when disabled). One host sync."""
