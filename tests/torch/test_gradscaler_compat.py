@@ -94,6 +94,19 @@ def test_step_or_unscale_before_any_scale_raises_as_torch_does(scaler_factory, c
     torch.testing.assert_close(param.detach(), torch.full((3,), 0.5))
 
 
+def test_a_disabled_scaler_takes_settings_an_enabled_one_refuses(scaler_factory):
+    """``GradScaler(enabled=use_fp16, **config)``: torch validates nothing when disabled, so a bf16 or fp32 run with
+    a config meant for fp16 (or a bad one) still builds, and every call passes through."""
+    scaler = scaler_factory(growth_factor=1.0, growth_interval=0, enabled=False)
+    loss = torch.tensor(3.0)
+    assert not scaler.is_enabled() and scaler.scale(loss) is loss and scaler.get_scale() == 1.0
+    param, optimizer = _param_and_sgd()
+    param.sum().backward()
+    scaler.step(optimizer)
+    scaler.update()
+    torch.testing.assert_close(param.detach(), torch.full((3,), 0.5))
+
+
 def test_found_inf_per_device_is_what_step_reads(scaler_factory):
     """The distributed idiom: after unscale_, all-reduce (MAX) each of _found_inf_per_device(opt)'s flags in place;
     a rank whose own gradients are finite then skips with the others. _growth_tracker and _get_scale_async are the

@@ -59,12 +59,17 @@ class GradScaler:
         if self._enabled and self._device == "cuda" and not torch.cuda.is_available():
             warnings.warn("lossscale.torch.GradScaler is enabled, but CUDA is not available.  Disabling.", stacklevel=2)
             self._enabled = False
-        policy = with_torch_names(  # validation errors in torch's names
-            DynamicLossScale, initial_loss_scale=init_scale, increment_period=checked_interval(growth_interval),
-            multiplier=growth_factor, backoff_factor=backoff_factor, max_loss_scale=max_loss_scale,
-            min_loss_scale=1.0 if min_loss_scale is None else min_loss_scale,
-            hysteresis=1 if hysteresis is None else hysteresis,
-        )
+        try:
+            policy = with_torch_names(  # validation errors in torch's names
+                DynamicLossScale, initial_loss_scale=init_scale, increment_period=checked_interval(growth_interval),
+                multiplier=growth_factor, backoff_factor=backoff_factor, max_loss_scale=max_loss_scale,
+                min_loss_scale=1.0 if min_loss_scale is None else min_loss_scale,
+                hysteresis=1 if hysteresis is None else hysteresis,
+            )
+        except (TypeError, ValueError):
+            if self._enabled:
+                raise
+            policy = DynamicLossScale()  # disabled (GradScaler(enabled=use_fp16, **cfg)): never used, as in torch
         every = check_stats_every(stats_every, policy)
         self._owner = IterationScale(policy)
         self._placed = False
