@@ -107,6 +107,23 @@ def main():
         out[f"pmap_stats_{every}"] = {
             k: np.asarray(sample[k]).tolist() for k in ("step", "amax", "zero_fraction", "subnormal_fraction", "rms_min")
         }
+    # clip_by_global_norm with axis_name: the norm of the whole gradient, shards summed across the devices, a
+    # replicated leaf counted once (where JAX types say it is replicated); against one device's clip of all of it.
+    grads = {"w": jnp.array([3.0, 4.0, 0.0, 1.0]), "b": jnp.array([1.0, 2.0])}
+    zeros = jax.tree.map(jnp.zeros_like, grads)
+    one = lsj.loss_scale_optimizer(optax.sgd(1.0), 1.0, clip_by_global_norm=1.0)
+    out["clip_reference"] = np.asarray(jax.jit(one.update)(grads, one.init(zeros))[0]["w"]).tolist()
+    out["clip_reference_w_only"] = np.asarray(
+        jax.jit(one.update)({"w": grads["w"]}, one.init({"w": zeros["w"]}))[0]["w"]).tolist()
+    opt = lsj.loss_scale_optimizer(optax.sgd(1.0), 1.0, axis_name="d", clip_by_global_norm=1.0)
+    for name, specs in (("w_only", {"w": P("d")}), ("mixed", {"w": P("d"), "b": P()})):
+        g = {k: grads[k] for k in specs}
+        state = opt.init({k: zeros[k] for k in specs})
+        state_spec = jax.tree.map(lambda x: P(), state)
+        f = jax.jit(shard_map(opt.update, mesh=mesh, in_specs=(specs, state_spec), out_specs=(specs, state_spec)))
+        sharded = {k: jax.device_put(v, NamedSharding(mesh, specs[k])) for k, v in g.items()}
+        out[f"clip_shard_map_{name}"] = np.asarray(f(sharded, state)[0]["w"]).tolist()
+    out["vma_known"] = hasattr(jax, "typeof") and getattr(jax.typeof(jnp.zeros(1)), "vma", None) is not None
     print(json.dumps(out))
 
 

@@ -8,6 +8,7 @@ import pathlib
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 
@@ -77,3 +78,11 @@ def test_shard_map_statistics_skip_an_inf_on_one_shard_with_either_finite_check(
         # step 0's sample is that of both shards: amax from device 1's, 1 zero of 8 from device 0's
         assert results[f"shard_map_stats_{path}"] == {"skipped": [0, 1], "step": 0, "amax": 2048.0,
                                                       "zero_fraction": 0.125}, path
+
+
+def test_clip_by_global_norm_with_axis_name_clips_by_the_whole_gradients_norm(results):
+    """Under shard_map with axis_name the clip reads the norm of the whole gradient: the shards' squares summed over
+    the devices, a replicated leaf counted once (each device clipped by its own shard's norm before)."""
+    np.testing.assert_allclose(results["clip_shard_map_w_only"], results["clip_reference_w_only"], rtol=1e-6)
+    if results["vma_known"]:  # JAX types say which leaves are replicated
+        np.testing.assert_allclose(results["clip_shard_map_mixed"], results["clip_reference"], rtol=1e-6)

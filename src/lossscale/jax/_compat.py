@@ -26,12 +26,20 @@ def is_tracer(x: Any) -> bool:
     return isinstance(x, jax.core.Tracer)
 
 
+def varying_axes(aval: Any) -> frozenset | None:
+    """The shard_map axes an abstract value varies over (its ``vma`` type; None where JAX does not say)."""
+    manual = getattr(aval, "manual_axis_type", None)
+    if manual is not None:
+        return frozenset(manual.varying)
+    vma = getattr(aval, "vma", None)
+    return None if vma is None else frozenset(vma)
+
+
 def like(x: Any, aval: Any) -> Any:
     """``x`` marked as varying over the same shard_map axes as ``aval``, so that both cond branches agree."""
 
     def varying(a: Any) -> frozenset:
-        manual = getattr(a, "manual_axis_type", None)
-        return frozenset(manual.varying) if manual is not None else frozenset(getattr(a, "vma", None) or ())
+        return varying_axes(a) or frozenset()
 
     missing = varying(aval) - varying(typeof(x))
     if not missing:

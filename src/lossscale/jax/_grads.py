@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 from jax import lax
+
+from ._compat import typeof, varying_axes
 
 __all__ = ["all_finite", "check_gradients", "nested_all_finite", "scale_loss", "squared_norm", "unscale"]
 
@@ -106,13 +109,21 @@ def nested_all_finite(tree: Any) -> jax.Array:
     return all_finite(tree)
 
 
-def squared_norm(tree: Any, scale: Any) -> jax.Array:
+def squared_norm(tree: Any, scale: Any, axes: tuple[Hashable, ...] | None = None) -> jax.Array:
     """``sum((g / scale)**2)`` over every leaf, widened to at least float32, accumulated in float32: one read pass.
-    NaN or Inf iff a leaf holds one (or a norm above ~1.8e19 overflows: a spurious skip), so the finite check too."""
+    NaN or Inf iff a leaf holds one (or a norm above ~1.8e19 overflows: a spurious skip), so the finite check too.
+    With ``axes`` (``shard_map``/``pmap``), over the whole gradient: the squares of the leaves that vary over the axes
+    (shards) summed across the devices (one ``lax.psum`` of a scalar), those of replicated leaves counted once (a
+    leaf's ``vma`` type says which; where JAX does not say, a leaf counts as a shard)."""
     inverse = _inverses(scale)
-    total = jnp.zeros((), jnp.float32)
+    shards = replicated = jnp.zeros((), jnp.float32)
     for leaf in jax.tree_util.tree_leaves(tree):
         wide, value = inverse(leaf.dtype)
         u = leaf.astype(wide) * value
-        total = total + jnp.sum(u * u).astype(jnp.float32)
-    return total
+        term = jnp.sum(u * u).astype(jnp.float32)
+        varying = None if axes is None else varying_axes(typeof(leaf))
+        if axes is not None and varying is not None and not varying & set(axes):
+            replicated = replicated + term
+        else:
+            shards = shards + term
+    return shards if axes is None else lax.psum(shards, axes) + replicated

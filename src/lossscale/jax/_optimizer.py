@@ -379,7 +379,8 @@ def loss_scale_optimizer(
         max_consecutive_skips: raise :class:`lossscale.LossScaleError` at the ``N``-th skip in a row (default None).
         history: a :class:`lossscale.History` given one row per step: a ``jax.debug.callback`` (0.4-1.7 ms on CPU).
         axis_name: under ``pmap``/``shard_map``, the axes over which the finite flag is ``lax.pmin``-ed.
-        clip_by_global_norm: clip the true gradients to this global norm, also the finite check: no extra pass.
+        clip_by_global_norm: clip the true gradients to this global norm, also the finite check: no extra pass;
+            with ``axis_name``, the norm of the whole gradient across the devices (one ``psum`` of a scalar).
         stats_every: sample ``state.gradient_stats`` every N-th update, one read pass (default None; "auto": 16).
 
     Returns:
@@ -443,7 +444,7 @@ def loss_scale_optimizer(
         elif max_norm is None:
             finite = all_finite(grads if rule.min_scale >= 1 else unscale(grads, scale))
         else:  # one pass gives both the global norm and the finite flag
-            norm = jnp.sqrt(squared_norm(grads, scale))
+            norm = jnp.sqrt(squared_norm(grads, scale, axes))
             finite = jnp.isfinite(norm)
             factor = jnp.where(norm < max_norm, jnp.float32(1), jnp.float32(max_norm) / norm)
         if axes is not None:
