@@ -217,6 +217,17 @@ def test_get_scaled_loss_tensor_and_callable():
     assert float(opt.scale_loss(ops.convert_to_tensor(1.5))) == 12.0
 
 
+def test_scale_loss_promotes_a_half_precision_loss_as_keras_3_does():
+    """Keras 3's scale_loss multiplies by the float32 scale variable: a float16 loss of 3 at 2**15 is 98304 in
+    float32, not inf in float16 (get_scaled_loss, TF's name, keeps TF's dtype)."""
+    for cls in (keras.optimizers.LossScaleOptimizer, lsk.LossScaleOptimizer):
+        opt = cls(keras.optimizers.SGD(1.0))
+        opt.build([keras.Variable(np.zeros(1, np.float32))])
+        scaled = opt.scale_loss(ops.cast(3.0, "float16"))
+        assert keras.backend.standardize_dtype(scaled.dtype) == "float32" and float(scaled) == 98304.0, cls
+    assert keras.backend.standardize_dtype(opt.get_scaled_loss(ops.cast(3.0, "float16")).dtype) == "float16"
+
+
 def test_minimize_tensorflow_seed_example():
     if BACKEND != "tensorflow":
         with pytest.raises(NotImplementedError, match="apply"):

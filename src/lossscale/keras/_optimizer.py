@@ -318,7 +318,11 @@ class LossScaleOptimizer(TFMethods, keras.optimizers.LossScaleOptimizer):
         return scale_loss(loss, self.loss_scale)
 
     def scale_loss(self, loss: Any) -> Any:
-        """Keras 3's name for :meth:`get_scaled_loss` (what ``fit`` calls)."""
+        """Keras 3's name for :meth:`get_scaled_loss` (what ``fit`` calls), with Keras 3's dtype: a float16 or
+        bfloat16 loss comes back in float32 (``3.0 * 2**15`` overflows float16), a wider one in its own."""
+        loss = ops.convert_to_tensor(loss)
+        if keras.backend.standardize_dtype(loss.dtype) in ("float16", "bfloat16"):
+            loss = ops.cast(loss, "float32")
         return self.get_scaled_loss(loss)
 
     def get_unscaled_gradients(self, grads: Sequence[Any]) -> list[Any]:
