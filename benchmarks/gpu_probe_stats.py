@@ -87,27 +87,6 @@ def torch_part(steps: int) -> None:
             print(f"  {key[:48]:48s} {count / steps:7.2f}/step {us / steps:8.1f} us/step")
 
 
-def _sum_check(leaves: list) -> tuple:
-    """``all_finite``'s checks before its ``lax.cond``, op for op: ``(flag of the float16/bfloat16/other leaves,
-    isfinite(float32 sum of the float32/float64 leaves' sums))``; where the sum is not finite, the exact check of the
-    float32/float64 leaves decides."""
-    import jax.numpy as jnp
-
-    from lossscale.jax._grads import _exactly_finite
-
-    leaves = [jnp.asarray(leaf) for leaf in leaves]
-    wide = [leaf for leaf in leaves if leaf.dtype in (jnp.float32, jnp.float64)]
-    half = [leaf for leaf in leaves if leaf.dtype in (jnp.float16, jnp.bfloat16)]
-    other = [leaf for leaf in leaves if leaf.dtype not in (jnp.float32, jnp.float64, jnp.float16, jnp.bfloat16)]
-    flag = _exactly_finite(other)
-    for leaf in half:
-        flag = flag & jnp.isfinite(jnp.max(jnp.abs(leaf), initial=0).astype(jnp.float32))
-    total = jnp.zeros((), jnp.float32)
-    for leaf in wide:
-        total = total + jnp.sum(leaf).astype(jnp.float32)
-    return flag, jnp.isfinite(total)
-
-
 def switch_sample_if_due(every: int, grads: list, stats: object, axes: object = None, check: object = None) -> tuple:
     """``sample_if_due`` (with a check) as one ``lax.switch``, which also stands for ``all_finite``'s own conditional:
     index 2 when due (the measurement; finite = isfinite(amax)), else 0 when the sum check is finite (finite, the kept
@@ -116,11 +95,12 @@ def switch_sample_if_due(every: int, grads: list, stats: object, axes: object = 
     import jax.numpy as jnp
     from jax import lax
 
-    from lossscale.jax._grads import _exactly_finite
+    from lossscale.jax._grads import _exactly_finite, sum_checks
     from lossscale.jax._stats import _varying_as, is_due, measure
 
     count, kept = jnp.asarray(stats.count), stats.sample
-    flag, summed = _sum_check(grads)
+    flag, summed, _ = sum_checks(grads)  # all_finite's checks before its cond
+    summed = jnp.ones((), bool) if summed is None else summed
 
     def take(g: list) -> tuple:
         sample = measure(g, count, axes)

@@ -80,21 +80,30 @@ def all_finite(tree: Any) -> jax.Array:
     >>> bool(lsj.all_finite([jnp.full(2, 3e38), jnp.full(2, 3e38)]))      # the sum overflows; the values do not
     True
     """
-    leaves = [jnp.asarray(leaf) for leaf in jax.tree_util.tree_leaves(tree)]
+    flag, summed, wide = sum_checks(jax.tree_util.tree_leaves(tree))
+    if summed is None:
+        return flag
+    # The taken branch returns the flag, not a constant: both then vary over the gradients' shard_map axes.
+    return flag & lax.cond(summed, lambda: summed, lambda: _exactly_finite(wide))
+
+
+def sum_checks(leaves: list[Any]) -> tuple[jax.Array, jax.Array | None, list[jax.Array]]:
+    """:func:`all_finite` before its ``lax.cond``: ``(flag, summed, wide)``, ``flag`` the exact check of the
+    float16/bfloat16 (``max(|x|)``) and other leaves, ``summed`` whether the float32 sum of the float32/float64
+    leaves' sums is finite (None without such leaves), ``wide`` those leaves (for the exact check)."""
+    leaves = [jnp.asarray(leaf) for leaf in leaves]
     wide = [leaf for leaf in leaves if leaf.dtype in (jnp.float32, jnp.float64)]
     half = [leaf for leaf in leaves if leaf.dtype in (jnp.float16, jnp.bfloat16)]
     other = [leaf for leaf in leaves if leaf.dtype not in (jnp.float32, jnp.float64, jnp.float16, jnp.bfloat16)]
     flag = _exactly_finite(other)  # complex (|z| can overflow where z does not), and any other dtype
     for leaf in half:
         flag = flag & jnp.isfinite(jnp.max(jnp.abs(leaf), initial=0).astype(jnp.float32))
-    if wide:
-        total = jnp.zeros((), jnp.float32)
-        for leaf in wide:
-            total = total + jnp.sum(leaf).astype(jnp.float32)
-        summed = jnp.isfinite(total)
-        # The taken branch returns the flag, not a constant: both then vary over the gradients' shard_map axes.
-        flag = flag & lax.cond(summed, lambda: summed, lambda: _exactly_finite(wide))
-    return flag
+    if not wide:
+        return flag, None, wide
+    total = jnp.zeros((), jnp.float32)
+    for leaf in wide:
+        total = total + jnp.sum(leaf).astype(jnp.float32)
+    return flag, jnp.isfinite(total), wide
 
 
 def nested_all_finite(tree: Any) -> jax.Array:

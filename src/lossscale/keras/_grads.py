@@ -11,12 +11,13 @@ from keras import ops
 
 __all__ = ["all_finite", "nested_all_finite", "reciprocal", "scale_loss", "unscale"]
 
-def _times(x: Any, factor: Callable[[str], Any]) -> Any:
-    """``x * factor(wide)`` in ``wide``, ``x``'s dtype widened to at least float32; rounded back to ``x``'s dtype."""
+def _times(x: Any, factor: Callable[[str], Any], round_back: bool = True) -> Any:
+    """``x * factor(wide)`` in ``wide``, ``x``'s dtype widened to at least float32; rounded back to ``x``'s dtype
+    unless ``round_back`` is False."""
     dtype = keras.backend.standardize_dtype(x.dtype)
     wide = "float32" if dtype in ("float16", "bfloat16") else dtype
     value = ops.multiply(ops.cast(x, wide), factor(wide))
-    return value if wide == dtype else ops.cast(value, dtype)
+    return value if wide == dtype or not round_back else ops.cast(value, dtype)
 
 
 def reciprocal(scale: Any, dtype: str = "float32") -> Any:
@@ -24,9 +25,10 @@ def reciprocal(scale: Any, dtype: str = "float32") -> Any:
     return ops.divide(ops.ones((), dtype), ops.cast(scale, dtype))
 
 
-def scale_loss(loss: Any, scale: Any) -> Any:
-    """``loss * scale``, computed in at least float32 and returned in ``loss``'s dtype. Cost: one multiply."""
-    return _times(ops.convert_to_tensor(loss), lambda wide: ops.cast(scale, wide))
+def scale_loss(loss: Any, scale: Any, keep_dtype: bool = True) -> Any:
+    """``loss * scale``, computed in at least float32 and returned in ``loss``'s dtype (TF's), or in that wider dtype
+    if not ``keep_dtype`` (Keras 3's). Cost: one multiply."""
+    return _times(ops.convert_to_tensor(loss), lambda wide: ops.cast(scale, wide), keep_dtype)
 
 
 def unscale(grads: Sequence[Any], scale: Any, keep: Sequence[bool] | None = None) -> list[Any]:

@@ -103,7 +103,8 @@ class UnscaleStage:
 
     A call arms the next apply (its gradients are taken as already unscaled unless they are the call's inputs),
     except a call on the gradients the last apply took (logging after a step), and the note holds only in the
-    trace it was made in (a call made eagerly does not reach the first step ``fit`` traces)."""
+    trace it was made in (a call made eagerly does not reach the first step ``fit`` traces). Cost: one weak
+    reference per gradient per apply (eager: about 60 ns each; traced: at trace time only)."""
 
     def __init__(self) -> None:
         self._local = threading.local()
@@ -320,10 +321,8 @@ class LossScaleOptimizer(TFMethods, keras.optimizers.LossScaleOptimizer):
     def scale_loss(self, loss: Any) -> Any:
         """Keras 3's name for :meth:`get_scaled_loss` (what ``fit`` calls), with Keras 3's dtype: a float16 or
         bfloat16 loss comes back in float32 (``3.0 * 2**15`` overflows float16), a wider one in its own."""
-        loss = ops.convert_to_tensor(loss)
-        if keras.backend.standardize_dtype(loss.dtype) in ("float16", "bfloat16"):
-            loss = ops.cast(loss, "float32")
-        return self.get_scaled_loss(loss)
+        self._scale.observer.note_loss(loss)
+        return scale_loss(loss, self.loss_scale, keep_dtype=False)
 
     def get_unscaled_gradients(self, grads: Sequence[Any]) -> list[Any]:
         """A new list: each gradient times ``1/loss_scale`` in its own dtype; None stays None. One multiply, no sync.
