@@ -12,8 +12,8 @@ import numpy as np
 
 from ._policy import COUNTER_MAX, LossScale, RuleParams
 
-__all__ = ["COUNTER_MAX", "LossScaleState", "advance_in_place", "count_up", "initial_state", "next_skip_counters",
-           "next_state"]
+__all__ = ["COUNTER_MAX", "KernelForm", "LossScaleState", "advance_in_place", "count_up", "initial_state",
+           "kernel_form", "next_skip_counters", "next_state"]
 
 
 class LossScaleState(NamedTuple):
@@ -172,3 +172,78 @@ def advance_in_place(params: RuleParams, views: LossScaleState, finite: bool) ->
         new = _next_state(params, scalars, np.bool_(finite), _HostScalars)
     for view, value in zip(views, new):
         view[...] = value
+
+
+class KernelForm(NamedTuple):
+    """:func:`next_state` of one policy as GradScaler's update kernel and a floor (see :func:`kernel_form`).
+
+    Attributes:
+        dynamic: False for a fixed scale (only the skip counters move).
+        growth_factor: the kernel's ``S * growth_factor``: the policy's, rounded to float32 (a Python float).
+        backoff_factor: the kernel's ``S * backoff_factor``: ``1 / divisor`` or the multiplier, rounded to float32.
+        growth_interval: the policy's growth interval.
+        floor: ``min_scale`` as float32: after a backoff ``S <- max(S, floor)``.
+    """
+
+    dynamic: bool
+    growth_factor: float
+    backoff_factor: float
+    growth_interval: int
+    floor: float
+
+
+def _float32(value: float) -> float | None:
+    """``value`` rounded to float32 as the rule's arithmetic rounds a constant, or None where that is not finite."""
+    with np.errstate(over="ignore"):
+        rounded = np.float32(value)
+    return float(rounded) if np.isfinite(rounded) else None
+
+
+def kernel_form(params: RuleParams) -> KernelForm | None:
+    """:func:`next_state` for ``params`` as the few fused operations an accelerator runs, or None where they would
+    not give the same bits (the binding then runs :func:`next_state` itself).
+
+    The form, per step, with ``inf`` the step's found-inf flag (1.0 or 0.0)::
+
+        S, good = amp_update(S, good, inf, growth_factor, backoff_factor, growth_interval)   # torch's GradScaler kernel
+        S = max(S, inf * floor)                                                               # the floor, on a backoff
+        skipped += inf;  streak = inf + inf * streak                                          # the skip counters
+
+    ``amp_update`` is ``S *= backoff_factor; good = 0`` on an overflow; otherwise ``good += 1`` and, when ``good``
+    reaches ``growth_interval``, ``good = 0`` and ``S *= growth_factor`` unless that is not finite. That is this
+    module's rule exactly when:
+
+    - ``hysteresis == 1`` and there is no ``max_scale`` (the kernel knows neither);
+    - the backoff is one multiplication (a multiplier with no divisor, or a power-of-two divisor). The rule
+      multiplies the float32 scale by a constant rounded to float32; the kernel multiplies in float64 by the
+      factor it is given and rounds once to float32. Given the same float32-rounded factor, both round the same
+      exact product (two float32 significands multiply exactly in float64) once, so the bits agree;
+    - and, checked by the binding on the host, not here: ``good < growth_interval`` before the step (the kernel
+      grows at ``==``, the rule at ``>=``; one step of :func:`next_state` restores it after a change of policy or
+      a load), and the counters are far enough below :data:`COUNTER_MAX` that adding 1 cannot pass it (the form
+      does not saturate).
+
+    >>> from lossscale import DynamicLossScale
+    >>> kernel_form(DynamicLossScale().rule_params())
+    KernelForm(dynamic=True, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000, floor=1.0)
+    >>> kernel_form(DynamicLossScale(hysteresis=2).rule_params()) is None
+    True
+    """
+    floor = _float32(params.min_scale)
+    if floor is None:
+        return None
+    if not params.dynamic:
+        return KernelForm(False, 1.0, 1.0, 1, floor)
+    growth = _float32(params.growth_factor)
+    if params.hysteresis != 1 or params.max_scale is not None or growth is None:
+        return None
+    multiplier, divisor = params.backoff_multiplier, params.backoff_divisor
+    if divisor == 1.0:
+        backoff = _float32(multiplier)
+    elif multiplier == 1.0 and math.frexp(divisor)[0] == 0.5:
+        backoff = _float32(1.0 / divisor)
+    else:
+        return None
+    if backoff is None or backoff == 0.0:
+        return None
+    return KernelForm(True, growth, backoff, params.growth_interval, floor)

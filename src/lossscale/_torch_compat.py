@@ -13,13 +13,19 @@ from torch.utils._python_dispatch import TorchDispatchMode
 __all__ = ["AMP_SCALING", "TorchDispatchMode", "foreach_abs", "foreach_add", "foreach_ceil_", "foreach_copy_",
            "foreach_mul", "foreach_mul_", "foreach_norm", "foreach_sign_",
            "group_in_python", "group_tensors_by_device_and_dtype", "init_step_hooks", "non_finite_check_and_unscale_",
-           "sparse_values", "step_with_scale"]
+           "sparse_values", "step_with_scale", "update_scale_"]
 
 #: ``{(device, dtype): (tensorlists, indices)}``, grouped in C++ (torch.optim's foreach and fused paths use it).
 group_tensors_by_device_and_dtype = _group_tensors_by_device_and_dtype
 
 #: ``tensors *= inv_scale`` in place (float32 math for half types); ``found_inf = 1.0`` on a NaN/Inf input.
 non_finite_check_and_unscale_ = torch._amp_foreach_non_finite_check_and_unscale_
+
+#: GradScaler's scale update in one kernel, in place on ``(scale, growth_tracker)`` (float32, int32) given a float32
+#: found-inf flag: a backoff ``scale *= backoff_factor`` on an overflow, else growth at ``growth_interval`` finite
+#: steps unless not finite. Arguments: ``(scale, growth_tracker, found_inf, growth_factor, backoff_factor,
+#: growth_interval)``; the factors are multiplied in float64.
+update_scale_ = torch._amp_update_scale_
 
 # Multi-tensor kernels (torch's "beta" foreach API; torch.optim and clip_grad_norm_ call them).
 foreach_mul_ = torch._foreach_mul_

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from ._rule import KernelForm, LossScaleState
 from ._stats import FLOAT16_TINY, GradientStats, summarize_columns
 from ._torch_compat import (
     foreach_abs,
@@ -24,9 +25,10 @@ from ._torch_compat import (
     group_tensors_by_device_and_dtype,
     non_finite_check_and_unscale_,
     sparse_values,
+    update_scale_,
 )
 
-__all__ = ["GradGroups", "check_finite", "check_param_grads_", "combine_flags", "dtensor_type", "gradient_stats",
+__all__ = ["GradGroups", "advance_scale_", "check_finite", "check_param_grads_", "combine_flags", "dtensor_type", "gradient_stats",
            "move", "reciprocal", "sample_columns", "scaled_norm", "tensor_sums", "unscale_and_check_", "unscaled_copies"]
 
 
@@ -82,8 +84,37 @@ def move(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 
 def reciprocal(scale: torch.Tensor) -> torch.Tensor:
-    """``1 / scale`` computed in float64, returned as float32 (exact for powers of two)."""
-    return scale.double().reciprocal().float()
+    """``1 / scale`` in float32: one op. The same bits as computing it in float64 and rounding to float32 (an IEEE
+    division is correctly rounded, and a float32 quotient rounded through float64 is too), and exact for powers of
+    two; tested on every float32 power of two and random scales."""
+    return torch.reciprocal(scale)
+
+
+def advance_scale_(form: KernelForm, state: LossScaleState, found_inf: torch.Tensor, *, above_floor: bool) -> None:
+    """``state <- next_state(policy, state, found_inf == 0)`` in place, by :func:`lossscale._rule.kernel_form`'s
+    fused form: 5 operators for a dynamic policy (GradScaler's update kernel, the floor, the skip counters in
+    three), 3 for a fixed one; no host sync.
+
+    Args:
+        form: the policy's :class:`~lossscale._rule.KernelForm`.
+        state: the live state tensors, changed in place.
+        found_inf: a 0-d float32 flag on the state's device, 0.0 or 1.0.
+        above_floor: known that ``S >= form.floor`` before the step: the floor is then ``clamp_min_`` (it can only
+            act after a backoff); otherwise ``S = max(S, found_inf * floor)``, one operator more.
+
+    The caller checks the form's other host conditions (``good_steps < growth_interval``, counters below their
+    limit), which this does not read."""
+    with torch.no_grad():
+        inf = found_inf.to(torch.int32)
+        if form.dynamic:
+            update_scale_(state.loss_scale, state.good_steps, found_inf, form.growth_factor, form.backoff_factor,
+                          form.growth_interval)
+            if above_floor:
+                state.loss_scale.clamp_min_(form.floor)
+            else:
+                torch.maximum(state.loss_scale, found_inf * form.floor, out=state.loss_scale)
+        state.skipped_steps.add_(inf)
+        torch.addcmul(inf, inf, state.consecutive_skips, out=state.consecutive_skips)
 
 
 def combine_flags(flags: list[torch.Tensor], device: torch.device) -> torch.Tensor:

@@ -155,7 +155,7 @@ class GradScaler:
             ref = weakref.ref(optimizer)  # the value must not keep its weak key alive
             params = lambda: [p for g in ref().param_groups for p in g["params"]]  # type: ignore[union-attr]
             step = OptimizerStep(self._owner, FlagAgreement(None, params), self._diagnostics, self._sampler,
-                                 self._slots)
+                                 self._slots, own_counters=False)
             self._slots += 1
             self._steps[optimizer] = step
         return step

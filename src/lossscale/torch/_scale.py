@@ -14,9 +14,9 @@ import torch
 from .._auto import AutoLossScale
 from .._policy import DynamicLossScale, LossScale
 from .._resolve import resolve_loss_scale
-from .._rule import LossScaleState, advance_in_place, initial_state, next_state
+from .._rule import COUNTER_MAX, LossScaleState, advance_in_place, initial_state, kernel_form, next_state
 from .._torch_compat import foreach_copy_
-from .._torch_kernels import move, reciprocal
+from .._torch_kernels import advance_scale_, move, reciprocal
 from ._checkpoint import ScaleRecord
 
 __all__ = [
@@ -26,11 +26,29 @@ __all__ = [
 
 
 class ScaleState:
-    """A policy and its five live 0-d tensors (float32 scale, four int32 counters); the only code that changes them."""
+    """A policy and its five live 0-d tensors (float32 scale, four int32 counters); the only code that changes them.
+
+    How a step moves them (:meth:`advance`):
+
+    - on the CPU, :func:`~lossscale._rule.advance_in_place` on numpy views of the tensors' memory: no operator at
+      all, a few microseconds of Python;
+    - elsewhere, where :func:`~lossscale._rule.kernel_form` covers the policy, its fused form
+      (:func:`~lossscale._torch_kernels.advance_scale_`): 6 operators, one of them GradScaler's update kernel;
+    - otherwise :func:`~lossscale._rule.next_state` on the tensors: about 33 operators.
+
+    None reads the device. What the fused form needs known of the state is kept here as plain Python, known at
+    construction and read once at a load (one host read off the CPU):
+
+    - ``_room``: how many more steps cannot carry a skip counter past ``COUNTER_MAX`` (the form does not saturate);
+    - ``_growth_known``: whether ``good_steps < growth_interval`` holds (false after a load or a shorter interval,
+      until one step of the rule restores it);
+    - ``_above_floor``: whether ``S >= min_scale`` holds, so that the floor is one ``clamp_min_`` instead of two
+      operators (false after a scale set by hand below it, or a higher floor)."""
 
     def __init__(self, policy: LossScale, device: torch.device | str | None = None) -> None:
+        self._growth_known = self._above_floor = True
         self._set_policy(policy)
-        self._set_tensors(initial_state(policy, torch, device=device))
+        self._set_tensors(initial_state(policy, torch, device=device), room=COUNTER_MAX - 1)
 
     @property
     def policy(self) -> LossScale:
@@ -52,24 +70,30 @@ class ScaleState:
     def to_(self, device: torch.device) -> None:
         """Moves the state to ``device`` (done for you when gradients move)."""
         if self.device != device:
-            self._set_tensors(LossScaleState(*(t.to(device) for t in self.tensors)))
+            self._set_tensors(LossScaleState(*(t.to(device) for t in self.tensors)), room=self._room)
 
     def advance(self, found_inf: torch.Tensor) -> None:
-        """``state <- next_state(policy, state, found_inf == 0)`` in place: about 20 scalar ops, no sync."""
+        """``state <- next_state(policy, state, found_inf == 0)`` in place, no sync: on the CPU in numpy, elsewhere
+        by the fused form where it applies (6 operators), else by the rule on the tensors (about 33)."""
         if found_inf.device != self.tensors.loss_scale.device:
             found_inf = move(found_inf, self.device)
         views = self._host_views_now()
         if views is not None:
             advance_in_place(self._params, views, float(found_inf.detach().numpy()) == 0.0)
-            return
-        new = next_state(self._params, self.tensors, found_inf == 0, torch)
-        with torch.no_grad():
-            foreach_copy_(list(self.tensors), new)
+        elif self._form is not None and self._room > 0 and self._growth_known:
+            advance_scale_(self._form, self.tensors, found_inf, above_floor=self._above_floor)
+        else:
+            new = next_state(self._params, self.tensors, found_inf == 0, torch)
+            with torch.no_grad():
+                foreach_copy_(list(self.tensors), new)
+            self._growth_known = True  # the rule leaves good_steps below growth_interval
+        self._room = max(self._room - 1, 0)
 
     def assign(self, new: LossScaleState) -> None:
-        """Writes a rule's new state in place (``AutoLossScale``'s)."""
+        """Writes a rule's new state in place (``AutoLossScale``'s, one step's)."""
         with torch.no_grad():
             foreach_copy_(list(self.tensors), list(new))
+        self._room, self._growth_known = max(self._room - 1, 0), False
 
     def set_scale(self, value: torch.Tensor, found_inf: torch.Tensor | None = None) -> None:
         """``S <- value`` in place, the growth counters kept, ``found_inf`` counted as for a fixed scale; no sync."""
@@ -77,14 +101,17 @@ class ScaleState:
         if found_inf is not None:
             finite = move(found_inf, self.device) == 0
             tensors = list(next_state(replace(self._params, dynamic=False), self.tensors, finite, torch))
+            self._room = max(self._room - 1, 0)
         with torch.no_grad():
             foreach_copy_(list(self.tensors), [move(value, self.device).reshape(()).float(), *tensors[1:]])
+        self._above_floor = False  # not read: the floor takes its exact two-operator form from now on
 
     def record(self) -> ScaleRecord:
         return ScaleRecord(self._policy, LossScaleState(*(t.detach().clone() for t in self.tensors)))
 
     def load(self, record: ScaleRecord) -> None:
         self._set_policy(record.policy)
+        self._growth_known = False
         self._set_tensors(LossScaleState(*(t.to(self.device, copy=True) for t in record.state)))
 
     def __getstate__(self) -> dict[str, Any]:
@@ -93,17 +120,35 @@ class ScaleState:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         record = ScaleRecord.from_dict(state["record"])  # validated as a state dict is
+        self._growth_known = self._above_floor = False
         self._set_policy(record.policy)
         self._set_tensors(LossScaleState(*(t.to(state["device"]) for t in record.state)))
 
     def _set_policy(self, policy: LossScale) -> None:
-        self._policy, self._params = policy, policy.rule_params()
-        self.can_go_below_one = self._params.min_scale < 1
+        params = policy.rule_params()
+        old = getattr(self, "_params", None)
+        if old is not None and params.growth_interval < old.growth_interval:
+            self._growth_known = False  # good_steps may now be at or past the interval
+        if old is not None and params.min_scale > old.min_scale:
+            self._above_floor = False
+        self._policy, self._params, self._form = policy, params, kernel_form(params)
+        self.can_go_below_one = params.min_scale < 1
 
-    def _set_tensors(self, tensors: LossScaleState) -> None:
+    def _set_tensors(self, tensors: LossScaleState, room: int | None = None) -> None:
+        """Takes ``tensors`` as the live state. ``room`` None: a state from a load, whose counters and scale are
+        read once for the class docstring's host knowledge (one host read off the CPU; on ``meta``, where nothing
+        can be read, the fused form is not used)."""
         self.tensors = tensors
         self._host_views: LossScaleState | None = None
         self._host_pointers: tuple[int, ...] = ()
+        if room is None:
+            if tensors.loss_scale.device.type == "meta":
+                room, self._above_floor = 0, False
+            else:
+                values = torch.stack([t.detach().double() for t in tensors]).tolist()
+                room = COUNTER_MAX - 1 - int(max(values[3], values[4]))
+                self._above_floor = values[0] >= self._params.min_scale
+        self._room = max(room, 0)
 
     def _host_views_now(self) -> LossScaleState | None:
         """Numpy views of the CPU tensors' memory; None off the CPU or compiling."""
@@ -267,6 +312,7 @@ class SharedLossScale(ScaleOwner):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         scale = state["scale"]
+        self._growth_known = self._above_floor = False
         self._set_policy(scale.policy)
         self._set_tensors(scale.tensors)
         self._pending = None
@@ -331,6 +377,7 @@ class IterationScale(SharedLossScale):
         if growth_tracker is not None:
             with torch.no_grad():
                 self.state.good_steps.fill_(min(int(growth_tracker), 2**31 - 1))
+            self._growth_known = False
 
     def set_policy(self, policy: DynamicLossScale) -> None:
         """Follows ``policy`` from the next update on; the scale and its counters stay."""

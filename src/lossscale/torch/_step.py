@@ -89,16 +89,28 @@ class StepRecord:
 
 
 class StepCounters:
-    """One optimizer's own ``steps``, ``skipped_steps`` and ``consecutive_skips`` (core: ``next_skip_counters``)."""
+    """One optimizer's own ``steps``, ``skipped_steps`` and ``consecutive_skips`` (core: ``next_skip_counters``).
 
-    def __init__(self) -> None:
+    Args:
+        scale: the optimizer's private scale, whose state's skip counters count exactly this optimizer's steps:
+            they are then read there, and counting costs nothing on the device. None (a scale shared by several
+            optimizers, whose counters count iterations): this optimizer keeps its own.
+        tracked: with no ``scale``, whether the skip counters are kept at all (a GradScaler keeps them only for
+            its stall guard; the Python step count is kept always).
+    """
+
+    def __init__(self, scale: Any = None, tracked: bool = True) -> None:
         self.steps = 0
+        self._scale, self._tracked = scale, tracked
         self._skipped: torch.Tensor | None = None
         self._streak: torch.Tensor | None = None
 
     def count(self, found_inf: torch.Tensor) -> None:
-        """Counts one step: on CPU on numpy views, elsewhere three scalar ops; no sync."""
+        """Counts one step: with a private scale nothing more (its rule counts), else on CPU on numpy views,
+        elsewhere three scalar ops; no sync."""
         self.steps += 1
+        if self._scale is not None or not self._tracked:
+            return
         device = found_inf.device
         if self._skipped is None:
             self._skipped = torch.zeros((), dtype=torch.int32, device=device)
@@ -114,18 +126,32 @@ class StepCounters:
             return
         self._skipped, self._streak = next_skip_counters(self._skipped, self._streak, found_inf == 0, torch)
 
+    def _live(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        if self._scale is not None:
+            state = self._scale.state
+            return state.skipped_steps, state.consecutive_skips
+        return self._skipped, self._streak
+
     def skipped_steps(self, device: torch.device) -> torch.Tensor:
-        return torch.zeros((), dtype=torch.int32, device=device) if self._skipped is None else self._skipped.clone()
+        skipped = self._live()[0]
+        return torch.zeros((), dtype=torch.int32, device=device) if skipped is None else skipped.clone()
 
     def consecutive_skips(self, device: torch.device) -> torch.Tensor:
-        return torch.zeros((), dtype=torch.int32, device=device) if self._streak is None else self._streak.clone()
+        streak = self._live()[1]
+        return torch.zeros((), dtype=torch.int32, device=device) if streak is None else streak.clone()
 
     def record(self) -> CounterRecord:
-        return CounterRecord(self.steps, self._skipped, self._streak)
+        skipped, streak = self._live()
+        if self._scale is not None:  # copies: the scale's tensors move on
+            skipped, streak = skipped.detach().clone(), streak.detach().clone()  # type: ignore[union-attr]
+        return CounterRecord(self.steps, skipped, streak)
 
     def load(self, record: CounterRecord, scale: LossScaleState) -> None:
-        """Takes over ``record``; counts it lacks come from ``scale``'s state."""
+        """Takes over ``record``; counts it lacks come from ``scale``'s state. With a private scale, the scale's
+        counters are this optimizer's: the record's step count only is taken."""
         self.steps = record.steps
+        if self._scale is not None:
+            return
         skipped = scale.skipped_steps if record.skipped_steps is None else record.skipped_steps
         streak = scale.consecutive_skips if record.consecutive_skips is None else record.consecutive_skips
         device = scale.loss_scale.device
@@ -223,13 +249,16 @@ class OptimizerStep:
     """One optimizer's step over one scale owner; ``slot``: its index in a GradScaler's shared ``sampler``."""
 
     def __init__(self, owner: Any, agree: FlagAgreement | None = None, diagnostics: Diagnostics | None = None,
-                 sampler: StatsSampler | None = None, slot: int | None = None) -> None:
+                 sampler: StatsSampler | None = None, slot: int | None = None, *, own_counters: bool = True) -> None:
+        """``own_counters``: with a shared ``owner``, whether this optimizer keeps skip counters of its own (a
+        GradScaler's optimizers keep them only for a stall guard)."""
         self.owner = owner
         self.agree = agree
         self.diagnostics = Diagnostics(None, False, None, None) if diagnostics is None else diagnostics
         self.record = StepRecord()
         self.tracker = FusedStateTracker()
-        self.counters = StepCounters()
+        private = owner if owner.advances_each_step else None
+        self.counters = StepCounters(private, own_counters or self.diagnostics.guard is not None)
         self.sampler, self.slot = sampler, slot
         self._in_closure = False
 
