@@ -1,79 +1,209 @@
-"""GPU kernels launched per optimizer step: plain, ``torch.amp.GradScaler``, and lossscale's variants (CUDA only).
+"""What loss scaling adds to a torch optimizer step: operators on ``meta`` tensors (no GPU needed), or CUDA kernels.
 
-On a GPU a small model's step is bound by launches (each eager op is one kernel and about 5-20 us of host time),
-so the number of kernels loss scaling adds says more than its passes over the gradients. Counted with
-``torch.profiler`` over ``--steps`` steps after a warm-up, per step; "+kernels" is over the plain step.
+On a GPU a small model's step is bound by launches (each eager operator is one kernel and about 5-20 us of host
+time), so what loss scaling adds is counted here rather than timed.
 
-* ``plain``: fused AdamW ``step()`` on unscaled gradients;
-* ``GradScaler``: ``scale``, ``step``, ``update``;
-* ``dynamic``: ``LossScaleOptimizer(..., "dynamic")`` (TensorFlow's rule);
-* ``auto``: ``loss_scale="auto"`` (a sample every 16 steps; its rule every step);
-* ``stats N=1``: ``"dynamic"`` with a sample every step.
+* ``--device meta`` (the default; runs anywhere): the aten operators one step dispatches, counted with a
+  ``TorchDispatchMode`` on parameters of device ``meta``, views and allocations left out. Meta tensors carry no data
+  and take every branch an accelerator takes (the library keeps its numpy host path for ``cpu``), so the count is
+  what a CUDA step launches. Host reads (``aten._local_scalar_dense``: on a GPU each is a sync) are counted apart;
+  the optimizer's own reads are not answered by meta tensors, so a read returns 0 ("no overflow").
+  Deterministic, so tests/torch/test_launch_counts.py pins them.
+* ``--device cuda``: CUDA kernels per step from ``torch.profiler``.
 
-Run:  python benchmarks/kernel_count.py [--params 1e6] [--tensors 100]
+Variants, each over a plain ``step()`` of the same inner optimizer:
+
+* ``GradScaler``: ``torch.amp.GradScaler``'s ``scale``, ``step``, ``update``;
+* ``lossscale GradScaler``: ``lossscale.torch.GradScaler``, the same calls;
+* ``dynamic``: ``LossScaleOptimizer(inner)`` (TensorFlow's rule);
+* ``auto``: ``loss_scale="auto"``, an unsampled and a sampled step;
+* ``stats N=16``: ``"dynamic"`` with ``stats_every=16``, an unsampled and a sampled step.
+
+Run:  python benchmarks/kernel_count.py [--device meta|cuda] [--params 1e6] [--tensors 100 1000]
+          [--optimizers adamw-fused adamw-foreach sgd]
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
+from collections.abc import Callable
+from typing import Any
 
 import torch
-from torch.profiler import ProfilerActivity, profile
+import torch.optim.optimizer as _optimizer_module
+from torch.utils._python_dispatch import TorchDispatchMode
 
-from lossscale.torch import LossScaleOptimizer
+from lossscale.torch import GradScaler, LossScaleOptimizer
 
 SCALE = 1024.0
+VARIANTS = ("GradScaler", "lossscale GradScaler", "dynamic", "auto", "stats N=16")
+OPTIMIZERS = ("adamw-fused", "adamw-foreach", "sgd")
+_ALLOCATIONS = {"empty.memory_format", "empty_strided.default"}
+_READ = torch.ops.aten._local_scalar_dense.default
+
+
+class OpCounter(TorchDispatchMode):
+    """Counts the operators dispatched inside it, by name: views, allocations and the profiler's markers left out
+    (they launch no kernel). A host read of a meta tensor is counted and answered with 0."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: collections.Counter[str] = collections.Counter()
+        self.reads = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        if func is _READ and args[0].device.type == "meta":
+            self.reads += 1
+            return 0
+        name = str(func)
+        if not func.is_view and func.__name__ not in _ALLOCATIONS and not name.startswith("profiler."):
+            self.ops[name] += func is not _READ
+            self.reads += func is _READ
+        return func(*args, **(kwargs or {}))
+
+    @property
+    def total(self) -> int:
+        return sum(self.ops.values())
+
+
+@contextlib.contextmanager
+def fused_on_meta():
+    """Lets torch's fused optimizers take ``meta`` parameters (their meta kernels exist; only the device check
+    refuses), for the count. Restored on exit."""
+    original = _optimizer_module._get_fused_kernels_supported_devices
+    _optimizer_module._get_fused_kernels_supported_devices = lambda: [*original(), "meta"]
+    try:
+        yield
+    finally:
+        _optimizer_module._get_fused_kernels_supported_devices = original
+
+
+def make_inner(kind: str, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+    if kind == "adamw-fused":
+        return torch.optim.AdamW(params, 1e-3, fused=True)
+    if kind == "adamw-foreach":
+        return torch.optim.AdamW(params, 1e-3, foreach=True)
+    if kind == "sgd":
+        return torch.optim.SGD(params, 1e-3, momentum=0.9, foreach=True)
+    raise ValueError(f"unknown optimizer {kind!r}; one of {', '.join(OPTIMIZERS)}")
+
+
+def make_step(variant: str, inner: torch.optim.Optimizer, loss: torch.Tensor) -> Callable[[], Any]:
+    """One iteration's loss-scaling calls around ``inner``'s step (the gradients are set apart)."""
+    if variant == "plain":
+        return inner.step
+    if variant in ("GradScaler", "lossscale GradScaler"):
+        cls = torch.amp.GradScaler if variant == "GradScaler" else GradScaler
+        scaler = cls(loss.device.type, init_scale=SCALE)
+        return lambda: (scaler.scale(loss), scaler.step(inner), scaler.update())
+    policy, every = {"dynamic": ("dynamic", None), "auto": ("auto", None), "stats N=16": ("dynamic", 16)}[variant]
+    opt = LossScaleOptimizer(inner, policy, stats_every=every)
+    return lambda: (opt.get_scaled_loss(loss), opt.step())
+
+
+def count_meta(variant: str, kind: str = "adamw-fused", params: float = 1e6, tensors: int = 100,
+               steps: int = 17) -> list[tuple[int, int]]:
+    """``(operators, host reads)`` of each of ``steps`` steps after 3 warm-up steps, over a plain step of ``kind``
+    (so the loss scaling's own), on ``tensors`` meta parameters of ``params`` elements in all. Step 0 of the list
+    is a sampled step of the ``stats_every=16`` variants (their 4th)."""
+    size = max(1, int(params) // tensors)
+    with fused_on_meta():
+        out = []
+        for name in ("plain", variant):
+            weights = [torch.nn.Parameter(torch.empty(size, device="meta")) for _ in range(tensors)]
+            loss = torch.ones((), device="meta")
+            inner = make_inner(kind, weights)
+            for w in weights:
+                w.grad = torch.empty_like(w)
+            with OpCounter():
+                inner.step()  # the inner state exists before loss scaling starts (as after any first step)
+            step = make_step(name, inner, loss)
+            counts = []
+            for i in range(3 + steps):
+                for w in weights:
+                    w.grad = torch.empty_like(w)
+                with OpCounter() as counter:
+                    step()
+                if i >= 3 or name == "plain":
+                    counts.append((counter.total, counter.reads))
+            out.append(counts)
+    (plain_ops, plain_reads), rows = out[0][-1], out[1]
+    return [(ops - plain_ops, reads - plain_reads) for ops, reads in rows]
+
+
+def summary(variant: str, kind: str, params: float, tensors: int) -> dict[str, Any]:
+    """The added operators of an unsampled and (statistics) a sampled step, and the host reads per step."""
+    rows = count_meta(variant, kind, params, tensors)
+    ops = [r[0] for r in rows]
+    sampled = variant in ("auto", "stats N=16")
+    return {"unsampled": ops[1] if sampled else ops[0], "sampled": ops[13] if sampled else None,
+            "reads": max(r[1] for r in rows), "steady": len(set(ops[1:13] + ops[14:])) == 1}
+
+
+def main_meta(args: argparse.Namespace) -> None:
+    print(f"# torch {torch.__version__}, meta tensors, {args.params:.0e} parameters; operators added over a plain "
+          "step of the same optimizer (host reads added in brackets)\n")
+    print("| optimizer | tensors | " + " | ".join(VARIANTS) + " |")
+    print("|---|---|" + "---|" * len(VARIANTS))
+    for kind in args.optimizers:
+        for tensors in args.tensors:
+            cells = []
+            for variant in VARIANTS:
+                row = summary(variant, kind, args.params, tensors)
+                text = str(row["unsampled"]) if row["sampled"] is None else f"{row['unsampled']} / {row['sampled']}"
+                cells.append(text + (f" [{row['reads']:+d}]" if row["reads"] else ""))
+            print(f"| {kind} | {tensors} | " + " | ".join(cells) + " |")
+    print("\nauto and stats N=16: unsampled / sampled step.")
+
+
+def main_cuda(args: argparse.Namespace) -> None:
+    from torch.profiler import ProfilerActivity, profile
+
+    if not torch.cuda.is_available():
+        raise SystemExit("--device cuda needs a CUDA device; --device meta counts without one.")
+    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, {args.params:.0e} parameters; CUDA kernels "
+          f"per step (mean of {args.steps}), added over a plain step\n")
+    print("| optimizer | tensors | " + " | ".join(VARIANTS) + " |\n|---|---|" + "---|" * len(VARIANTS))
+    for kind in args.optimizers:
+        for tensors in args.tensors:
+            size = max(1, int(args.params) // tensors)
+            per_step = {}
+            for variant in ("plain", *VARIANTS):
+                weights = [torch.nn.Parameter(torch.randn(size, device="cuda")) for _ in range(tensors)]
+                grads = [torch.full_like(w, 1e-3 * SCALE) for w in weights]
+                inner = make_inner(kind, weights)
+                step = make_step(variant, inner, torch.ones((), device="cuda"))
+
+                def run() -> None:
+                    for w, g in zip(weights, grads):  # noqa: B023
+                        w.grad = g.clone()  # noqa: B023
+                    step()  # noqa: B023
+
+                for _ in range(3):
+                    run()
+                torch.cuda.synchronize()
+                with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                    for _ in range(args.steps):
+                        run()
+                    torch.cuda.synchronize()
+                kernels = sum(1 for e in prof.events() if e.device_type.name == "CUDA")
+                per_step[variant] = kernels / args.steps
+            base = per_step.pop("plain")
+            print(f"| {kind} | {tensors} | " + " | ".join(f"{v - base:+.1f}" for v in per_step.values()) + " |")
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--device", choices=("meta", "cuda"), default="meta")
     parser.add_argument("--params", type=float, default=1e6)
-    parser.add_argument("--tensors", type=int, default=100)
-    parser.add_argument("--steps", type=int, default=32)
+    parser.add_argument("--tensors", type=int, nargs="+", default=[100, 1000])
+    parser.add_argument("--optimizers", nargs="+", choices=OPTIMIZERS, default=list(OPTIMIZERS))
+    parser.add_argument("--steps", type=int, default=32, help="profiled steps per variant (cuda)")
     args = parser.parse_args()
-    if not torch.cuda.is_available():
-        raise SystemExit("kernel_count.py needs a CUDA device.")
-    size = int(args.params) // args.tensors
-    params = [torch.nn.Parameter(torch.randn(size, device="cuda")) for _ in range(args.tensors)]
-    loss = torch.ones((), device="cuda")
-
-    def set_grads(scale: float) -> None:
-        for p in params:
-            p.grad = torch.full_like(p, 1e-3 * scale)
-
-    def variant(name: str):  # type: ignore[no-untyped-def]
-        inner = torch.optim.AdamW(params, 1e-3, fused=True)
-        if name == "plain":
-            return lambda: (set_grads(1.0), inner.step())
-        if name == "GradScaler":
-            scaler = torch.amp.GradScaler("cuda", init_scale=SCALE)
-            return lambda: (set_grads(SCALE), scaler.scale(loss), scaler.step(inner), scaler.update())
-        loss_scale, every = {"dynamic": ("dynamic", None), "auto": ("auto", None), "stats N=1": ("dynamic", 1)}[name]
-        opt = LossScaleOptimizer(inner, loss_scale, stats_every=every)
-        return lambda: (set_grads(SCALE), opt.get_scaled_loss(loss), opt.step())
-
-    rows = {}
-    for name in ("plain", "GradScaler", "dynamic", "auto", "stats N=1"):
-        run = variant(name)
-        for _ in range(3):
-            run()
-        set_grads(1.0)  # the gradients' own fills, counted apart below
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(args.steps):
-                run()
-            torch.cuda.synchronize()
-        kernels = collections.Counter(e.name for e in prof.events() if e.device_type.name == "CUDA")
-        rows[name] = (sum(kernels.values()) / args.steps, kernels)
-    fills = args.tensors  # set_grads: one fill per tensor per step
-    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, {args.params:.0e} parameters in "
-          f"{args.tensors} tensors, fused AdamW; kernels per step (the {fills} gradient fills left out)\n")
-    print("| variant | kernels/step | +kernels over plain | most launched (per step) |\n|---|---|---|---|")
-    base = rows["plain"][0] - fills
-    for name, (per_step, kernels) in rows.items():
-        top = ", ".join(f"{k[:40]} {v / args.steps:g}" for k, v in kernels.most_common(4))
-        print(f"| {name} | {per_step - fills:.1f} | {per_step - fills - base:+.1f} | {top} |")
+    (main_meta if args.device == "meta" else main_cuda)(args)
 
 
 if __name__ == "__main__":
