@@ -178,7 +178,7 @@ def main_cuda(args: argparse.Namespace) -> None:
 
                 def run() -> None:
                     for w, g in zip(weights, grads):  # noqa: B023
-                        w.grad = g.clone()  # noqa: B023
+                        w.grad = g.clone()
                     step()  # noqa: B023
 
                 for _ in range(3):

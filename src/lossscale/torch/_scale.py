@@ -45,6 +45,10 @@ class ScaleState:
     - ``_above_floor``: whether ``S >= min_scale`` holds, so that the floor is one ``clamp_min_`` instead of two
       operators (false after a scale set by hand below it, or a higher floor)."""
 
+    _room: int
+    _growth_known: bool
+    _above_floor: bool
+
     def __init__(self, policy: LossScale, device: torch.device | str | None = None) -> None:
         self._growth_known = self._above_floor = True
         self._set_policy(policy)
