@@ -3,7 +3,8 @@
 #   make test   .venv with lossscale[dev], then the whole suite: one pytest run, then tests/keras once per backend
 # Both pin torch with constraints.txt (the extras state ranges). CI adds `make lint` and `make test-core` (numpy
 # and pytest only, in .venv-core), and the release checks:
-#   make docs        the site from docs/ into site/ (mkdocs build --strict, in .venv-docs with the docs extra only:
+#   make docs        no internal words on the user pages (.ci/docs_words.py: issue numbers, commit hashes,
+#                    results folders, private modules), then the site from docs/ into site/ (mkdocs build --strict, in .venv-docs with the docs extra only:
 #                    the API pages come from griffe's static analysis of src/, no framework imported); then the API
 #                    reference's coverage of every public name (.ci/api_coverage.py)
 #   make docs-check  the built site in headless Chromium (Debian's chromium; apt-get installs it when missing)
@@ -96,6 +97,7 @@ lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
 
 docs: $(DOCS_VENV)/.installed
+	$(DOCS_VENV)/bin/python .ci/docs_words.py
 	NO_MKDOCS_2_WARNING=1 $(DOCS_VENV)/bin/mkdocs build --strict
 	$(DOCS_VENV)/bin/python .ci/api_coverage.py site
 
