@@ -9,6 +9,7 @@
 #                    reference's coverage of every public name (.ci/api_coverage.py)
 #   make docs-check  the built site in headless Chromium (Debian's chromium; apt-get installs it when missing)
 #   make wheel-check sdist + wheel, twine check, the wheel in a numpy-only venv (.ci/wheel_check.sh)
+#   make wheel       the wheel alone into dist/ (pip wheel), to install where there is no checkout (README)
 #   make typecheck   mypy over src/ with every framework (.venv), zero errors (config: pyproject.toml)
 # and the version matrix (.ci/test_matrix.py; CI runs its quick half, `make test-matrix ARGS=--ci`):
 #   make test-matrix each binding's tests against the oldest and newest release of each stated range, one venv
@@ -26,7 +27,7 @@ KERAS_BACKENDS := tensorflow jax torch
 KERAS_PATHS := $(wildcard tests/keras src/lossscale/keras)
 MAIN_IGNORES := --ignore=tests/keras --ignore=src/lossscale/keras
 
-.PHONY: demo test test-matrix test-main test-keras test-keras-distributed test-fast test-core lint ci bench clean docs docs-check wheel-check typecheck
+.PHONY: demo test test-matrix test-main test-keras test-keras-distributed test-fast test-core lint ci bench clean docs docs-check wheel wheel-check typecheck
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -104,6 +105,12 @@ docs: $(DOCS_VENV)/.installed
 docs-check: docs
 	@[ -x $(CHROMIUM) ] || (apt-get update -q && apt-get install -y -q chromium)
 	CHROMIUM=$(CHROMIUM) $(DOCS_VENV)/bin/python .ci/docs_browser_check.py site
+
+# The wheel (and nothing else) into dist/, to install lossscale where there is no checkout: pip's own build, in
+# an isolated environment; no venv of this project is needed.
+wheel:
+	rm -rf dist
+	$(PYTHON) -m pip wheel --no-deps --wheel-dir dist .
 
 wheel-check: $(DOCS_VENV)/.installed
 	TOOLS_PY=$(DOCS_VENV)/bin/python PYTHON=$(PYTHON) bash .ci/wheel_check.sh
