@@ -116,9 +116,20 @@ def site_pages(site: Path) -> list[str]:
 def check_layout(page, base: str, path: str) -> tuple[list[str], str]:
     """The problems :data:`LAYOUT_PROBLEMS` finds on one page (and the doctest blocks of an API page), and a note."""
     page.goto(base + path, wait_until="networkidle")
-    found = [f"{path or 'home'}: {problem}" for problem in page.evaluate(LAYOUT_PROBLEMS)]
+    # The theme's script still rewrites code blocks (copy buttons) after the load event; on a loaded machine a check
+    # can run in the middle of it. A problem counts only if it is still there a second later, and the doctest
+    # blocks are counted once they are all there (or after 10 s, when the count is what it is).
+    problems = page.evaluate(LAYOUT_PROBLEMS)
+    if problems:
+        page.wait_for_timeout(1000)
+        problems = [problem for problem in page.evaluate(LAYOUT_PROBLEMS) if problem in problems]
+    found = [f"{path or 'home'}: {problem}" for problem in problems]
     note = ""
     if path in API_PAGES:
+        try:
+            page.wait_for_function(f"() => ({DOCTEST_BLOCKS})()[0] >= {API_PAGES[path]}", timeout=10_000)
+        except PlaywrightTimeoutError:
+            pass  # reported below, with the count found
         blocks, outputs = page.evaluate(DOCTEST_BLOCKS)
         note = f"; {blocks} docstring examples as code blocks ({outputs} output lines)"
         if blocks < API_PAGES[path]:
