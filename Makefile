@@ -3,11 +3,13 @@
 #   make test   .venv with lossscale[dev], then the whole suite: one pytest run, then tests/keras once per backend
 # Both pin torch with constraints.txt (the extras state ranges). CI adds `make lint` and `make test-core` (numpy
 # and pytest only, in .venv-core), and the release checks:
-#   make docs        the site from docs/ into site/ (mkdocs build --strict, in .venv-docs with the docs extra only:
+#   make docs        no internal words on the user pages (.ci/docs_words.py: issue numbers, commit hashes,
+#                    results folders, private modules), then the site from docs/ into site/ (mkdocs build --strict, in .venv-docs with the docs extra only:
 #                    the API pages come from griffe's static analysis of src/, no framework imported); then the API
 #                    reference's coverage of every public name (.ci/api_coverage.py)
 #   make docs-check  the built site in headless Chromium (Debian's chromium; apt-get installs it when missing)
 #   make wheel-check sdist + wheel, twine check, the wheel in a numpy-only venv (.ci/wheel_check.sh)
+#   make wheel       the wheel alone into dist/ (pip wheel), to install where there is no checkout (README)
 #   make typecheck   mypy over src/ with every framework (.venv), zero errors (config: pyproject.toml)
 # and the version matrix (.ci/test_matrix.py; CI runs its quick half, `make test-matrix ARGS=--ci`):
 #   make test-matrix each binding's tests against the oldest and newest release of each stated range, one venv
@@ -25,7 +27,7 @@ KERAS_BACKENDS := tensorflow jax torch
 KERAS_PATHS := $(wildcard tests/keras src/lossscale/keras)
 MAIN_IGNORES := --ignore=tests/keras --ignore=src/lossscale/keras
 
-.PHONY: demo test test-matrix test-main test-keras test-keras-distributed test-fast test-core lint ci bench clean docs docs-check wheel-check typecheck
+.PHONY: demo test test-matrix test-main test-keras test-keras-distributed test-fast test-core lint ci bench clean docs docs-check wheel wheel-check typecheck
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -96,12 +98,19 @@ lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
 
 docs: $(DOCS_VENV)/.installed
+	$(DOCS_VENV)/bin/python .ci/docs_words.py
 	NO_MKDOCS_2_WARNING=1 $(DOCS_VENV)/bin/mkdocs build --strict
 	$(DOCS_VENV)/bin/python .ci/api_coverage.py site
 
 docs-check: docs
 	@[ -x $(CHROMIUM) ] || (apt-get update -q && apt-get install -y -q chromium)
 	CHROMIUM=$(CHROMIUM) $(DOCS_VENV)/bin/python .ci/docs_browser_check.py site
+
+# The wheel (and nothing else) into dist/, to install lossscale where there is no checkout: pip's own build, in
+# an isolated environment; no venv of this project is needed.
+wheel:
+	rm -rf dist
+	$(PYTHON) -m pip wheel --no-deps --wheel-dir dist .
 
 wheel-check: $(DOCS_VENV)/.installed
 	TOOLS_PY=$(DOCS_VENV)/bin/python PYTHON=$(PYTHON) bash .ci/wheel_check.sh

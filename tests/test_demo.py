@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import subprocess
@@ -294,3 +295,19 @@ def test_default_demo_meets_the_issue_bar(framework):
     k1 = result.k1_runs[framework]["fp16"]
     # At K = 1 this model's own gradients fit float16 (seeds 0-2: within 0.2 dB in torch, 1.3 dB in JAX).
     assert abs(k1.psnr_db - fp32.psnr_db) < 1.5
+
+
+def test_help_shows_every_default():
+    from lossscale.demo._cli import _parser
+
+    parser = _parser()
+    text = " ".join(parser.format_help().split())  # argparse wraps lines: compare with the spaces collapsed
+    defaults = DemoConfig()
+    for shown in (f"data split, weights and batch order (default: {defaults.seed})",
+                  f"divided by K (default: {defaults.global_batch_factor})", f"(default: {defaults.steps})",
+                  f"torch intra-op threads (default: {defaults.threads})", "(default: lossscale_demo.png)"):
+        assert shown in text, shown
+    options = [a for a in parser._actions if a.help and a.help != argparse.SUPPRESS and a.dest != "help"]
+    assert len(options) == 11
+    for action in options:
+        assert "(default: " in " ".join(parser._get_formatter()._expand_help(action).split()), action.dest

@@ -104,3 +104,42 @@ def test_the_site_shows_the_readme_quickstarts(page, heading):
     shown = re.search(r"```python\n(.*?)```", text, re.DOTALL).group(1)
     assert shown == first_python_block(heading)
     assert max(len(line) for line in shown.splitlines()) <= 100
+
+
+def test_install_is_from_a_checkout_until_the_package_is_on_an_index():
+    install = README.split("\n## Install\n", 1)[1].split("\n## ", 1)[0]
+    commands = re.search(r"```bash\n(.*?)```", install, re.DOTALL).group(1)
+    assert "pip install '.[torch]'" in commands and "pip install .  " in commands and "make wheel" in commands
+    assert "not on a package index yet" in install
+    # the bare index install is mentioned only as what comes later, not as a command to run now
+    assert "pip install lossscale" not in commands and "pip install 'lossscale[" not in commands
+    makefile = (Path(__file__).resolve().parents[1] / "Makefile").read_text()
+    assert "\nwheel:" in makefile and "pip wheel --no-deps --wheel-dir dist ." in makefile
+
+
+def test_the_setup_commands_say_how_long_they_take_and_name_the_fast_target():
+    section = README.split("\n## Two commands", 1)[1].split("\n## ", 1)[0]
+    assert "2-core machine" in section
+    assert re.search(r"`make demo`: \d+ to \d+ minutes", section)
+    assert re.search(r"`make test`: \d+ minutes to an hour", section)
+    assert "`make test-fast`" in section
+    makefile = (Path(__file__).resolve().parents[1] / "Makefile").read_text()
+    assert "\ntest-fast:" in makefile and '-m "not slow"' in makefile
+
+
+def test_the_demo_table_gives_the_range_over_the_seeds_of_docs_demo():
+    # The README's table is the range, over the seeds, of docs/demo.md's per-seed table: not one run's digits.
+    demo = (Path(__file__).resolve().parents[1] / "docs" / "demo.md").read_text(encoding="utf-8")
+    seeds = demo.split("### Three seeds", 1)[1]
+    rows = [line.split("|")[2:-1] for line in seeds.splitlines() if re.match(r"\| \d \|", line)]
+    assert len(rows) == 3
+    columns = [[float(cell.split()[0]) for cell in column] for column in zip(*rows)]
+    table = re.search(r"```text\n(.*?)```", README, re.DOTALL).group(1).splitlines()
+    for framework, cells in (("torch", columns[:4]), ("jax", columns[4:])):
+        line = next(row for row in table if row.startswith(framework))
+        shown = re.findall(r"(\d+\.\d\d)–(\d+\.\d\d) dB", line)
+        assert [(float(lo), float(hi)) for lo, hi in shown] == [(min(c), max(c)) for c in cells], framework
+
+
+def test_the_readme_does_not_offer_to_open_the_site_as_a_file():
+    assert "open `site/index.html`" not in README and "python -m http.server -d site" in README

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -81,3 +82,20 @@ def test_underflow_report_errors():
         underflow_report(stats)
     with pytest.raises(ValueError, match="top"):
         underflow_report(stats, top=0)
+
+
+def test_the_diagnostics_how_to_names_history_fields_that_exist():
+    from pathlib import Path
+
+    import lossscale
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "how-to" / "diagnostics.md").read_text(encoding="utf-8")
+    sentence = text.split("**History**", 1)[1].split("to_csv", 1)[0]
+    named = re.findall(r"`([a-z_]+)`", sentence)
+    assert {"steps", "loss_scales", "skipped", "losses"} <= set(named)
+    history = lossscale.History()
+    history.extend([0, 1], [4.0, 2.0], [False, True])
+    for name in named:
+        assert hasattr(history, name), name
+    np.testing.assert_array_equal(history.loss_scales, [4.0, 2.0])
+    np.testing.assert_array_equal(history.skipped, [False, True])

@@ -57,3 +57,28 @@ def test_underflow_report_of_a_state_without_statistics():
     with pytest.raises(TypeError, match=r"^This LossScaleOptimizerState records no gradient statistics: build the "
                                         r"optimizer with stats_every=N"):
         lossscale.underflow_report(state)
+
+
+def test_underflow_report_takes_a_flax_train_state_and_fits_its_advice_to_auto():
+    train_state = pytest.importorskip("flax.training.train_state")
+    params = {"w": jnp.ones(4)}
+    tx = lsj.loss_scale_optimizer(optax.sgd(0.1), loss_scale="auto")
+    state = train_state.TrainState.create(apply_fn=None, params=params, tx=tx)
+    state = state.apply_gradients(grads={"w": jnp.array([0.0, 0.0, 1.0, 1.0])})
+    report = lossscale.underflow_report(state, names=lsj.tensor_names(params))
+    assert report.step == 0 and report.rows[0][:2] == ("['w']", 0.5) and report.policy == "AutoLossScale"
+    text = str(report)
+    assert "with loss_scale='auto' already setting the scale" in text and "use loss_scale='auto'" not in text
+    assert repr(report) == text
+
+
+def test_underflow_report_finds_the_state_inside_a_chain_and_advises_auto_when_not_on_it():
+    params = {"w": jnp.ones(4)}
+    tx = optax.chain(lsj.loss_scale_optimizer(optax.sgd(0.1), stats_every=1), optax.scale(1.0))
+    state = tx.init(params)
+    _, state = tx.update({"w": jnp.array([0.0, 0.0, 1.0, 1.0])}, state, params)
+    report = lossscale.underflow_report(state)
+    assert report.zero_fraction == 0.5 and report.policy is None
+    assert str(report).endswith("raise the loss scale, or use loss_scale='auto' (experimental).")
+    with pytest.raises(TypeError, match=r"^stats must be an optimizer's gradient_stats mapping .* got int\.$"):
+        lossscale.underflow_report(3)

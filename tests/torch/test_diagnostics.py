@@ -121,6 +121,32 @@ def test_stall_guard_tolerates_interleaved_finite_steps():
     assert int(opt.skipped_steps) == 6
 
 
+@pytest.mark.parametrize(
+    "kwargs, asked, not_asked",
+    [
+        ({}, ["Pass overflow_report=True (with named_parameters=model.named_parameters())"], ["last_overflow_report"]),
+        ({"overflow_report": True}, ["last_overflow_report", "Pass named_parameters=model.named_parameters() to name"],
+         ["overflow_report=True"]),
+        ({"overflow_report": True, "named": True}, ["last_overflow_report", "Pass max_consecutive_skips=None"],
+         ["overflow_report=True", "named_parameters="]),
+    ],
+    ids=["nothing-set", "report-set", "report-and-names-set"],
+)
+def test_the_stall_error_asks_only_for_options_not_already_set(kwargs, asked, not_asked):
+    w = torch.nn.Parameter(torch.ones(2))
+    if kwargs.pop("named", False):
+        kwargs["named_parameters"] = [("w", w)]
+    opt = LossScaleOptimizer(torch.optim.SGD([w], lr=0.1), max_consecutive_skips=2, **kwargs)
+    with pytest.raises(LossScaleError) as info:
+        _stalling_run(opt, w, 4, bad=lambda i: True)
+    message = str(info.value)
+    assert message.endswith("max_consecutive_skips=None to disable this check.")
+    for text in asked:
+        assert text in message, text
+    for text in not_asked:
+        assert text not in message, text
+
+
 @pytest.mark.parametrize("bad, error", [(0, ValueError), (-1, ValueError), (2.5, TypeError), (True, TypeError)])
 def test_stall_guard_validation(bad, error):
     with pytest.raises(error, match="max_consecutive_skips"):

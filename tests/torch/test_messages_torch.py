@@ -140,3 +140,40 @@ def test_underflow_report_names_from_named_parameters_label_the_right_tensors():
     assert report.rows[0][0] == "0.weight" and report.rows[0][1] == pytest.approx(4 / 12)
     default = lossscale.underflow_report(opt, top=1)
     assert default.rows[0][0] == "param_groups[0]['params'][0]"
+
+
+def _report_after_half_zero_gradients(make):
+    """The report after one step whose gradient is half zeros (a dead ReLU's share), from the optimizer itself."""
+    param = torch.nn.Parameter(torch.ones(4))
+    opt = make([param])
+    loss = (param * torch.tensor([0.0, 0.0, 1.0, 1.0])).sum()
+    if isinstance(opt, lst.GradScaler):
+        inner = torch.optim.SGD([param], lr=0.1)
+        opt.scale(loss).backward()
+        opt.step(inner)
+        opt.update()
+    else:
+        opt.get_scaled_loss(loss).backward()
+        opt.step()
+    return lossscale.underflow_report(opt, names=["w"])
+
+
+@pytest.mark.parametrize(
+    "make, policy, says, never",
+    [
+        (lambda p: lst.LossScaleOptimizer(torch.optim.SGD(p, lr=0.1), loss_scale="auto"), "AutoLossScale",
+         "with loss_scale='auto' already setting the scale", "use loss_scale='auto'"),
+        (lambda p: lst.LossScaleOptimizer(torch.optim.SGD(p, lr=0.1), stats_every=1), "DynamicLossScale",
+         "raise the loss scale, or use loss_scale='auto' (experimental)", "already"),
+        (lambda p: lst.GradScaler("cpu", stats_every=1), "GradScaler",
+         "raise init_scale, or use lossscale.torch.LossScaleOptimizer(..., loss_scale='auto')", "already"),
+    ],
+    ids=["auto", "dynamic", "gradscaler"],
+)
+def test_the_underflow_advice_fits_the_loss_scale_already_in_use(make, policy, says, never):
+    report = _report_after_half_zero_gradients(make)
+    assert report.policy == policy and report.zero_fraction == 0.5
+    text = str(report)
+    assert text.splitlines()[-1].startswith("More than 1% of the gradients are zero")
+    assert says in text and never not in text
+    assert repr(report) == text  # shown in a REPL or notebook: the text, not the dataclass

@@ -30,26 +30,25 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m lossscale demo",
         description="A digits autoencoder at a large global batch in float32, float16 and float16 + lossscale.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,  # every option's default, in --help
     )
     parser.add_argument("--framework", choices=[*FRAMEWORKS, "both"], default="both",
-                        help="train with torch, jax or both (default: both)")
+                        help="train with torch, jax or both")
     parser.add_argument("-K", "--global-batch-factor", type=int, default=defaults.global_batch_factor,
-                        help=f"micro-batches per global batch; each step's loss is divided by K "
-                             f"(default: {defaults.global_batch_factor})")
+                        help="micro-batches per global batch; each step's loss is divided by K")
     parser.add_argument("--steps", type=int, default=defaults.steps,
-                        help=f"optimizer steps per run (default: {defaults.steps})")
+                        help="optimizer steps per run")
     parser.add_argument("--seed", type=int, default=defaults.seed, help="data split, weights and batch order")
     parser.add_argument("--growth-steps", type=int, default=defaults.growth_steps,
-                        help=f"good steps before the loss scale doubles (default: {defaults.growth_steps})")
-    parser.add_argument("--threads", type=int, default=defaults.threads, help="torch intra-op threads (default: 1)")
+                        help="good steps before the loss scale doubles")
+    parser.add_argument("--threads", type=int, default=defaults.threads, help="torch intra-op threads")
     parser.add_argument("--auto", action="store_true",
                         help="also train fp16+auto: the EXPERIMENTAL loss_scale='auto' (lossscale.AutoLossScale)")
     parser.add_argument("--no-k1", action="store_true", help="skip the K = 1 reference runs")
     parser.add_argument("--sweep", action="store_true",
                         help="instead: PSNR against K = 2^0..2^10 for the three modes (slow; see docs/demo.md)")
     parser.add_argument("-o", "--output", default=DEFAULT_OUTPUT,
-                        help=f"the PNG (default: {DEFAULT_OUTPUT}); results JSON goes beside it; "
-                             "--sweep writes <name>_sweep.png")
+                        help="the PNG; results JSON goes beside it; --sweep writes <name>_sweep.png")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     return parser
 

@@ -31,15 +31,19 @@ class SkipGuard:
     """Raises :class:`lossscale.LossScaleError` after too many skipped steps in a row. Reads the streak: on CPU
     free; on CUDA a non-blocking copy read a step later (no sync, it raises one step late); elsewhere one sync."""
 
-    def __init__(self, max_consecutive_skips: int) -> None:
+    def __init__(self, max_consecutive_skips: int, overflow_report: bool = False, named: bool = False) -> None:
+        """``overflow_report``/``named``: whether the optimizer already reports overflows and names their gradients,
+        so the error points at the report instead of asking for options that are already set."""
         self.limit = check_skip_limit(max_consecutive_skips)
+        self.overflow_report, self.named = overflow_report, named
         self._in_flight: tuple[torch.Tensor, Any] | None = None  # (pinned copy, CUDA event): never pickled
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"limit": self.limit}
+        return {"limit": self.limit, "overflow_report": self.overflow_report, "named": self.named}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.limit, self._in_flight = state["limit"], None
+        self.overflow_report, self.named = state.get("overflow_report", False), state.get("named", False)
 
     def check(self, consecutive_skips: torch.Tensor, loss_scale: torch.Tensor) -> None:
         device = consecutive_skips.device
@@ -67,14 +71,22 @@ class SkipGuard:
     def _raise_if_stalled(self, streak: int, scale: float) -> None:
         if streak < self.limit:
             return
-        raise stall_error(
-            streak, scale, self.limit, "torch.isfinite(loss)",
+        causes = (
             "  * a model pretrained in bfloat16 and run in float16, whose activations overflow 65504: "
             "run it in bfloat16 with FixedLossScale(1), or keep the overflowing layers in float32;\n"
-            "  * stale gradients: zero_grad() not called between steps, or gradients accumulated over skipped steps.\n",
-            "overflow_report=True (with named_parameters=model.named_parameters()) to see which gradients "
-            "overflow, or ",
+            "  * stale gradients: zero_grad() not called between steps, or gradients accumulated over skipped steps.\n"
         )
+        # Only options not already set: with overflow_report on, the report already says which gradients overflowed.
+        if not self.overflow_report:
+            see = ("overflow_report=True (with named_parameters=model.named_parameters()) to see which gradients "
+                   "overflow, or ")
+        elif not self.named:
+            causes += "  * which gradients held Inf or NaN: last_overflow_report (logged at each skipped step);\n"
+            see = "named_parameters=model.named_parameters() to name them in that report, or "
+        else:
+            causes += "  * which gradients held Inf or NaN: last_overflow_report (logged at each skipped step);\n"
+            see = ""
+        raise stall_error(streak, scale, self.limit, "torch.isfinite(loss)", causes, see)
 
 
 @dataclass
@@ -194,7 +206,8 @@ class Diagnostics:
         if named_parameters is not None and not overflow_report:
             raise ValueError("named_parameters only names the gradients of the overflow report: pass "
                              "overflow_report=True too.")
-        self.guard = None if max_consecutive_skips is None else SkipGuard(max_consecutive_skips)
+        self.guard = None if max_consecutive_skips is None else SkipGuard(
+            max_consecutive_skips, overflow_report, named_parameters is not None)
         self.reporter = OverflowReporter(named_parameters) if overflow_report else None
         self.recorder = None if history is None or history is False else StepRecorder(history)
         self.wants_scale = self.reporter is not None or self.recorder is not None
