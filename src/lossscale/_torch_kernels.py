@@ -28,8 +28,9 @@ from ._torch_compat import (
     update_scale_,
 )
 
-__all__ = ["GradGroups", "advance_scale_", "check_finite", "check_param_grads_", "combine_flags", "dtensor_type", "gradient_stats",
-           "move", "reciprocal", "sample_columns", "scaled_norm", "tensor_sums", "unscale_and_check_", "unscaled_copies"]
+__all__ = ["GradGroups", "advance_scale_", "check_finite", "check_param_grads_", "combine_flags", "dtensor_type",
+           "gradient_stats", "move", "reciprocal", "sample_columns", "scaled_norm", "tensor_sums", "unscale_and_check_",
+           "unscaled_copies"]
 
 
 def dtensor_type() -> type | None:
