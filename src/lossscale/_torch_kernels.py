@@ -28,8 +28,9 @@ from ._torch_compat import (
     update_scale_,
 )
 
-__all__ = ["GradGroups", "advance_scale_", "check_finite", "check_param_grads_", "combine_flags", "dtensor_type", "gradient_stats",
-           "move", "reciprocal", "sample_columns", "scaled_norm", "tensor_sums", "unscale_and_check_", "unscaled_copies"]
+__all__ = ["GradGroups", "advance_scale_", "check_finite", "check_param_grads_", "combine_flags", "dtensor_type",
+           "gradient_stats", "move", "reciprocal", "sample_columns", "scaled_norm", "tensor_sums", "unscale_and_check_",
+           "unscaled_copies"]
 
 
 def dtensor_type() -> type | None:
@@ -98,21 +99,22 @@ def advance_scale_(form: KernelForm, state: LossScaleState, found_inf: torch.Ten
     Args:
         form: the policy's :class:`~lossscale._rule.KernelForm`.
         state: the live state tensors, changed in place.
-        found_inf: a 0-d float32 flag on the state's device, 0.0 or 1.0.
+        found_inf: a 0-d float32 flag on the state's device, nonzero for an overflow (a flag summed over ranks,
+            e.g. 2.0, counts once, as torch's update kernel reads it).
         above_floor: known that ``S >= form.floor`` before the step: the floor is then ``clamp_min_`` (it can only
             act after a backoff); otherwise ``S = max(S, found_inf * floor)``, one operator more.
 
     The caller checks the form's other host conditions (``good_steps < growth_interval``, counters below their
     limit), which this does not read."""
     with torch.no_grad():
-        inf = found_inf.to(torch.int32)
+        inf = found_inf.to(torch.bool)
         if form.dynamic:
             update_scale_(state.loss_scale, state.good_steps, found_inf, form.growth_factor, form.backoff_factor,
                           form.growth_interval)
             if above_floor:
                 state.loss_scale.clamp_min_(form.floor)
             else:
-                torch.maximum(state.loss_scale, found_inf * form.floor, out=state.loss_scale)
+                torch.maximum(state.loss_scale, inf * form.floor, out=state.loss_scale)
         state.skipped_steps.add_(inf)
         torch.addcmul(inf, inf, state.consecutive_skips, out=state.consecutive_skips)
 

@@ -176,3 +176,15 @@ def test_reciprocal_in_one_op_equals_the_float64_route():
         one_op = torch.stack([reciprocal(s) for s in scales[:300]]) if scales is powers else reciprocal(scales)
         via_float64 = scales.double().reciprocal().float()
         assert torch.equal(one_op.view(torch.int32), via_float64.view(torch.int32))
+
+
+@pytest.mark.parametrize("above_floor", [True, False])
+def test_a_flag_summed_over_ranks_counts_as_one_overflow(above_floor):
+    """DDP code may all-reduce found-inf flags with SUM (2.0 on two ranks): the rule reads ``found_inf == 0``."""
+    policy = DynamicLossScale(8.0, 2, min_loss_scale=2.0)
+    form = kernel_form(policy.rule_params())
+    ref, live = initial_state(policy, np), initial_state(policy, torch)
+    for flag in [2.0, 0.0, 0.0, 3.0, 2.0, 2.0, 0.0, 4.0]:
+        ref = next_state(policy, ref, np.bool_(flag == 0.0), np)
+        advance_scale_(form, live, torch.tensor(flag), above_floor=above_floor)
+        assert _numbers(live) == _numbers(ref)

@@ -33,7 +33,8 @@ class ScaleState:
     - on the CPU, :func:`~lossscale._rule.advance_in_place` on numpy views of the tensors' memory: no operator at
       all, a few microseconds of Python;
     - elsewhere, where :func:`~lossscale._rule.kernel_form` covers the policy, its fused form
-      (:func:`~lossscale._torch_kernels.advance_scale_`): 6 operators, one of them GradScaler's update kernel;
+      (:func:`~lossscale._torch_kernels.advance_scale_`): 5 operators, one of them GradScaler's update kernel (6 after
+      a scale was set by hand, 3 for a fixed scale);
     - otherwise :func:`~lossscale._rule.next_state` on the tensors: about 33 operators.
 
     None reads the device. What the fused form needs known of the state is kept here as plain Python, known at
@@ -78,7 +79,7 @@ class ScaleState:
 
     def advance(self, found_inf: torch.Tensor) -> None:
         """``state <- next_state(policy, state, found_inf == 0)`` in place, no sync: on the CPU in numpy, elsewhere
-        by the fused form where it applies (6 operators), else by the rule on the tensors (about 33)."""
+        by the fused form where it applies (5 operators), else by the rule on the tensors (about 33)."""
         if found_inf.device != self.tensors.loss_scale.device:
             found_inf = move(found_inf, self.device)
         views = self._host_views_now()
