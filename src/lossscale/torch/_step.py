@@ -15,10 +15,11 @@ import numpy as np
 import torch
 
 from .._rule import LossScaleState, _HostScalars, next_skip_counters
-from .._torch_compat import AMP_SCALING, foreach_mul_, step_with_scale
+from .._torch_compat import AMP_SCALING, foreach_mul_, step_with_scale, takes_grad_scaler
 from .._torch_kernels import (
     GradGroups,
     check_param_grads_,
+    kernel_unscales,
     reciprocal,
     scaled_norm,
     unscale_and_check_,
@@ -79,8 +80,8 @@ class StepRecord:
         self.stage, self.found_inf, self.grad_scale, self.clipped = Stage.READY, None, None, False
 
     def stepped(self) -> None:
-        self.reset()
-        self.stage = Stage.STEPPED
+        """STEPPED until the scale's update; the flag stays readable (torch's ``found_inf_per_device`` does)."""
+        self.stage, self.grad_scale, self.clipped = Stage.STEPPED, None, False
 
     def forget_check(self) -> None:
         """``zero_grad()``: a pending check is gone (a step is not forgotten)."""
@@ -136,8 +137,10 @@ _SETTING_TYPES = (bool, int, float, str, tuple, type(None))
 
 
 def is_fused(inner: torch.optim.Optimizer) -> bool:
-    """Whether ``inner.step()`` reads ``grad_scale``/``found_inf`` (torch's fused optimizers)."""
-    return bool(getattr(inner, AMP_SCALING, False))
+    """Whether ``inner.step()`` reads ``grad_scale``/``found_inf`` (torch's fused optimizers). One whose ``step``
+    takes ``grad_scaler=`` (the older contract) is not: it would ignore them, so it gets unscaled gradients and a
+    skip decided on the host (a ``GradScaler`` passes itself to it instead, as torch's does)."""
+    return bool(getattr(inner, AMP_SCALING, False)) and not takes_grad_scaler(inner)
 
 
 class FusedStateTracker:
@@ -231,6 +234,7 @@ class OptimizerStep:
         self.tracker = FusedStateTracker()
         self.counters = StepCounters()
         self.sampler, self.slot = sampler, slot
+        self.numbering: Callable[[], int] | None = None  # the overflow report's step number (None: counters.steps)
         self._in_closure = False
 
     def measure(self, inner: torch.optim.Optimizer, pairs: Any = None, factor: torch.Tensor | None = None) -> None:
@@ -309,13 +313,19 @@ class OptimizerStep:
     def step(self, inner: torch.optim.Optimizer, args: tuple = (), kwargs: dict | None = None, *,
              on_host: bool = False, named_grads: Any = ()) -> tuple[torch.Tensor, bool | None, Any] | None:
         """Checks (or takes what ``unscale_()``/a clip checked), then :meth:`apply`: ``(found_inf, skipped,
-        inner.step's result)``, None with no gradient. A fused ``inner`` with float16 gradients gets a check only
-        and ``grad_scale = S`` (its kernel unscales in float32)."""
+        inner.step's result)``, None with no gradient. A fused ``inner`` gets a check only and the scaled
+        gradients with ``grad_scale = S``, as ``torch.amp.GradScaler`` gives (its kernel unscales in float32);
+        with ``min_loss_scale < 1`` float32 gradients are unscaled and rechecked here instead (``grad_scale``
+        None), since ``g / S`` may overflow inside the kernel."""
         record = self.record
         record.require("step")
         fused = is_fused(inner)
         if record.stage is Stage.UNSCALED:
             found_inf, grad_scale = record.found_inf, record.grad_scale
+            if found_inf is None:  # a client set the stage through _per_optimizer_states without a flag
+                raise RuntimeError("No inf checks were recorded for this optimizer. Set its "
+                                   "_per_optimizer_states[id(optimizer)]['found_inf_per_device'] along with its "
+                                   "stage, or call unscale_(optimizer) instead.")
         else:
             scale = self.owner.for_step(None)
             self.measure(inner)
@@ -327,7 +337,8 @@ class OptimizerStep:
                 require_unscalable(grads, "step()")
             if grads.device != scale.device:  # the scale follows the gradients
                 scale = self.owner.for_step(grads.device)
-            grad_scale = scale.loss_scale if grads.has_float16 else None
+            unscales = kernel_unscales(grads, fused=fused, recheck=scale.can_go_below_one)
+            grad_scale = scale.loss_scale if unscales else None
         return self.apply(inner, found_inf, grad_scale, args, kwargs,  # type: ignore[arg-type]
                           on_host=on_host, named_grads=named_grads, fused=fused)
 
@@ -356,6 +367,16 @@ class OptimizerStep:
         self.finish(found_inf, skipped, named_grads)
         return found_inf, skipped, result
 
+    def stepped_by_itself(self, named_grads: Any = ()) -> None:
+        """After ``inner.step(grad_scaler=...)``, which unscaled, checked and skipped by itself: finishes with the
+        flag it recorded (``unscale_``, ``_check_inf_per_device`` or ``_per_optimizer_states``), else only marks the
+        optimizer stepped (nothing for ``update()``, as in torch)."""
+        found_inf = self.record.found_inf
+        if found_inf is None:
+            self.record.stepped()
+            return
+        self.finish(self._agreed(found_inf), None, named_grads)
+
     def _agreed(self, found_inf: torch.Tensor) -> torch.Tensor:
         agree = self.agree
         if agree is None:
@@ -366,7 +387,7 @@ class OptimizerStep:
     def finish(self, found_inf: torch.Tensor, skipped: bool | None, named_grads: Any = ()) -> None:
         """Ends a step: overflow report, counters, the scale, history, stall guard."""
         diagnostics, counters, owner, record = self.diagnostics, self.counters, self.owner, self.record
-        step = counters.steps
+        step = counters.steps if self.numbering is None else self.numbering()
         scale_used = owner.state.loss_scale.clone() if diagnostics.wants_scale else None
         if diagnostics.reporter is not None:
             diagnostics.reporter.observe(step, found_inf, skipped, scale_used, named_grads)  # type: ignore[arg-type]
