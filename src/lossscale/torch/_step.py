@@ -79,9 +79,9 @@ class StepRecord:
     def reset(self) -> None:
         self.stage, self.found_inf, self.grad_scale, self.clipped = Stage.READY, None, None, False
 
-    def stepped(self) -> None:
-        """STEPPED until the scale's update; the flag stays readable (torch's ``found_inf_per_device`` does)."""
-        self.stage, self.grad_scale, self.clipped = Stage.STEPPED, None, False
+    def stepped(self, found_inf: torch.Tensor | None = None) -> None:
+        """STEPPED until the scale's update, keeping the step's flag readable (torch's ``found_inf_per_device``)."""
+        self.stage, self.found_inf, self.grad_scale, self.clipped = Stage.STEPPED, found_inf, None, False
 
     def forget_check(self) -> None:
         """``zero_grad()``: a pending check is gone (a step is not forgotten)."""
@@ -395,7 +395,7 @@ class OptimizerStep:
         if owner.advances_each_step:
             record.reset()
         else:
-            record.stepped()
+            record.stepped(found_inf)
         sampler = self.sampler if self.slot is None else None
         new = None if sampler is None else sampler.advance(owner.state, found_inf, diagnostics.recorder)
         if new is None:
