@@ -20,7 +20,8 @@ from .._resolve import resolve_loss_scale
 from .._rule import LossScaleState, initial_state
 from .._sampler import check_stats_every
 from .._stats import GradientStats, as_mapping
-from ._compat import eval_jaxpr_choosing, is_tracer, like
+from ._checkpoint import restore_state_dict
+from ._compat import eval_jaxpr_choosing, is_tracer, like, serialize_namedtuples_with
 from ._diagnostics import StepRecorder, guard_skip
 from ._grads import all_finite, check_gradients, nested_all_finite, scale_loss, squared_norm, unscale
 from ._stats import init_stats, sample_if_due, step_scale
@@ -100,6 +101,20 @@ class _StatsOptimizerState(_FieldsWithStats, LossScaleOptimizerState):  # type: 
     def __repr__(self) -> str:
         fields = ", ".join(f"{name}={value!r}" for name, value in zip(self._fields, self))
         return f"LossScaleOptimizerState({fields})"
+
+
+def _owns(node: Any) -> bool:
+    return isinstance(node, LossScaleOptimizerState)
+
+
+def register_with_flax() -> None:
+    """Lets flax restore a state saved with ``stats_every`` on into one with it off, and the other way (see
+    :func:`~lossscale.jax._checkpoint.restore_state_dict`); a no-op until flax is imported, never imports it.
+    Called at import and by each ``init()``, so it is in place whichever is imported first."""
+    serialize_namedtuples_with(restore_state_dict, _owns)
+
+
+register_with_flax()
 
 
 def _is_scale_node(node: Any) -> bool:
@@ -417,6 +432,7 @@ def loss_scale_optimizer(
     inner = optax.with_extra_args_support(inner)
 
     def init_fn(params: Any) -> LossScaleOptimizerState:
+        register_with_flax()
         inner_state = inner.init(params)
         if any(_is_scale_node(n) for n in jax.tree_util.tree_leaves(inner_state, is_leaf=_is_scale_node)):
             raise TypeError(
