@@ -140,3 +140,48 @@ def test_wrapping_the_optimizer_instead_carries_the_scale_and_restarts_the_growt
     start = saved["scale"]
     assert scales == [start, start * 2, start, start, start * 2]
     assert ref_scales[SAVE_AT:] == [start * 2, start * 2, start, start, start * 2]
+
+
+def test_a_step_without_gradients_and_an_update_without_a_step_are_no_ops():
+    """Differs: torch raises an AssertionError for both; lossscale does nothing."""
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = lst.GradScaler("cpu", init_scale=8.0)
+    scaler.scale(torch.ones((), requires_grad=True))  # scaled, but no parameter got a gradient
+    before = [p.detach().clone() for p in model.parameters()]
+    assert scaler.step(opt) is None
+    scaler.update()
+    scaler.update()
+    assert scaler.get_scale() == 8.0 and scaler._get_growth_tracker() == 0
+    assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before))
+    torch_scaler = torch.amp.GradScaler("cpu", init_scale=8.0)
+    torch_scaler.scale(torch.ones((), requires_grad=True))
+    with pytest.raises(AssertionError):
+        torch_scaler.step(opt)
+
+
+def test_a_scale_that_may_fall_below_one_unscales_before_a_fused_kernel():
+    """Differs: with ``min_loss_scale < 1`` a fused optimizer gets float32 gradients unscaled and ``grad_scale``
+    None (the check saw ``g / S``); with the default floor it gets the scaled ones and ``grad_scale = S``."""
+    seen = []
+
+    class Recording(torch.optim.Optimizer):
+        def __init__(self, params):
+            super().__init__(params, {})
+            self._step_supports_amp_scaling = True
+
+        def step(self, closure=None):
+            seen.append((self.grad_scale, [p.grad.clone() for g in self.param_groups for p in g["params"]]))
+
+    for floor in (1.0, 2.0**-4):
+        model = _model()
+        scaler = lst.GradScaler("cpu", init_scale=4.0, min_loss_scale=floor)
+        scaler.scale(torch.nn.functional.mse_loss(model(_batch(0)[0]), _batch(0)[1])).backward()
+        scaled = [p.grad.clone() for p in model.parameters()]
+        scaler.step(Recording(model.parameters()))
+        scaler.update()
+        grad_scale, grads = seen[-1]
+        if floor == 1.0:
+            assert float(grad_scale) == 4.0 and all(torch.equal(g, s) for g, s in zip(grads, scaled))
+        else:
+            assert grad_scale is None and all(torch.equal(g, s / 4.0) for g, s in zip(grads, scaled))
