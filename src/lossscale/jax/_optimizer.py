@@ -392,7 +392,8 @@ def loss_scale_optimizer(
         dynamic, initial_scale, dynamic_growth_steps: TF's stable form (default: dynamic, 2**15, 2000).
         min_loss_scale, max_loss_scale, hysteresis: refine the dynamic scale (defaults: 1, none, 1).
         max_consecutive_skips: raise :class:`lossscale.LossScaleError` at the ``N``-th skip in a row (default None).
-        history: a :class:`lossscale.History` given one row per step: a ``jax.debug.callback`` (0.4-1.7 ms on CPU).
+        history: a :class:`lossscale.History` given one row per step: a ``jax.debug.callback`` (0.4-1.7 ms on CPU);
+            under ``jax.vmap`` a ``ValueError`` when traced (one History cannot take a row per member).
         axis_name: under ``pmap``/``shard_map``, the axes over which the finite flag is ``lax.pmin``-ed.
         clip_by_global_norm: clip the true gradients to this global norm, also the finite check: no extra pass;
             with ``axis_name``, the norm of the whole gradient across the devices (one ``psum`` of a scalar).
