@@ -116,15 +116,16 @@ def unscale_and_check_(grads: GradGroups, inv_scale: torch.Tensor, *, out_device
     return found_inf
 
 
-def kernel_unscales(grads: GradGroups, *, fused: bool, recheck: bool) -> bool:
+def kernel_unscales(grads: GradGroups, *, fused: bool, recheck: bool, contract: bool = True) -> bool:
     """Whether a step leaves the gradients scaled and hands ``grad_scale = S`` to a fused kernel, as
-    ``torch.amp.GradScaler`` does: always for float16 gradients (unscaled in float32 inside the kernel), and for
-    the others unless ``recheck`` (``S`` may be below 1, where ``g / S`` can overflow after the check)."""
-    return fused and (grads.has_float16 or not recheck)
+    ``torch.amp.GradScaler`` does: always for float16 gradients (unscaled in float32 inside the kernel); for the
+    others with ``contract`` (an optimizer that may rely on torch's contract), unless ``recheck`` (``S`` may be
+    below 1, where ``g / S`` can overflow after the check)."""
+    return fused and (grads.has_float16 or (contract and not recheck))
 
 
 def check_param_grads_(param_groups: Iterable[dict], inv_scale: torch.Tensor, *, fused: bool,
-                       recheck: bool) -> tuple[GradGroups, torch.Tensor | None]:
+                       recheck: bool, contract: bool = True) -> tuple[GradGroups, torch.Tensor | None]:
     """The ``.grad`` of ``param_groups``, grouped, and their flag (None: no gradient): only checked where
     :func:`kernel_unscales` (one R+W pass either way), else unscaled and checked; float16 gradients without
     ``fused`` are left for the caller to refuse (flag None)."""
@@ -132,7 +133,7 @@ def check_param_grads_(param_groups: Iterable[dict], inv_scale: torch.Tensor, *,
     device = grads.device
     if device is None:
         return grads, None
-    if kernel_unscales(grads, fused=fused, recheck=recheck):
+    if kernel_unscales(grads, fused=fused, recheck=recheck, contract=contract):
         return grads, check_finite(grads, out_device=device)
     if grads.has_float16:
         return grads, None

@@ -165,6 +165,34 @@ def test_fused_adamw_trains_bit_for_bit_as_under_torchs_scaler(kind):
         torch.testing.assert_close(g, w, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("kind", ["lossscale", "LossScaleOptimizer"])
+def test_torchs_fused_optimizers_get_unscaled_float32_gradients(kind):
+    """torch's own fused kernels compute the same update from unscaled gradients (above: bit for bit), and given
+    ``grad_scale`` they write the unscaled gradients back: lossscale's check pass unscales instead, one write less."""
+    model = _model()
+    inner = torch.optim.AdamW(model.parameters(), lr=0.1, fused=True)
+    seen = []
+    inner.register_step_pre_hook(lambda opt, args, kwargs: seen.append(
+        (opt.grad_scale, [p.grad.clone() for p in model.parameters()])))
+    reference = _model()
+    true = torch.autograd.grad(reference(torch.ones(4, 4)).mean(), list(reference.parameters()))
+    opt = lst.LossScaleOptimizer(inner, 8.0) if kind == "LossScaleOptimizer" else None
+    scaler = lst.GradScaler("cpu", init_scale=8.0)
+    for _ in range(2):  # the first step is decided on the host, the second on the device
+        inner.zero_grad()
+        if opt is not None:
+            opt.get_scaled_loss(model(torch.ones(4, 4)).mean()).backward()
+            opt.step()
+        else:
+            _backward(scaler, model)
+            scaler.step(inner)
+            scaler.update()
+    assert len(seen) == 2 and all(grad_scale is None for grad_scale, _ in seen)
+    _, grads = seen[0]
+    for got, want in zip(grads, true):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
 def test_loss_scale_optimizer_unscales_for_an_optimizer_that_takes_grad_scaler():
     """A LossScaleOptimizer has no scaler to pass: such an inner optimizer gets unscaled gradients, and a skip
     calls no step (it would otherwise step on scaled gradients, ignoring grad_scale)."""

@@ -136,6 +136,15 @@ class StepCounters:
 _SETTING_TYPES = (bool, int, float, str, tuple, type(None))
 
 
+def hands_scale(inner: torch.optim.Optimizer) -> bool:
+    """Whether a fused ``inner`` gets float32 gradients scaled, with ``grad_scale = S`` (``torch.amp.GradScaler``'s
+    contract, which an optimizer of your own may rely on), rather than unscaled by the check pass with
+    ``grad_scale = None``. torch's own fused optimizers get the latter: their kernels compute the same update from
+    either (bit for bit at power-of-two scales), and given ``grad_scale`` they also write the unscaled gradients
+    back, one more write over the gradients in the step."""
+    return not type(inner).__module__.startswith("torch.optim.")
+
+
 def is_fused(inner: torch.optim.Optimizer) -> bool:
     """Whether ``inner.step()`` reads ``grad_scale``/``found_inf`` (torch's fused optimizers). One whose ``step``
     takes ``grad_scaler=`` (the older contract) is not: it would ignore them, so it gets unscaled gradients and a
@@ -314,9 +323,9 @@ class OptimizerStep:
              on_host: bool = False, named_grads: Any = ()) -> tuple[torch.Tensor, bool | None, Any] | None:
         """Checks (or takes what ``unscale_()``/a clip checked), then :meth:`apply`: ``(found_inf, skipped,
         inner.step's result)``, None with no gradient. A fused ``inner`` gets a check only and the scaled
-        gradients with ``grad_scale = S``, as ``torch.amp.GradScaler`` gives (its kernel unscales in float32);
-        with ``min_loss_scale < 1`` float32 gradients are unscaled and rechecked here instead (``grad_scale``
-        None), since ``g / S`` may overflow inside the kernel."""
+        gradients with ``grad_scale = S``, as ``torch.amp.GradScaler`` gives (its kernel unscales in float32),
+        except float32 gradients where :func:`hands_scale` says no (torch's own fused optimizers) or with
+        ``min_loss_scale < 1`` (``g / S`` may overflow inside the kernel): unscaled here, ``grad_scale`` None."""
         record = self.record
         record.require("step")
         fused = is_fused(inner)
@@ -329,15 +338,16 @@ class OptimizerStep:
         else:
             scale = self.owner.for_step(None)
             self.measure(inner)
+            contract = fused and hands_scale(inner)
             grads, found_inf = check_param_grads_(inner.param_groups, scale.inv_scale, fused=fused,
-                                                  recheck=scale.can_go_below_one)
+                                                  recheck=scale.can_go_below_one, contract=contract)
             if not grads.tensors:
                 return None
             if found_inf is None:
                 require_unscalable(grads, "step()")
             if grads.device != scale.device:  # the scale follows the gradients
                 scale = self.owner.for_step(grads.device)
-            unscales = kernel_unscales(grads, fused=fused, recheck=scale.can_go_below_one)
+            unscales = kernel_unscales(grads, fused=fused, recheck=scale.can_go_below_one, contract=contract)
             grad_scale = scale.loss_scale if unscales else None
         return self.apply(inner, found_inf, grad_scale, args, kwargs,  # type: ignore[arg-type]
                           on_host=on_host, named_grads=named_grads, fused=fused)
