@@ -3,17 +3,20 @@ public replacement; ``torch.amp.GradScaler`` or ``torch.optim`` relies on each. 
 
 from __future__ import annotations
 
+import inspect
+import weakref
 from collections import OrderedDict
 from typing import Any
 
 import torch
+from torch.amp.grad_scaler import OptState
 from torch.utils._foreach_utils import _group_tensors_by_device_and_dtype
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["AMP_SCALING", "TorchDispatchMode", "foreach_abs", "foreach_add", "foreach_ceil_", "foreach_copy_",
+__all__ = ["AMP_SCALING", "GRAD_SCALER_WARNING", "OptState", "TorchDispatchMode", "foreach_abs", "foreach_add", "foreach_ceil_", "foreach_copy_",
            "foreach_mul", "foreach_mul_", "foreach_norm", "foreach_sign_",
            "group_in_python", "group_tensors_by_device_and_dtype", "init_step_hooks", "non_finite_check_and_unscale_",
-           "sparse_values", "step_with_scale", "update_scale_"]
+           "sparse_values", "step_with_scale", "takes_grad_scaler", "update_scale_"]
 
 #: ``{(device, dtype): (tensorlists, indices)}``, grouped in C++ (torch.optim's foreach and fused paths use it).
 group_tensors_by_device_and_dtype = _group_tensors_by_device_and_dtype
@@ -38,6 +41,38 @@ foreach_ceil_ = torch._foreach_ceil_
 
 #: The attribute by which a fused optimizer says its ``step()`` reads ``grad_scale``/``found_inf``.
 AMP_SCALING = "_step_supports_amp_scaling"
+
+#: ``torch.amp.GradScaler.step``'s warning when it passes itself as ``grad_scaler=`` (the older contract).
+GRAD_SCALER_WARNING = (
+    "GradScaler is going to stop passing itself as a keyword argument to the passed optimizer. In the near future "
+    "GradScaler registers `grad_scale: Tensor` and `found_inf: Tensor` to the passed optimizer and let the optimizer "
+    "use them directly."
+)
+
+# ``OptState`` (READY, UNSCALED, STEPPED): the stages of ``torch.amp.GradScaler._per_optimizer_states``, imported
+# above; client code reads and writes them.
+
+_TAKES_GRAD_SCALER: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+
+
+def takes_grad_scaler(optimizer: Any) -> bool:
+    """Whether ``optimizer.step`` has a ``grad_scaler`` parameter: ``torch.amp.GradScaler`` then passes itself
+    (the older contract of ``_step_supports_amp_scaling``). Its signature is read once per step function."""
+    step = optimizer.step
+    function = getattr(step, "__func__", step)
+    try:
+        return _TAKES_GRAD_SCALER[function]
+    except (KeyError, TypeError):
+        pass
+    try:
+        found = "grad_scaler" in inspect.signature(step).parameters
+    except (TypeError, ValueError):  # a builtin without a signature
+        found = False
+    try:
+        _TAKES_GRAD_SCALER[function] = found
+    except TypeError:  # not weak-referenceable
+        pass
+    return found
 
 
 def group_in_python(tensorlists: list[list[torch.Tensor]], with_indices: bool) -> dict:

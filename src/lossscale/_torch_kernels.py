@@ -29,8 +29,8 @@ from ._torch_compat import (
 )
 
 __all__ = ["GradGroups", "advance_scale_", "check_finite", "check_param_grads_", "combine_flags", "dtensor_type",
-           "gradient_stats", "move", "reciprocal", "sample_columns", "scaled_norm", "tensor_sums", "unscale_and_check_",
-           "unscaled_copies"]
+           "gradient_stats", "kernel_unscales", "move", "reciprocal", "sample_columns", "scaled_norm", "tensor_sums",
+           "unscale_and_check_", "unscale_grads_per_device", "unscaled_copies"]
 
 
 def dtensor_type() -> type | None:
@@ -148,17 +148,54 @@ def unscale_and_check_(grads: GradGroups, inv_scale: torch.Tensor, *, out_device
     return found_inf
 
 
+def kernel_unscales(grads: GradGroups, *, fused: bool, recheck: bool, contract: bool = True) -> bool:
+    """Whether a step leaves the gradients scaled and hands ``grad_scale = S`` to a fused kernel, as
+    ``torch.amp.GradScaler`` does: always for float16 gradients (unscaled in float32 inside the kernel); for the
+    others with ``contract`` (an optimizer that may rely on torch's contract), unless ``recheck`` (``S`` may be
+    below 1, where ``g / S`` can overflow after the check)."""
+    return fused and (grads.has_float16 or (contract and not recheck))
+
+
 def check_param_grads_(param_groups: Iterable[dict], inv_scale: torch.Tensor, *, fused: bool,
-                       recheck: bool) -> tuple[GradGroups, torch.Tensor | None]:
-    """The ``.grad`` of ``param_groups``, grouped, unscaled and checked, and their flag (None: no gradient). float16
-    gradients are only checked with ``fused`` (the kernel unscales in float32), else the flag is None."""
+                       recheck: bool, contract: bool = True) -> tuple[GradGroups, torch.Tensor | None]:
+    """The ``.grad`` of ``param_groups``, grouped, and their flag (None: no gradient): only checked where
+    :func:`kernel_unscales` (one R+W pass either way), else unscaled and checked; float16 gradients without
+    ``fused`` are left for the caller to refuse (flag None)."""
     grads = GradGroups.of(param_groups)
     device = grads.device
     if device is None:
         return grads, None
+    if kernel_unscales(grads, fused=fused, recheck=recheck, contract=contract):
+        return grads, check_finite(grads, out_device=device)
     if grads.has_float16:
-        return grads, check_finite(grads, out_device=device) if fused else None
+        return grads, None
     return grads, unscale_and_check_(grads, inv_scale, out_device=device, recheck=recheck)
+
+
+def unscale_grads_per_device(param_groups: Iterable[dict], inv_scale: torch.Tensor, found_inf: torch.Tensor,
+                             allow_fp16: bool) -> dict[torch.device, torch.Tensor]:
+    """``torch.amp.GradScaler._unscale_grads_``: every ``.grad`` times ``inv_scale`` in place, checked into a copy
+    of ``found_inf`` per device, returned as ``{device: found_inf}``. float16 gradients without ``allow_fp16``
+    raise torch's ``ValueError``; sparse float16 ones are coalesced first (as torch does). One R+W pass."""
+    groups: dict[torch.device, dict[torch.dtype, list[torch.Tensor]]] = {}
+    with torch.no_grad():
+        for group in param_groups:
+            for param in group["params"]:
+                grad = param.grad
+                if grad is None:
+                    continue
+                if not allow_fp16 and grad.dtype == torch.float16:
+                    raise ValueError("Attempting to unscale FP16 gradients.")
+                if grad.layout != torch.strided:
+                    grad = _sparse_values(grad)
+                groups.setdefault(grad.device, {}).setdefault(grad.dtype, []).append(grad)
+        flags: dict[torch.device, torch.Tensor] = {}
+        for device, by_dtype in groups.items():
+            flag = flags[device] = found_inf.to(device, copy=True)
+            inv = inv_scale.to(device, copy=True)
+            for tensors in by_dtype.values():
+                non_finite_check_and_unscale_(tensors, flag, inv)
+    return flags
 
 
 def check_finite(grads: GradGroups, *, out_device: torch.device) -> torch.Tensor:

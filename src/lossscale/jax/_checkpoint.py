@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
+import numpy as np
 
 from .._checkpoint import COUNTERS, check_counter, check_policy, plain, read_record
 from .._policy import LossScale
 from .._resolve import get
 
-__all__ = ["check_state"]
+__all__ = ["check_state", "restore_state_dict"]
 
 
 def _fields(node: Any) -> dict[str, Any] | None:
@@ -68,3 +69,43 @@ def check_state(state: Any, policy: Any = None) -> Any:
             if not isinstance(flag, bool) and type(flag).__name__ != "bool_":
                 raise TypeError(f"{where}.last_step_skipped must be a bool, got {flag!r}.")
     return state
+
+
+_SAVED_FIELDS = ("inner_state", "loss_scale_state", "stats")
+
+
+def _layout(tree: Any) -> tuple[Any, list[tuple[int, ...]]]:
+    leaves, structure = jax.tree_util.tree_flatten(tree)
+    return structure, [tuple(np.shape(leaf)) for leaf in leaves]
+
+
+def restore_state_dict(target: Any, state: Any, from_state_dict: Callable[..., Any]) -> Any:
+    """flax's ``from_state_dict`` for a ``LossScaleOptimizerState`` ``target``, across ``stats_every`` on or off and
+    ``"dynamic"``/``"auto"``: the inner state, the scale and the counters come from ``state``; the statistics too
+    when ``state`` holds them in ``target``'s layout, else ``target``'s own (as ``init()`` made them: empty).
+
+    ``state`` is what flax's ``to_state_dict`` made of a state of any release (two fields, or three with
+    statistics). Host-side, no device work. Raises ValueError for a state dict that is not an optimizer state's."""
+    from ._optimizer import LossScaleOptimizerState
+
+    if not isinstance(state, Mapping):
+        raise TypeError(f"Restoring a LossScaleOptimizerState needs a state dict, got {type(state).__name__}.")
+    keys = set(state)
+    if keys == {"name", "fields", "values"}:  # flax's old NamedTuple layout
+        state = {state["fields"][str(i)]: state["values"][str(i)] for i in range(len(state["fields"]))}
+        keys = set(state)
+    if not {"inner_state", "loss_scale_state"} <= keys <= set(_SAVED_FIELDS):
+        raise ValueError(
+            f"The field names of the state dict and the named tuple do not match, got {keys} and "
+            f"{set(target._fields)}: not a saved loss_scale_optimizer state. Restore it into the state of the "
+            "transformation that saved it."
+        )
+    inner = from_state_dict(target.inner_state, state["inner_state"], name="inner_state")
+    scale = from_state_dict(target.loss_scale_state, state["loss_scale_state"], name="loss_scale_state")
+    stats, saved = target.stats, state.get("stats")
+    if stats is not None and saved is not None:
+        import flax.serialization
+
+        if _layout(flax.serialization.to_state_dict(stats)) == _layout(saved):
+            stats = from_state_dict(stats, saved, name="stats")
+    return LossScaleOptimizerState(inner, scale, stats)

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 from jax import lax
 
-__all__ = ["eval_jaxpr_choosing", "is_tracer", "like"]
+__all__ = ["eval_jaxpr_choosing", "is_tracer", "like", "serialize_namedtuples_with"]
 
 # Public replacement: ``jax.typeof`` (JAX >= 0.6). ``jax.core.get_aval`` is its older, deprecated spelling.
 typeof = getattr(jax, "typeof", None) or jax.core.get_aval
@@ -72,3 +73,31 @@ def eval_jaxpr_choosing(closed: Any, args: Sequence[Any], choose: Callable[[int,
         read(v) if not isinstance(v, Literal) and v in early else choose(i, read(v))
         for i, v in enumerate(jaxpr.outvars)
     ]
+
+
+def serialize_namedtuples_with(restore: Callable[[Any, Any, Callable], Any], owns: Callable[[Any], bool]) -> bool:
+    """Has flax's ``from_state_dict`` restore a NamedTuple for which ``owns(target)`` with ``restore(target, state,
+    from_state_dict)``, every other as before; done once, only if ``flax.serialization`` is imported (never
+    imports it). Returns whether it is in place.
+
+    flax serializes any NamedTuple through one handler of a private key (``flax.serialization._NamedTuple``), and a
+    NamedTuple type cannot be registered apart, so the handler is wrapped (no public replacement)."""
+    module = sys.modules.get("flax.serialization")
+    if module is None:
+        return False
+    registry = getattr(module, "_STATE_DICT_REGISTRY", None)
+    key = getattr(module, "_NamedTuple", None)
+    if registry is None or key not in registry:  # pragma: no cover - a flax that no longer has them
+        return False
+    to_state_dict, from_state_dict = registry[key]
+    if getattr(from_state_dict, "_lossscale_owns", None) is owns:
+        return True
+
+    def wrapped(target: Any, state: Any) -> Any:
+        if owns(target):
+            return restore(target, state, module.from_state_dict)
+        return from_state_dict(target, state)
+
+    wrapped._lossscale_owns = owns  # type: ignore[attr-defined]
+    module.register_serialization_state(key, to_state_dict, wrapped, override=True)
+    return True

@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.custom_batching import custom_vmap
 
 from .._errors import stall_error
 from .._history import STATS_COLUMNS, History
@@ -38,6 +39,28 @@ def _call_back_if(pred: jax.Array, fn: Any, *args: Any) -> None:
     lax.cond(pred, lambda: jax.debug.callback(fn, *args), lambda: None)
 
 
+VMAP_HISTORY = (
+    "history= does not support jax.vmap over the optimizer: every member would append its own row to the one "
+    "History, N rows per step with their step numbers interleaved. Drop history= and record outside vmap: after "
+    "each vmapped step, state.loss_scale and state.last_step_skipped hold one value per member (e.g. keep "
+    "np.asarray(state.loss_scale) per step), or run each member's optimizer with its own History without vmap."
+)
+
+
+@custom_vmap
+def _unbatched(finite: jax.Array) -> jax.Array:
+    """``finite`` itself; traced under ``vmap`` with ``finite`` batched, raises :data:`VMAP_HISTORY` (at trace time,
+    before anything runs: ``jax.debug.callback`` would run once per member)."""
+    return finite
+
+
+@_unbatched.def_vmap
+def _unbatched_vmap(axis_size: int, in_batched: Any, finite: jax.Array) -> tuple[jax.Array, bool]:
+    if any(jax.tree_util.tree_leaves(in_batched)):
+        raise ValueError(VMAP_HISTORY)
+    return finite, False
+
+
 class StepRecorder:
     """Appends ``(step, scale used, skipped)`` and sampled statistics to a History, continuing its steps (loss: NaN).
     One ``jax.debug.callback`` per step, from the first device along the axes (across processes: device 0's)."""
@@ -62,7 +85,7 @@ class StepRecorder:
 
     def record(self, scale: jax.Array, finite: jax.Array, axes: tuple[Hashable, ...] | None, measured: Any = None) -> None:
         """Stages the callback (runs it, eagerly); ``measured``: ``(sampled, sample)`` with ``stats_every``."""
-        args: tuple[Any, ...] = (scale, finite)
+        args: tuple[Any, ...] = (scale, _unbatched(finite))
         if measured is not None:
             sampled, sample = measured
             args += (jnp.asarray(sampled), *(getattr(sample, name) for name in STATS_COLUMNS))

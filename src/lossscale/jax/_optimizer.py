@@ -20,7 +20,8 @@ from .._resolve import resolve_loss_scale
 from .._rule import LossScaleState, initial_state
 from .._sampler import check_stats_every
 from .._stats import GradientStats, as_mapping
-from ._compat import eval_jaxpr_choosing, is_tracer, like
+from ._checkpoint import restore_state_dict
+from ._compat import eval_jaxpr_choosing, is_tracer, like, serialize_namedtuples_with
 from ._diagnostics import StepRecorder, guard_skip
 from ._grads import all_finite, check_gradients, nested_all_finite, scale_loss, squared_norm, unscale
 from ._stats import init_stats, sample_if_due, step_scale
@@ -100,6 +101,20 @@ class _StatsOptimizerState(_FieldsWithStats, LossScaleOptimizerState):  # type: 
     def __repr__(self) -> str:
         fields = ", ".join(f"{name}={value!r}" for name, value in zip(self._fields, self))
         return f"LossScaleOptimizerState({fields})"
+
+
+def _owns(node: Any) -> bool:
+    return isinstance(node, LossScaleOptimizerState)
+
+
+def register_with_flax() -> None:
+    """Lets flax restore a state saved with ``stats_every`` on into one with it off, and the other way (see
+    :func:`~lossscale.jax._checkpoint.restore_state_dict`); a no-op until flax is imported, never imports it.
+    Called at import and by each ``init()``, so it is in place whichever is imported first."""
+    serialize_namedtuples_with(restore_state_dict, _owns)
+
+
+register_with_flax()
 
 
 def _is_scale_node(node: Any) -> bool:
@@ -377,7 +392,8 @@ def loss_scale_optimizer(
         dynamic, initial_scale, dynamic_growth_steps: TF's stable form (default: dynamic, 2**15, 2000).
         min_loss_scale, max_loss_scale, hysteresis: refine the dynamic scale (defaults: 1, none, 1).
         max_consecutive_skips: raise :class:`lossscale.LossScaleError` at the ``N``-th skip in a row (default None).
-        history: a :class:`lossscale.History` given one row per step: a ``jax.debug.callback`` (0.4-1.7 ms on CPU).
+        history: a :class:`lossscale.History` given one row per step: a ``jax.debug.callback`` (0.4-1.7 ms on CPU);
+            under ``jax.vmap`` a ``ValueError`` when traced (one History cannot take a row per member).
         axis_name: under ``pmap``/``shard_map``, the axes over which the finite flag is ``lax.pmin``-ed.
         clip_by_global_norm: clip the true gradients to this global norm, also the finite check: no extra pass;
             with ``axis_name``, the norm of the whole gradient across the devices (one ``psum`` of a scalar).
@@ -417,6 +433,7 @@ def loss_scale_optimizer(
     inner = optax.with_extra_args_support(inner)
 
     def init_fn(params: Any) -> LossScaleOptimizerState:
+        register_with_flax()
         inner_state = inner.init(params)
         if any(_is_scale_node(n) for n in jax.tree_util.tree_leaves(inner_state, is_leaf=_is_scale_node)):
             raise TypeError(

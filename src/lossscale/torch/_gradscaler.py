@@ -4,21 +4,107 @@ from __future__ import annotations
 
 import warnings
 import weakref
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping, MutableMapping
 from typing import Any
 
 import torch
 
 from .._policy import DynamicLossScale
+from .._torch_compat import AMP_SCALING, GRAD_SCALER_WARNING, OptState, takes_grad_scaler
+from .._torch_kernels import unscale_grads_per_device
 from ._checkpoint import gradscaler_record, gradscaler_state_dict, replace_policy, with_torch_names
 from ._checkpoint import growth_interval as checked_interval
 from ._diagnostics import Diagnostics, OverflowReport, StepRecorder
 from ._distributed import FlagAgreement
 from ._scale import IterationScale
 from ._stats import StatsSampler, check_stats_every
-from ._step import OptimizerStep, Stage
+from ._step import OptimizerStep, Stage, StepRecord
 
 __all__ = ["GradScaler"]
+
+
+class _OptimizerStateView(MutableMapping):
+    """torch's ``_per_optimizer_states[id(optimizer)]``: ``{"stage": OptState, "found_inf_per_device": {device:
+    flag}}`` read from and written to the optimizer's live :class:`StepRecord`; ``step()`` and ``update()`` read what
+    client code writes (a stage and flags after its own unscale, e.g. Megatron's and apex's)."""
+
+    _KEYS = ("stage", "found_inf_per_device")
+
+    def __init__(self, record: StepRecord) -> None:
+        self._record = record
+
+    def __getitem__(self, key: str) -> Any:
+        record = self._record
+        if key == "stage":
+            return OptState[record.stage.name]
+        if key == "found_inf_per_device":
+            return {} if record.found_inf is None else {record.found_inf.device: record.found_inf}
+        raise KeyError(key)
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        record = self._record
+        if key == "stage":
+            try:
+                record.stage = Stage[OptState(value).name]
+            except ValueError:
+                raise ValueError(f"stage must be a torch.amp.grad_scaler.OptState (READY, UNSCALED, STEPPED) or its "
+                                 f"value, got {value!r}.") from None
+            return
+        if key != "found_inf_per_device":
+            raise KeyError(f"{key!r}: an optimizer's state in a GradScaler has the keys {list(self._KEYS)}.")
+        if not isinstance(value, Mapping) or not all(isinstance(t, torch.Tensor) for t in value.values()):
+            raise TypeError("found_inf_per_device must be a dict {device: found_inf tensor} (what _unscale_grads_ "
+                            f"returns), got {type(value).__name__}.")
+        flags = list(value.values())
+        if not flags:
+            record.found_inf = None
+        elif len(flags) == 1 and flags[0].dim() == 0 and flags[0].dtype == torch.float32:
+            record.found_inf = flags[0]  # the tensor itself: an in-place all-reduce of it still decides the step
+        else:
+            device = flags[0].device
+            record.found_inf = torch.clamp(sum(f.to(device).reshape(()).float() for f in flags), max=1.0)
+
+    def __delitem__(self, key: str) -> None:
+        raise TypeError("An optimizer's state in a GradScaler always has its two keys; assign them instead.")
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._KEYS)
+
+    def __len__(self) -> int:
+        return len(self._KEYS)
+
+    def __repr__(self) -> str:
+        return repr(dict(self))
+
+
+class _PerOptimizerStates(Mapping):
+    """torch's ``_per_optimizer_states``: ``{id(optimizer): state}`` (views), a fresh READY state for an id not seen
+    since the last ``update()``, as torch's ``defaultdict``; what a client writes there before the first
+    ``step()`` is taken over by that optimizer's step."""
+
+    def __init__(self, scaler: GradScaler) -> None:
+        self._scaler = scaler
+
+    def _records(self) -> dict[int, StepRecord]:
+        scaler = self._scaler
+        records = {id(opt): step.record for opt, step in scaler._steps.items()}
+        records.update(scaler._pending_records)
+        return records
+
+    def __getitem__(self, key: int) -> _OptimizerStateView:
+        record = self._records().get(key)
+        if record is None:
+            record = self._scaler._pending_records[key] = StepRecord()
+        return _OptimizerStateView(record)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._records()
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._records())
+
+    def __len__(self) -> int:
+        return len(self._records())
 
 
 class GradScaler:
@@ -79,6 +165,7 @@ class GradScaler:
         self._recorder = None if history is None or history is False else StepRecorder(history)
         self.sync_skips = bool(sync_skips)
         self._updates = self._slots = 0
+        self._pending_records: dict[int, StepRecord] = {}  # written through _per_optimizer_states before a step
 
     def scale(self, outputs: Any) -> Any:
         """``outputs * S``: a tensor, or nested lists/tuples (other iterables: a lazy ``map``) of them. No sync."""
@@ -136,6 +223,12 @@ class GradScaler:
             raise RuntimeError("step() has already been called since the last update(). Call update() once per "
                                "iteration, after every optimizer's step().")
         named = (lambda: self._diagnostics.named_grads(optimizer.param_groups)) if self._diagnostics.reporter else ()
+        if getattr(optimizer, AMP_SCALING, False) and takes_grad_scaler(optimizer):
+            # torch's older contract: the optimizer gets this scaler and unscales, checks and skips by itself
+            warnings.warn(GRAD_SCALER_WARNING, FutureWarning, stacklevel=2)
+            result = optimizer.step(*args, **{**kwargs, "grad_scaler": self})
+            slot.stepped_by_itself(named)
+            return result
         done = slot.step(optimizer, args, kwargs, on_host=self.sync_skips, named_grads=named)
         return None if done is None else done[2]
 
@@ -156,9 +249,43 @@ class GradScaler:
             params = lambda: [p for g in ref().param_groups for p in g["params"]]  # type: ignore[union-attr]
             step = OptimizerStep(self._owner, FlagAgreement(None, params), self._diagnostics, self._sampler,
                                  self._slots, own_counters=False)
+            step.numbering = self._iteration
+            pending = self._pending_records.pop(id(optimizer), None)
+            if pending is not None:  # what client code wrote through _per_optimizer_states
+                step.record = pending
             self._slots += 1
             self._steps[optimizer] = step
         return step
+
+    def _iteration(self) -> int:
+        """The overflow report's step number: ``update()`` calls so far (pickled, as the History's rows)."""
+        return self._updates
+
+    @property
+    def _per_optimizer_states(self) -> _PerOptimizerStates:
+        """torch's attribute: ``{id(optimizer): {"stage": OptState, "found_inf_per_device": {device: flag}}}``,
+        live views of each optimizer's record this iteration; what client code writes there, ``step()`` and
+        ``update()`` read (a flag written with the stage ``UNSCALED`` decides the step)."""
+        return _PerOptimizerStates(self)
+
+    def _unscale_grads_(self, optimizer: torch.optim.Optimizer, inv_scale: torch.Tensor, found_inf: torch.Tensor,
+                        allow_fp16: bool = False) -> dict[torch.device, torch.Tensor]:
+        """torch's method: multiplies ``optimizer``'s gradients by ``inv_scale`` in place and returns ``{device:
+        a copy of found_inf, set to 1.0 on a NaN/Inf}``; records nothing (write the result to
+        :attr:`_per_optimizer_states` to make it this iteration's check). float16 gradients without ``allow_fp16``:
+        ``ValueError``. One R+W pass, no sync."""
+        return unscale_grads_per_device(optimizer.param_groups, inv_scale, found_inf, allow_fp16)
+
+    def _check_inf_per_device(self, optimizer: torch.optim.Optimizer) -> dict[torch.device, torch.Tensor]:
+        """torch's method: checks ``optimizer``'s gradients for NaN/Inf without unscaling them, records the flag as
+        this iteration's (the stage is unchanged) and returns ``{device: flag}``. One R+W pass (by 1), no sync."""
+        self._require_scaled("_check_inf_per_device")
+        scale = self._owner.state.loss_scale
+        one = torch.ones((), dtype=torch.float32, device=scale.device)
+        zero = torch.zeros((), dtype=torch.float32, device=scale.device)
+        states = self._per_optimizer_states
+        states[id(optimizer)]["found_inf_per_device"] = self._unscale_grads_(optimizer, one, zero, True)
+        return states[id(optimizer)]["found_inf_per_device"]
 
     def update(self, new_scale: float | torch.Tensor | None = None) -> None:
         """Advances the scale once for this iteration from every optimizer's flag (an unscaled one not stepped
@@ -167,9 +294,10 @@ class GradScaler:
             return
         recorder, owner = self._recorder, self._owner
         scale_used = owner.loss_scale if recorder is not None else None
-        for step in self._steps.values():  # unscaled but not stepped: counts too
-            if step.record.stage is Stage.UNSCALED:
-                owner.add_step(step.record.found_inf, step.record)  # type: ignore[arg-type]
+        records = [step.record for step in self._steps.values()] + list(self._pending_records.values())
+        for record in records:  # a flag not yet counted (unscaled but not stepped; one a client wrote) counts too
+            if record.found_inf is not None and not owner.counts(record):
+                owner.add_step(record.found_inf, record)
         pending = owner.pending
         owner.update(new_scale)
         if self._sampler is not None and pending is not None:  # one sample of every optimizer measured
@@ -177,6 +305,9 @@ class GradScaler:
         if recorder is not None and pending is not None:
             recorder.record(self._updates, scale_used, pending > 0)  # type: ignore[arg-type]
         self._updates += 1
+        for record in records:  # every optimizer READY again, as torch's fresh per-optimizer states
+            record.reset()
+        self._pending_records.clear()
 
     @property
     def gradient_stats(self) -> dict[str, Any] | None:
@@ -199,6 +330,7 @@ class GradScaler:
         self._owner.load(gradscaler_record(state_dict, self._owner.policy, self._owner.state, custom_objects))
         for step in self._steps.values():
             step.reset()
+        self._pending_records.clear()
         if self._sampler is not None:  # the iteration's measurements go with it
             self._sampler.forget()
 
@@ -325,6 +457,7 @@ class GradScaler:
         self._owner, self._diagnostics = state["scale"], state["diagnostics"]
         self._sampler = state.get("sampler")
         self._steps, self._slots = weakref.WeakKeyDictionary(), 0
+        self._pending_records = {}
         self._recorder = None if state["history"] is None else StepRecorder(state["history"])
         self.sync_skips, self._updates = bool(state["sync_skips"]), int(state["updates"])
 

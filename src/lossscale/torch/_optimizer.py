@@ -49,9 +49,11 @@ class LossScaleOptimizer(TFv1Methods, torch.optim.Optimizer):
     is skipped (weights, inner state, step counts unchanged) in every mode, and the scale is updated either way.
     ``param_groups``, ``state`` and ``defaults`` are the inner optimizer's (LR schedulers reach it).
 
-    Cost per ``step()`` (``docs/concepts.md``): one unscale+check pass (R+W; fused float16 gradients: a check, the
-    kernel unscales); ``clip_grad_norm_`` adds a norm (R), and an R+W unless fused; ``min_loss_scale < 1`` an R+W
-    recheck. Host syncs: fused 0 (1 when a parameter gets its first gradient), else 1; the scale update adds none.
+    Cost per ``step()`` (``docs/concepts.md``): one unscale+check pass (R+W; fused float16 gradients, and a fused
+    optimizer of your own: a check, and the kernel unscales by ``grad_scale = S`` as under ``torch.amp.GradScaler``);
+    ``clip_grad_norm_`` adds a norm (R), and an R+W unless fused; ``min_loss_scale < 1`` an R+W recheck.
+    An inner optimizer whose ``step`` takes ``grad_scaler=`` (apex's contract) gets unscaled gradients and a skip
+    decided on the host: there is no scaler to pass it. Host syncs: fused 0 (1 when a parameter gets its first gradient), else 1; the scale update adds none.
     No gradient: a no-op.
 
     Args:

@@ -376,6 +376,10 @@ class IterationScale(SharedLossScale):
             value = torch.tensor(float(new_scale), dtype=torch.float32)
         self.set_scale(value, self._close())
 
+    def counts(self, member: Any) -> bool:
+        """Whether ``member``'s flag is already among this iteration's."""
+        return any(m is member for m in self._members)
+
     def overwrite(self, *, scale: float | None = None, growth_tracker: int | None = None) -> None:
         if scale is not None:
             self.set_scale(torch.tensor(float(scale)))

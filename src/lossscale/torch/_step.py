@@ -15,10 +15,11 @@ import numpy as np
 import torch
 
 from .._rule import LossScaleState, _HostScalars, next_skip_counters
-from .._torch_compat import AMP_SCALING, foreach_mul_, step_with_scale
+from .._torch_compat import AMP_SCALING, foreach_mul_, step_with_scale, takes_grad_scaler
 from .._torch_kernels import (
     GradGroups,
     check_param_grads_,
+    kernel_unscales,
     reciprocal,
     scaled_norm,
     unscale_and_check_,
@@ -78,9 +79,9 @@ class StepRecord:
     def reset(self) -> None:
         self.stage, self.found_inf, self.grad_scale, self.clipped = Stage.READY, None, None, False
 
-    def stepped(self) -> None:
-        self.reset()
-        self.stage = Stage.STEPPED
+    def stepped(self, found_inf: torch.Tensor | None = None) -> None:
+        """STEPPED until the scale's update, keeping the step's flag readable (torch's ``found_inf_per_device``)."""
+        self.stage, self.found_inf, self.grad_scale, self.clipped = Stage.STEPPED, found_inf, None, False
 
     def forget_check(self) -> None:
         """``zero_grad()``: a pending check is gone (a step is not forgotten)."""
@@ -161,9 +162,20 @@ class StepCounters:
 _SETTING_TYPES = (bool, int, float, str, tuple, type(None))
 
 
+def hands_scale(inner: torch.optim.Optimizer) -> bool:
+    """Whether a fused ``inner`` gets float32 gradients scaled, with ``grad_scale = S`` (``torch.amp.GradScaler``'s
+    contract, which an optimizer of your own may rely on), rather than unscaled by the check pass with
+    ``grad_scale = None``. torch's own fused optimizers get the latter: their kernels compute the same update from
+    either (bit for bit at power-of-two scales), and given ``grad_scale`` they also write the unscaled gradients
+    back, one more write over the gradients in the step."""
+    return not type(inner).__module__.startswith("torch.optim.")
+
+
 def is_fused(inner: torch.optim.Optimizer) -> bool:
-    """Whether ``inner.step()`` reads ``grad_scale``/``found_inf`` (torch's fused optimizers)."""
-    return bool(getattr(inner, AMP_SCALING, False))
+    """Whether ``inner.step()`` reads ``grad_scale``/``found_inf`` (torch's fused optimizers). One whose ``step``
+    takes ``grad_scaler=`` (the older contract) is not: it would ignore them, so it gets unscaled gradients and a
+    skip decided on the host (a ``GradScaler`` passes itself to it instead, as torch's does)."""
+    return bool(getattr(inner, AMP_SCALING, False)) and not takes_grad_scaler(inner)
 
 
 class FusedStateTracker:
@@ -260,6 +272,7 @@ class OptimizerStep:
         private = owner if owner.advances_each_step else None
         self.counters = StepCounters(private, own_counters or self.diagnostics.guard is not None)
         self.sampler, self.slot = sampler, slot
+        self.numbering: Callable[[], int] | None = None  # the overflow report's step number (None: counters.steps)
         self._in_closure = False
 
     def measure(self, inner: torch.optim.Optimizer, pairs: Any = None, factor: torch.Tensor | None = None) -> None:
@@ -338,25 +351,33 @@ class OptimizerStep:
     def step(self, inner: torch.optim.Optimizer, args: tuple = (), kwargs: dict | None = None, *,
              on_host: bool = False, named_grads: Any = ()) -> tuple[torch.Tensor, bool | None, Any] | None:
         """Checks (or takes what ``unscale_()``/a clip checked), then :meth:`apply`: ``(found_inf, skipped,
-        inner.step's result)``, None with no gradient. A fused ``inner`` with float16 gradients gets a check only
-        and ``grad_scale = S`` (its kernel unscales in float32)."""
+        inner.step's result)``, None with no gradient. A fused ``inner`` gets a check only and the scaled
+        gradients with ``grad_scale = S``, as ``torch.amp.GradScaler`` gives (its kernel unscales in float32),
+        except float32 gradients where :func:`hands_scale` says no (torch's own fused optimizers) or with
+        ``min_loss_scale < 1`` (``g / S`` may overflow inside the kernel): unscaled here, ``grad_scale`` None."""
         record = self.record
         record.require("step")
         fused = is_fused(inner)
         if record.stage is Stage.UNSCALED:
             found_inf, grad_scale = record.found_inf, record.grad_scale
+            if found_inf is None:  # a client set the stage through _per_optimizer_states without a flag
+                raise RuntimeError("No inf checks were recorded for this optimizer. Set its "
+                                   "_per_optimizer_states[id(optimizer)]['found_inf_per_device'] along with its "
+                                   "stage, or call unscale_(optimizer) instead.")
         else:
             scale = self.owner.for_step(None)
             self.measure(inner)
+            contract = fused and hands_scale(inner)
             grads, found_inf = check_param_grads_(inner.param_groups, scale.inv_scale, fused=fused,
-                                                  recheck=scale.can_go_below_one)
+                                                  recheck=scale.can_go_below_one, contract=contract)
             if not grads.tensors:
                 return None
             if found_inf is None:
                 require_unscalable(grads, "step()")
             if grads.device != scale.device:  # the scale follows the gradients
                 scale = self.owner.for_step(grads.device)
-            grad_scale = scale.loss_scale if grads.has_float16 else None
+            unscales = kernel_unscales(grads, fused=fused, recheck=scale.can_go_below_one, contract=contract)
+            grad_scale = scale.loss_scale if unscales else None
         return self.apply(inner, found_inf, grad_scale, args, kwargs,  # type: ignore[arg-type]
                           on_host=on_host, named_grads=named_grads, fused=fused)
 
@@ -385,6 +406,16 @@ class OptimizerStep:
         self.finish(found_inf, skipped, named_grads)
         return found_inf, skipped, result
 
+    def stepped_by_itself(self, named_grads: Any = ()) -> None:
+        """After ``inner.step(grad_scaler=...)``, which unscaled, checked and skipped by itself: finishes with the
+        flag it recorded (``unscale_``, ``_check_inf_per_device`` or ``_per_optimizer_states``), else only marks the
+        optimizer stepped (nothing for ``update()``, as in torch)."""
+        found_inf = self.record.found_inf
+        if found_inf is None:
+            self.record.stepped()
+            return
+        self.finish(self._agreed(found_inf), None, named_grads)
+
     def _agreed(self, found_inf: torch.Tensor) -> torch.Tensor:
         agree = self.agree
         if agree is None:
@@ -395,7 +426,7 @@ class OptimizerStep:
     def finish(self, found_inf: torch.Tensor, skipped: bool | None, named_grads: Any = ()) -> None:
         """Ends a step: overflow report, counters, the scale, history, stall guard."""
         diagnostics, counters, owner, record = self.diagnostics, self.counters, self.owner, self.record
-        step = counters.steps
+        step = counters.steps if self.numbering is None else self.numbering()
         scale_used = owner.state.loss_scale.clone() if diagnostics.wants_scale else None
         if diagnostics.reporter is not None:
             diagnostics.reporter.observe(step, found_inf, skipped, scale_used, named_grads)  # type: ignore[arg-type]
@@ -403,7 +434,7 @@ class OptimizerStep:
         if owner.advances_each_step:
             record.reset()
         else:
-            record.stepped()
+            record.stepped(found_inf)
         sampler = self.sampler if self.slot is None else None
         new = None if sampler is None else sampler.advance(owner.state, found_inf, diagnostics.recorder)
         if new is None:
