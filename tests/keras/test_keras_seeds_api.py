@@ -75,6 +75,8 @@ def test_inner_settings_read_and_write_through_the_wrapper():
 
 @pytest.mark.parametrize("arg", ["clipnorm", "weight_decay", "use_ema", "global_clipnorm", "loss_scale_factor"])
 def test_base_optimizer_arguments_are_refused_naming_inner_optimizer(arg):
+    with pytest.raises(ValueError, match=f"does not support `{arg}`. Instead, set `{arg}` on the `inner_optimizer`"):
+        keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1), **{arg: 1.0 if arg != "use_ema" else True})
     with pytest.raises(ValueError, match=f"{arg}=.*inner_optimizer"):
         lsk.LossScaleOptimizer(keras.optimizers.SGD(0.1), **{arg: 1.0 if arg != "use_ema" else True})
 

@@ -74,11 +74,11 @@ def keras3_store(optimizer: Any, store: Any) -> dict[str, Any] | None:
     if not (_integer_scalar(counter) and _float_scalar(scale)):
         return None
     where = f"optimizer {optimizer.name!r}: the dynamic_scale that Keras 3's LossScaleOptimizer saved"
-    scale = np.float32(check_scale(where, scale.item(), optimizer.loss_scale_policy, clamp=True))
-    values = {id(v): value for v, value in zip(base, saved)}
+    clamped = np.float32(check_scale(where, scale.item(), optimizer.loss_scale_policy, clamp=True))
+    values: dict[int, Any] = {id(v): value for v, value in zip(base, saved)}
     values |= {id(v): value for v, value in zip(inner, saved[len(base) + 2:])}
     values |= {id(v): value for v, value in zip(scale_variables, initial_state(optimizer._scale.params, np))}
-    values |= {id(scale_variables[0]): scale, id(scale_variables[1]): counter.astype(np.int32)}
+    values |= {id(scale_variables[0]): clamped, id(scale_variables[1]): counter.astype(np.int32)}
     values |= {id(v): value for v, value in zip(stats_variables, [] if stats is None else stats.initial)}
     return {str(i): values[id(v)] for i, v in enumerate(variables)}
 

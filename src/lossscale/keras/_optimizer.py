@@ -97,7 +97,7 @@ def _check_arguments(inner: Any, kwargs: dict[str, Any]) -> None:
 
 def _below_one(value: Any) -> bool:
     """Whether ``value`` is a number in (0, 1): an initial scale Keras 3 accepts and TF's floor of 1 would refuse."""
-    return isinstance(value, Real) and not isinstance(value, bool) and 0 < value < 1
+    return isinstance(value, Real) and not isinstance(value, bool) and 0 < float(value) < 1
 
 
 def _claim(inner: Any, wrapper: Any) -> None:
