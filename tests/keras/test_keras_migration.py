@@ -10,7 +10,7 @@ import warnings
 import keras
 import numpy as np
 import pytest
-from kutil import numbers
+from kutil import BACKEND, numbers
 
 import lossscale.keras as lsk
 
@@ -83,6 +83,10 @@ def saved(tmp_path_factory, uninterrupted):
     assert (scale_and_counter(model.optimizer), int(model.optimizer.iterations)) == uninterrupted[1]
     model.save_weights(folder / "run.weights.h5")
     model.save(folder / "run.keras")
+    if BACKEND == "tensorflow":
+        import tensorflow as tf
+
+        tf.train.Checkpoint(model=model, optimizer=model.optimizer).write(str(folder / "ckpt"))
     return folder
 
 
@@ -130,6 +134,26 @@ def test_keras_file_of_keras_3s_class_resumes_in_lossscales(saved, uninterrupted
         warnings.simplefilter("error")
         model.load_weights(path)  # the state: weights, the inner optimizer's slots, the scale and its counter
     assert (scale_and_counter(opt), int(opt.iterations)) == uninterrupted[1]
+    train(model, AFTER)
+    assert_same_run(model, uninterrupted[0])
+
+
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="tf.train.Checkpoint is TensorFlow's")
+@pytest.mark.parametrize("when", ["after build", "before build"])
+def test_tf_checkpoint_of_keras_3s_class_resumes_in_lossscales(saved, uninterrupted, when):
+    import tensorflow as tf
+
+    model = make_model(lossscale_optimizer())
+    opt = model.optimizer
+    if when == "after build":
+        opt.build(model.trainable_variables)
+    status = tf.train.Checkpoint(model=model, optimizer=opt).read(str(saved / "ckpt"))
+    if when == "before build":  # restored when built
+        opt.build(model.trainable_variables)
+    status.assert_nontrivial_match()  # (not assert_consumed: our skip counters have no saved value)
+    assert (scale_and_counter(opt), int(opt.iterations)) == uninterrupted[1]  # its step_counter is int64, ours int32
+    assert float(opt.inner_optimizer.learning_rate) == pytest.approx(LEARNING_RATE)  # not the wrapper's 0
+    assert numbers(opt)[2:] == (0, 0, 0)
     train(model, AFTER)
     assert_same_run(model, uninterrupted[0])
 

@@ -232,12 +232,14 @@ class LossScaleOptimizer(TFMethods, keras.optimizers.LossScaleOptimizer):
         self._jax_steps: dict[bool, Any] = {}
         self._pending: dict[str, Any] | None = None  # variable values restored before build (pickle, deepcopy)
         self._checkpoint_node = checkpoint_node()
-        self._legacy_checkpoint = LegacyCheckpoint()  # restores of lossscale 0.1's tf.train.Checkpoint layout
+        self._legacy_checkpoint = LegacyCheckpoint()  # restores of 0.1's and Keras 3's tf.train.Checkpoint layouts
 
     @no_automatic_dependency_tracking
     def build(self, var_list: Sequence[Any]) -> None:
         # Keras' own class names its first two variables as attributes.
         variables = self._scale.build(self.add_variable)
+        if self._checkpoint_node is not None:
+            self._legacy_checkpoint.before_build(self)
         self.dynamic_scale, self.step_counter = variables[:2]
         if self._scale.stats is not None and not self._scale.stats.built:
             variables = variables + self._scale.stats.build(self.add_variable, list(var_list))
@@ -267,7 +269,7 @@ class LossScaleOptimizer(TFMethods, keras.optimizers.LossScaleOptimizer):
         return checkpoint_children(self.inner_optimizer, self._checkpoint_node, save_type, **kwargs)
 
     def _checkpoint_adapter(self, path: str) -> Any:
-        # TensorFlow's restore asks first: a 0.1 checkpoint? (_compat.LegacyCheckpoint)
+        # TensorFlow's restore asks first: a checkpoint of 0.1, or of Keras 3's class? (_compat.LegacyCheckpoint)
         if (legacy := self.__dict__.get("_legacy_checkpoint")) is not None:
             legacy.adapter(path)
         return super()._checkpoint_adapter(path)
@@ -276,7 +278,7 @@ class LossScaleOptimizer(TFMethods, keras.optimizers.LossScaleOptimizer):
         # Restores pass the node's children; TF's own tracking (a name already taken?) passes none, and is left alone.
         legacy = self.__dict__.get("_legacy_checkpoint")  # None while __init__ runs (Keras tracks attributes)
         if legacy is not None and cached_dependencies is not None:
-            handled, found = legacy.lookup(name, self.inner_optimizer, self._scale.variables)
+            handled, found = legacy.lookup(name, self.inner_optimizer, self._scale.variables, self)
             if handled:
                 return found
         return super()._lookup_dependency(name, cached_dependencies)
