@@ -56,8 +56,9 @@ def keras3_store(optimizer: Any, store: Any) -> dict[str, Any] | None:
     variables (``dynamic_scale`` first), the ``stats_every`` ones, then the inner's. The store is taken as Keras 3's
     when its length is that layout's and those two have those kinds (a lossscale file of another length, even one
     with the same count, has a float where Keras 3 has ``step_counter``): the scale and the step counter carry
-    over, the scale clamped into the policy's bounds (Keras 3's has no floor: it can fall below 1, or to 0), and
-    the variables Keras 3 does not have take their initial values (the skip counters 0, the statistics empty).
+    over, the scale clamped into the policy's bounds (Keras 3's has no floor: it can fall below 1, or to 0; one not
+    finite raises ``ValueError``), and the variables Keras 3 does not have take their initial values (the skip
+    counters 0, the statistics empty).
     Cost: one read of each saved value (host copies, as Keras' own load)."""
     if not optimizer.built:
         return None
@@ -73,8 +74,15 @@ def keras3_store(optimizer: Any, store: Any) -> dict[str, Any] | None:
     counter, scale = saved[len(base)], saved[len(base) + 1]
     if not (_integer_scalar(counter) and _float_scalar(scale)):
         return None
+    if not np.isfinite(np.float32(scale.item())):
+        raise ValueError(
+            f"optimizer {optimizer.name!r}: the dynamic_scale that Keras 3's LossScaleOptimizer saved is "
+            f"{scale.item()}: that scale overflowed (Keras 3 doubles it unchecked), and no step trains from it. Load "
+            "an earlier file, or load this one with Keras 3's class, give it a finite scale "
+            "(opt.dynamic_scale.assign(2.0**15)) and save it again."
+        )
     where = f"optimizer {optimizer.name!r}: the dynamic_scale that Keras 3's LossScaleOptimizer saved"
-    clamped = np.float32(check_scale(where, scale.item(), optimizer.loss_scale_policy, clamp=True))
+    clamped = np.float32(check_scale(where, scale.item(), optimizer.loss_scale_policy, clamp=True))  # finite: clamps
     values: dict[int, Any] = {id(v): value for v, value in zip(base, saved)}
     values |= {id(v): value for v, value in zip(inner, saved[len(base) + 2:])}
     values |= {id(v): value for v, value in zip(scale_variables, initial_state(optimizer._scale.params, np))}
