@@ -263,6 +263,10 @@ def test_the_second_positional_argument_is_tfs_loss_scale_not_keras_3s_initial_s
     ours = lsk.LossScaleOptimizer(keras.optimizers.SGD(), 1024)
     assert theirs.initial_scale == 1024 and not ours.dynamic and float(ours.loss_scale) == 1024.0
     assert lsk.LossScaleOptimizer(keras.optimizers.SGD(), initial_scale=1024).dynamic
+    theirs = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(), 1024, 500, "lso")
+    assert (theirs.dynamic_growth_steps, theirs.name) == (500, "lso")
+    with pytest.raises(TypeError, match="positional"):  # keyword-only here
+        lsk.LossScaleOptimizer(keras.optimizers.SGD(), 1024, 500, "lso")
 
 
 def test_dynamic_false_is_a_fixed_scale_where_keras_3_raises():
