@@ -133,10 +133,26 @@ def test_config_round_trip(kwargs):
     assert type(generic) is lsk.LossScaleOptimizer and generic.get_config() == config
 
 
-def test_config_keys_are_tf_keras_keys_for_tf_policies():
-    config = lsk.LossScaleOptimizer(sgd(), initial_scale=2048, dynamic_growth_steps=500).get_config()
-    assert set(config) == {"name", "inner_optimizer", "dynamic", "initial_scale", "dynamic_growth_steps"}
-    assert (config["dynamic"], config["initial_scale"], config["dynamic_growth_steps"]) == (True, 2048.0, 500)
+def test_config_of_a_dynamic_scale_is_keras_3s_own():
+    config = lsk.LossScaleOptimizer(sgd(), initial_scale=2048, dynamic_growth_steps=500, name="lso").get_config()
+    theirs = keras.optimizers.LossScaleOptimizer(sgd(), initial_scale=2048, dynamic_growth_steps=500, name="lso")
+    assert config == theirs.get_config() == {
+        "name": "lso", "inner_optimizer": keras.saving.serialize_keras_object(sgd()),
+        "initial_scale": 2048, "dynamic_growth_steps": 500,
+    }
+    # so Keras 3's own class reads it back
+    again = keras.optimizers.LossScaleOptimizer.from_config(config)
+    assert (again.initial_scale, again.dynamic_growth_steps) == (2048.0, 500)
+
+
+def test_config_of_a_fixed_scale_is_the_experimental_form_without_tf_keras_dynamic_key():
+    config = lsk.LossScaleOptimizer(sgd(), dynamic=False, initial_scale=123).get_config()
+    assert {k: v for k, v in config.items() if k != "inner_optimizer"} == {"name": config["name"], "loss_scale": 123.0}
+    assert lsk.LossScaleOptimizer.from_config(config).loss_scale_policy == lsk.FixedLossScale(123)
+    # tf-keras's configs (with its dynamic key) still load
+    old = {"inner_optimizer": config["inner_optimizer"], "dynamic": False, "initial_scale": 123.0,
+           "dynamic_growth_steps": None}
+    assert lsk.LossScaleOptimizer.from_config(old).loss_scale_policy == lsk.FixedLossScale(123)
 
 
 def test_from_config_does_not_mutate_its_argument():
@@ -303,3 +319,38 @@ def test_unusable_configs_name_the_problem():
 def test_policies_serialize_through_lossscale():
     config = lsk.LossScaleOptimizer(sgd(), lsk.FixedLossScaleManager(32)).get_config()
     assert lossscale.get(config["loss_scale"]) == lsk.FixedLossScaleManager(32)
+
+
+# ----------------------------------------------------------------------------- Keras 3's initial_scale below 1
+
+
+def test_a_dynamic_initial_scale_below_1_is_accepted_as_keras_3_accepts_it_and_is_the_floor():
+    keras.optimizers.LossScaleOptimizer(sgd(), initial_scale=0.5)  # Keras 3 takes it
+    opt = lsk.LossScaleOptimizer(sgd(), initial_scale=0.5, dynamic_growth_steps=2)
+    assert opt.loss_scale_policy == lsk.DynamicLossScale(0.5, 2, min_loss_scale=0.5)
+    w = keras.Variable(np.ones(2, np.float32))
+    scales = []
+    for g in [np.inf, 1.0, 1.0, 1.0, np.inf]:
+        opt.apply([keras.ops.convert_to_tensor(np.full(2, g, np.float32))], [w])
+        scales.append(float(opt.loss_scale))
+    # an overflow at 0.5 stays at 0.5 (Keras 3 halves to 0.25, TF's floor of 1 would jump to 1); growth doubles
+    assert scales == [0.5, 0.5, 1.0, 1.0, 0.5]
+    again = lsk.LossScaleOptimizer.from_config(opt.get_config())
+    assert again.loss_scale_policy == opt.loss_scale_policy
+    # Keras 3's own config with a scale below 1
+    theirs = keras.optimizers.LossScaleOptimizer(sgd(), initial_scale=0.25).get_config()
+    assert lsk.LossScaleOptimizer.from_config(theirs).loss_scale_policy == lsk.DynamicLossScale(0.25, min_loss_scale=0.25)
+    # an explicit floor still decides
+    assert lsk.LossScaleOptimizer(sgd(), initial_scale=0.5, min_loss_scale=0.125).loss_scale_policy.min_loss_scale == 0.125
+
+
+@pytest.mark.parametrize("value", [0, -1.0, float("inf")])
+def test_an_initial_scale_keras_3_takes_but_that_breaks_the_scale_is_refused(value):
+    keras.optimizers.LossScaleOptimizer(sgd(), initial_scale=value)  # Keras 3 takes any number
+    with pytest.raises(ValueError, match="initial_scale must be"):
+        lsk.LossScaleOptimizer(sgd(), initial_scale=value)
+
+
+def test_a_fixed_scale_below_1_is_still_refused():
+    with pytest.raises(ValueError, match="initial_scale must be at least 1, got 0.5"):
+        lsk.LossScaleOptimizer(sgd(), dynamic=False, initial_scale=0.5)

@@ -75,10 +75,35 @@ def test_inner_settings_read_and_write_through_the_wrapper():
 
 @pytest.mark.parametrize("arg", ["clipnorm", "weight_decay", "use_ema", "global_clipnorm", "loss_scale_factor"])
 def test_base_optimizer_arguments_are_refused_naming_inner_optimizer(arg):
+    with pytest.raises(ValueError, match=f"does not support `{arg}`. Instead, set `{arg}` on the `inner_optimizer`"):
+        keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1), **{arg: 1.0 if arg != "use_ema" else True})
     with pytest.raises(ValueError, match=f"{arg}=.*inner_optimizer"):
         lsk.LossScaleOptimizer(keras.optimizers.SGD(0.1), **{arg: 1.0 if arg != "use_ema" else True})
-    with pytest.raises(TypeError, match="unexpected keyword arguments: bogus"):
-        lsk.LossScaleOptimizer(keras.optimizers.SGD(0.1), bogus=1)
+
+
+@pytest.mark.parametrize("kwargs", [{"bogus": 1}, {"foo": 1, "bar": 2}, {"clipnorm": None, "foo": 1}])
+def test_unknown_keywords_raise_keras_3s_value_error(kwargs):
+    with pytest.raises(ValueError) as theirs:
+        keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1), **kwargs)
+    with pytest.raises(ValueError) as ours:
+        lsk.LossScaleOptimizer(keras.optimizers.SGD(0.1), **kwargs)
+    unknown = "`, `".join(k for k in kwargs if k != "clipnorm")
+    assert str(theirs.value) == f"LossScaleOptimizer does not support arguments: `{unknown}`."
+    assert str(ours.value).startswith(str(theirs.value))  # and then names the keywords it takes
+    assert "initial_scale, dynamic_growth_steps" in str(ours.value)
+
+
+def test_base_optimizer_arguments_at_their_defaults_are_accepted_as_keras_3_accepts_them():
+    defaults = {
+        "weight_decay": None, "clipnorm": None, "global_clipnorm": None, "clipvalue": None, "use_ema": False,
+        "ema_momentum": 0.99, "ema_overwrite_frequency": None, "loss_scale_factor": None,
+        "gradient_accumulation_steps": None,
+    }
+    keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1), **defaults)  # Keras 3 accepts them
+    opt = lsk.LossScaleOptimizer(keras.optimizers.SGD(0.1, clipnorm=2.0), **defaults, initial_scale=64)
+    assert opt.clipnorm == 2.0 and opt.use_ema is False  # the inner's settings are untouched
+    assert opt.loss_scale_policy == lsk.DynamicLossScale(64)
+    lsk.LossScaleOptimizer(keras.optimizers.SGD(0.1), use_ema=0)  # equal to the default, as Keras 3 compares
 
 
 def test_an_inner_optimizer_has_one_wrapper():

@@ -8,11 +8,12 @@ from typing import Any
 import keras
 import numpy as np
 
-from .._checkpoint import FIELDS, read_record
+from .._checkpoint import FIELDS, check_scale, read_record
+from .._rule import initial_state
 from ._compat import before_tf_restore
 from ._step import STATE_NAMES
 
-__all__ = ["check_store", "guard_restores"]
+__all__ = ["check_store", "guard_restores", "keras3_store"]
 
 #: Keras variable name -> LossScaleState field.
 _FIELD = dict(zip(STATE_NAMES, FIELDS))
@@ -37,6 +38,57 @@ def check_store(optimizer: Any, state: Sequence[Any], store: Any) -> None:
                 "this optimizer saved. Load a file written by model.save()/save_weights()."
             )
     _check(optimizer, values, f"optimizer {optimizer.name!r}: its saved variables")
+
+
+def _integer_scalar(value: Any) -> bool:
+    return value.shape == () and np.issubdtype(value.dtype, np.integer)
+
+
+def _float_scalar(value: Any) -> bool:
+    return value.shape == () and np.issubdtype(value.dtype, np.floating)
+
+
+def keras3_store(optimizer: Any, store: Any) -> dict[str, Any] | None:
+    """A weights ``store`` written by Keras 3's own ``LossScaleOptimizer``, as this optimizer's layout; else None.
+
+    Keras 3's optimizer saves its base variables (``iteration``, ``learning_rate``), then ``step_counter`` (an int)
+    and ``dynamic_scale`` (a float), then the inner optimizer's; ours saves the base ones, then the five scale
+    variables (``dynamic_scale`` first), the ``stats_every`` ones, then the inner's. The store is taken as Keras 3's
+    when its length is that layout's and those two have those kinds (a lossscale file of another length, even one
+    with the same count, has a float where Keras 3 has ``step_counter``): the scale and the step counter carry
+    over, the scale clamped into the policy's bounds (Keras 3's has no floor: it can fall below 1, or to 0; one not
+    finite raises ``ValueError``), and the variables Keras 3 does not have take their initial values (the skip
+    counters 0, the statistics empty).
+    Cost: one read of each saved value (host copies, as Keras' own load)."""
+    if not optimizer.built:
+        return None
+    scale_variables, stats = optimizer._scale.variables, optimizer._scale.stats
+    stats_variables = [] if stats is None else stats.variables
+    ours = {id(v) for v in [*scale_variables, *stats_variables]}
+    variables, inner = list(optimizer.variables), list(optimizer.inner_optimizer.variables)
+    base = [v for v in variables[: len(variables) - len(inner)] if id(v) not in ours]  # the wrapper's own, first
+    width = len(base) + 2 + len(inner)  # Keras 3's: base, step_counter, dynamic_scale, inner
+    if set(store.keys()) != {str(i) for i in range(width)}:
+        return None
+    saved = [np.asarray(store[str(i)]) for i in range(width)]
+    counter, scale = saved[len(base)], saved[len(base) + 1]
+    if not (_integer_scalar(counter) and _float_scalar(scale)):
+        return None
+    if not np.isfinite(np.float32(scale.item())):
+        raise ValueError(
+            f"optimizer {optimizer.name!r}: the dynamic_scale that Keras 3's LossScaleOptimizer saved is "
+            f"{scale.item()}: that scale overflowed (Keras 3 doubles it unchecked), and no step trains from it. Load "
+            "an earlier file, or load this one with Keras 3's class, give it a finite scale "
+            "(opt.dynamic_scale.assign(2.0**15)) and save it again."
+        )
+    where = f"optimizer {optimizer.name!r}: the dynamic_scale that Keras 3's LossScaleOptimizer saved"
+    clamped = np.float32(check_scale(where, scale.item(), optimizer.loss_scale_policy, clamp=True))  # finite: clamps
+    values: dict[int, Any] = {id(v): value for v, value in zip(base, saved)}
+    values |= {id(v): value for v, value in zip(inner, saved[len(base) + 2:])}
+    values |= {id(v): value for v, value in zip(scale_variables, initial_state(optimizer._scale.params, np))}
+    values |= {id(scale_variables[0]): clamped, id(scale_variables[1]): counter.astype(np.int32)}
+    values |= {id(v): value for v, value in zip(stats_variables, [] if stats is None else stats.initial)}
+    return {str(i): values[id(v)] for i, v in enumerate(variables)}
 
 
 def guard_restores(optimizer: Any, state: Sequence[Any]) -> None:

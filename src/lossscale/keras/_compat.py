@@ -116,33 +116,57 @@ LEGACY_SCALE_NAMES = (
 
 
 class LegacyCheckpoint:
-    """Restores a ``tf.train.Checkpoint`` of lossscale 0.1 (TF's ``_checkpoint_adapter`` and ``_lookup_dependency``):
-    its scale names map to today's variables, its unused ``_iterations``, ... (today the inner's) to throwaway ones."""
+    """Restores a ``tf.train.Checkpoint`` of lossscale 0.1 or of Keras 3's own class (TF's private
+    ``_checkpoint_adapter``, ``_lookup_dependency``, ``_deferred_dependencies``, ``_restore_from_tensors``; public
+    replacement: none). 0.1's scale names map to today's variables, its unused ``_iterations``, ... (today the
+    inner's) to throwaway ones. Keras 3's ``dynamic_scale`` is ours; its int64 ``step_counter`` restores into our
+    int32 one through a sink; its wrapper's own ``_iterations``, ``_learning_rate`` and ``_variables`` map to our
+    wrapper's own (our children are the inner's), and ``inner_optimizer`` to the inner."""
 
     _UNUSED = ("_iterations", "_learning_rate", "_variables")
 
     def __init__(self) -> None:
         self.active = False
+        self.keras3_counter: Any = None  # the dtype of the step_counter of Keras 3's own class's checkpoint, or None
         self._sinks: dict[str, Any] = {}
 
     def adapter(self, path: str) -> None:
-        """Notes whether ``path`` holds 0.1's wrapper (children ``inner_optimizer`` and ``_bad_steps_variable``)."""
+        """Notes whether ``path`` holds 0.1's wrapper (children ``inner_optimizer`` and ``_bad_steps_variable``), or
+        Keras 3's own class (children ``inner_optimizer``, ``dynamic_scale``, ``step_counter``; none of ours)."""
         import tensorflow as tf
         from google.protobuf.message import DecodeError
         from tensorflow.core.protobuf import trackable_object_graph_pb2
 
+        self.active, self.keras3_counter = False, None
         try:
             reader = tf.train.load_checkpoint(path)
             graph = trackable_object_graph_pb2.TrackableObjectGraph()
             graph.ParseFromString(reader.get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH"))
         except (tf.errors.OpError, ValueError, KeyError, DecodeError):  # no object graph there: nothing of 0.1's
-            self.active = False
             return
-        names = ({child.local_name for child in node.children} for node in graph.nodes)
-        self.active = any({"inner_optimizer", "_bad_steps_variable"} <= children for children in names)
+        for node in graph.nodes:
+            children = {child.local_name: child.node_id for child in node.children}
+            self.active = self.active or {"inner_optimizer", "_bad_steps_variable"} <= set(children)
+            ours = {"loss_scale", "_bad_steps_variable"} & set(children)  # today's and 0.1's
+            if {"inner_optimizer", "dynamic_scale", "step_counter"} <= set(children) and not ours:
+                attributes = graph.nodes[children["step_counter"]].attributes
+                dtypes = reader.get_variable_to_dtype_map()
+                if attributes and attributes[0].checkpoint_key in dtypes:
+                    self.keras3_counter = dtypes[attributes[0].checkpoint_key]
 
-    def lookup(self, name: str, inner: Any, scale_variables: list[Any]) -> tuple[bool, Any]:
-        """``(handled, dependency)`` for ``name`` of a 0.1 checkpoint; ``(False, None)``: today's lookup decides."""
+    def lookup(self, name: str, inner: Any, scale_variables: list[Any], wrapper: Any = None) -> tuple[bool, Any]:
+        """``(handled, dependency)`` for ``name`` of a 0.1 checkpoint, or of Keras 3's ``step_counter``; ``(False,
+        None)``: today's lookup decides."""
+        if self.keras3_counter is not None and name == "inner_optimizer":
+            return True, inner  # ours lists the inner's children as its own (tf-keras's layout)
+        if self.keras3_counter is not None and name in ("_iterations", "_learning_rate"):
+            return True, getattr(wrapper, name)  # Keras 3's wrapper's own (0), not the inner's, which ours lists
+        if self.keras3_counter is not None and name in ("step_counter", "_variables"):
+            if not scale_variables:
+                return True, None  # restored when built (see built)
+            if name == "step_counter":
+                return True, self._counter_sink(scale_variables)
+            return True, self._keras3_list(wrapper, scale_variables)
         if not self.active:
             return False, None
         if name == "inner_optimizer":
@@ -173,13 +197,57 @@ class LegacyCheckpoint:
 
         return UnusedList()
 
-    @staticmethod
-    def built(optimizer: Any, scale_variables: list[Any]) -> None:
-        """Hands the scale variables to restorations of a 0.1 checkpoint that waited for ``build``."""
+    def _counter_sink(self, scale_variables: list[Any]) -> Any:
+        """A variable of the dtype Keras 3's class saved its ``step_counter`` in (int64 on TensorFlow; ours is
+        int32, and TF restores only into the saved dtype) that restores into our counter, through its checks."""
+        import tensorflow as tf
+
+        counter = scale_variables[1]
+        if "step_counter" in self._sinks:  # one object: the checkpoint names the node twice (also as _variables/2)
+            return self._sinks["step_counter"]
+        sink = self._sinks["step_counter"] = tf.Variable(0, dtype=self.keras3_counter, trainable=False)
+
+        def restore_into_counter(tensors: Any) -> Any:
+            return counter._restore_from_tensors({"VARIABLE_VALUE": tf.cast(tensors["VARIABLE_VALUE"], counter.dtype)})
+
+        sink._restore_from_tensors = restore_into_counter
+        return sink
+
+    def _keras3_list(self, wrapper: Any, scale_variables: list[Any]) -> Any:
+        """Keras 3's wrapper's own ``_variables`` (``iteration``, ``learning_rate``, ``step_counter``,
+        ``dynamic_scale``) as ours; our ``_variables`` child is the inner optimizer's (tf-keras's layout)."""
+        import tensorflow as tf
+
+        found = [wrapper._iterations, wrapper._learning_rate, self._counter_sink(scale_variables), scale_variables[0]]
+
+        class Keras3List(tf.__internal__.tracking.Trackable):
+            def _trackable_children(self, save_type: str = "checkpoint", **kwargs: Any) -> dict[str, Any]:
+                return {str(i): v for i, v in enumerate(found)}
+
+            def _lookup_dependency(self, name: str, cached_dependencies: Any = None) -> Any:
+                return self._trackable_children().get(name)
+
+        return Keras3List()
+
+    def before_build(self, optimizer: Any) -> None:
+        """Holds back a waiting restore of Keras 3's ``step_counter``, which TF would hand to our int32 counter when
+        ``build`` sets it as an attribute (and fail: the saved one is int64); :meth:`built` hands it to a sink."""
+        waiting = getattr(optimizer, "_deferred_dependencies", None)
+        if self.keras3_counter is not None and waiting and "step_counter" in waiting:
+            self._sinks["waiting_counter"] = waiting.pop("step_counter")
+
+    def built(self, optimizer: Any, scale_variables: list[Any]) -> None:
+        """Hands the scale variables to restorations of a 0.1 or a Keras 3 checkpoint that waited for ``build``."""
         waiting = getattr(optimizer, "_deferred_dependencies", None) or {}
+        if "waiting_counter" in self._sinks:
+            waiting["step_counter"] = self._sinks.pop("waiting_counter")
         for name, variable in zip(LEGACY_SCALE_NAMES, scale_variables):
             if name in waiting:
+                if name == "step_counter" and self.keras3_counter is not None:
+                    variable = self._counter_sink(scale_variables)
                 optimizer._handle_deferred_dependencies(name=name, trackable=variable)
+        if self.keras3_counter is not None and "_variables" in waiting:
+            optimizer._handle_deferred_dependencies(name="_variables", trackable=self._keras3_list(optimizer, scale_variables))
 
 
 def trace_of(tensor: Any) -> Any:

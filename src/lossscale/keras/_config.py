@@ -109,19 +109,24 @@ _EXTRAS = ("min_loss_scale", "max_loss_scale", "hysteresis")
 
 
 def _stable(policy: LossScale) -> dict[str, Any] | None:
-    """The stable form's keys (plus the three extensions) that rebuild ``policy``, or None."""
+    """The keys that rebuild ``policy`` without ``loss_scale: serialize(policy)``, or None: Keras 3's own class's
+    (``initial_scale``, ``dynamic_growth_steps``, plus the three extensions when set) for a dynamic scale; the
+    number as ``loss_scale`` (the experimental form) for a fixed one. Never tf-keras's ``dynamic`` key: Keras 3
+    writes none (and refuses ``dynamic=False``), and the configs TF's pages call equal stay equal without it."""
     if type(policy) is FixedLossScale:
-        return stable_form(policy)
+        return {"loss_scale": stable_form(policy)["initial_scale"]}
     if type(policy) is DynamicLossScale and policy.multiplier == 2.0 and policy.backoff_factor is None:
-        default = DynamicLossScale()
-        return {**stable_form(policy), **{k: getattr(policy, k) for k in _EXTRAS if getattr(policy, k) != getattr(default, k)}}
+        default, form = DynamicLossScale(), stable_form(policy)
+        extras = {k: getattr(policy, k) for k in _EXTRAS if getattr(policy, k) != getattr(default, k)}
+        return {"initial_scale": form["initial_scale"], "dynamic_growth_steps": form["dynamic_growth_steps"], **extras}
     return None
 
 
 def write_config(
     name: str, inner: Any, policy: LossScale, max_consecutive_skips: int | None, stats_every: int | None
 ) -> dict[str, Any]:
-    """tf-keras's keys (``inner_optimizer``, and the stable form's when they say it all) and ours (``loss_scale``)."""
+    """Keras 3's keys (``name``, ``inner_optimizer``, ``initial_scale``, ``dynamic_growth_steps``) when they say it
+    all, else ``loss_scale``; then ours (``max_consecutive_skips``, ``stats_every``) when set."""
     config = {"name": name, "inner_optimizer": keras.saving.serialize_keras_object(inner)}
     config.update(_stable(policy) or {"loss_scale": serialize(policy)})
     if max_consecutive_skips is not None:

@@ -6,6 +6,7 @@ import gc
 import threading
 import weakref
 from collections.abc import Sequence
+from numbers import Real
 from typing import Any
 
 import keras
@@ -14,7 +15,7 @@ from keras import ops
 from .. import LossScale
 from .._auto import check_stats_every
 from .._resolve import resolve_loss_scale, stable_form
-from ._checkpoint import check_store, guard_restores
+from ._checkpoint import check_store, guard_restores, keras3_store
 from ._compat import (
     HIDDEN_FROM_DIR,
     LegacyCheckpoint,
@@ -39,18 +40,42 @@ _INNER_SETTINGS = tuple(k for k in BASE_DEFAULTS if k != "loss_scale_factor")
 _OWNERS: weakref.WeakKeyDictionary[Any, weakref.ref[Any]] = weakref.WeakKeyDictionary()  # inner -> its one wrapper
 
 
+#: The constructor's keywords, named in the error for an unknown one.
+_KEYWORDS = (
+    "loss_scale", "dynamic", "initial_scale", "dynamic_growth_steps", "min_loss_scale", "max_loss_scale", "hysteresis",
+    "max_consecutive_skips", "history", "stats_every", "name",
+)
+
+
+def _at_default(key: str, value: Any) -> bool:
+    """Whether ``value`` is base-optimizer setting ``key``'s default, as Keras 3's class compares (``0 == False``)."""
+    default = BASE_DEFAULTS[key]
+    if default is None:
+        return value is None
+    try:
+        return bool(value == default)
+    except (TypeError, ValueError):  # an array: not a default
+        return False
+
+
 def _check_arguments(inner: Any, kwargs: dict[str, Any]) -> None:
-    """Raises unless ``inner`` is a Keras 3 optimizer without a scale of its own, and ``kwargs`` is empty."""
-    settings = [k for k in kwargs if k in BASE_DEFAULTS or k == "learning_rate"]
+    """Raises unless ``inner`` is a Keras 3 optimizer without a scale of its own, and ``kwargs`` holds only
+    base-optimizer settings at their defaults (which Keras 3's class accepts, and its older configs carry)."""
+    settings = [k for k in kwargs if (k in BASE_DEFAULTS and not _at_default(k, kwargs[k])) or k == "learning_rate"]
     if settings:
         shown = ", ".join(f"{k}={kwargs[k]!r}" for k in settings)
+        example = shown if "learning_rate" in settings else f"1e-3, {shown}"
         raise ValueError(
-            f"LossScaleOptimizer does not take {shown}: the update is the inner optimizer's, so set it on "
-            f"inner_optimizer, e.g. LossScaleOptimizer(keras.optimizers.Adam(1e-3, {shown}))"
-            + (" (a loss scale goes in loss_scale= here instead)." if "loss_scale_factor" in kwargs else ".")
+            f"LossScaleOptimizer does not support {shown}: the update is the inner optimizer's. Instead, set it on "
+            f"the inner_optimizer, e.g. LossScaleOptimizer(keras.optimizers.Adam({example}))"
+            + (" (a loss scale goes in loss_scale= here instead)." if "loss_scale_factor" in settings else ".")
         )
-    if kwargs:
-        raise TypeError(f"LossScaleOptimizer() got unexpected keyword arguments: {', '.join(sorted(kwargs))}.")
+    unknown = [k for k in kwargs if k not in BASE_DEFAULTS]
+    if unknown:
+        raise ValueError(
+            f"LossScaleOptimizer does not support arguments: `{'`, `'.join(unknown)}`. It takes inner_optimizer and "
+            f"the keywords {', '.join(_KEYWORDS)} (and the base optimizer's settings at their defaults)."
+        )
     if isinstance(inner, keras.optimizers.LossScaleOptimizer):
         raise TypeError(
             "inner_optimizer is already a LossScaleOptimizer; wrapping it again would scale twice. Use it as it "
@@ -68,6 +93,11 @@ def _check_arguments(inner: Any, kwargs: dict[str, Any]) -> None:
             "Drop it from the inner optimizer and pass it here instead: "
             f"LossScaleOptimizer(inner, loss_scale={inner.loss_scale_factor!r})."
         )
+
+
+def _below_one(value: Any) -> bool:
+    """Whether ``value`` is a number in (0, 1): an initial scale Keras 3 accepts and TF's floor of 1 would refuse."""
+    return isinstance(value, Real) and not isinstance(value, bool) and 0 < float(value) < 1
 
 
 def _claim(inner: Any, wrapper: Any) -> None:
@@ -153,18 +183,22 @@ class LossScaleOptimizer(TFMethods, keras.optimizers.LossScaleOptimizer):
         S, counters = lossscale.next_state(policy, S, counters, finite)
 
     A non-finite step is skipped in every mode, fixed scales included. A subclass of Keras' own class; the state is
-    five Keras variables, which ``.keras`` files save. Base-optimizer settings (``clipnorm``, ``use_ema``, ...) are
-    the inner optimizer's: refused here, read and written through as attributes. See docs/keras.md.
+    five Keras variables, which ``.keras`` files save (a file of Keras 3's own class loads too: its scale and step
+    counter carry over). Base-optimizer settings (``clipnorm``, ``use_ema``, ...) are the inner optimizer's:
+    refused here off their defaults, read and written through as attributes. See docs/keras.md.
 
     Args:
         inner_optimizer: the ``keras.optimizers.Optimizer`` instance to wrap.
         loss_scale: a number (fixed), ``"dynamic"``, a :class:`lossscale.LossScale` or its serialized dict.
-        dynamic, initial_scale, dynamic_growth_steps: TF's stable form (default: dynamic, 2**15, 2000).
+        dynamic, initial_scale, dynamic_growth_steps: TF's stable form (default: dynamic, 2**15, 2000). A dynamic
+            ``initial_scale`` below 1 (which Keras 3 accepts) is also the floor unless ``min_loss_scale`` is given.
         min_loss_scale, max_loss_scale, hysteresis: refine the dynamic scale (defaults: 1, none, 1).
         max_consecutive_skips: raise :class:`lossscale.LossScaleError` after this many skips in a row (None: never).
         history: True or a :class:`lossscale.History` recording each step's scale and skip flag.
         stats_every: measure the scaled gradients every N-th apply (None: never; 16 with ``loss_scale="auto"``).
         name: the optimizer's name.
+        **kwargs: base-optimizer settings (``clipnorm``, ``use_ema``, ...) at their defaults, as Keras 3's class
+            accepts them (its configs carry them); any other value, or any other keyword, raises ``ValueError``.
 
     Cost per step: one multiply per gradient element, one read pass for the check, about 20 scalar ops for the
     scale. Host syncs: none under ``tf.function`` and ``jit``; one in eager TensorFlow and on torch;
@@ -179,6 +213,8 @@ class LossScaleOptimizer(TFMethods, keras.optimizers.LossScaleOptimizer):
         name: str | None = None, **kwargs: Any,
     ) -> None:
         _check_arguments(inner_optimizer, kwargs)
+        if _below_one(initial_scale) and loss_scale is None and dynamic is not False and min_loss_scale is None:
+            min_loss_scale = initial_scale  # Keras 3 takes it (with no floor); TF's floor of 1 would be above it
         policy = resolve_loss_scale(
             loss_scale, dynamic=dynamic, initial_scale=initial_scale, dynamic_growth_steps=dynamic_growth_steps,
             min_loss_scale=min_loss_scale, max_loss_scale=max_loss_scale, hysteresis=hysteresis,
@@ -196,12 +232,14 @@ class LossScaleOptimizer(TFMethods, keras.optimizers.LossScaleOptimizer):
         self._jax_steps: dict[bool, Any] = {}
         self._pending: dict[str, Any] | None = None  # variable values restored before build (pickle, deepcopy)
         self._checkpoint_node = checkpoint_node()
-        self._legacy_checkpoint = LegacyCheckpoint()  # restores of lossscale 0.1's tf.train.Checkpoint layout
+        self._legacy_checkpoint = LegacyCheckpoint()  # restores of 0.1's and Keras 3's tf.train.Checkpoint layouts
 
     @no_automatic_dependency_tracking
     def build(self, var_list: Sequence[Any]) -> None:
         # Keras' own class names its first two variables as attributes.
         variables = self._scale.build(self.add_variable)
+        if self._checkpoint_node is not None:
+            self._legacy_checkpoint.before_build(self)
         self.dynamic_scale, self.step_counter = variables[:2]
         if self._scale.stats is not None and not self._scale.stats.built:
             variables = variables + self._scale.stats.build(self.add_variable, list(var_list))
@@ -219,7 +257,11 @@ class LossScaleOptimizer(TFMethods, keras.optimizers.LossScaleOptimizer):
             self.load_own_variables(pending)
 
     def load_own_variables(self, store: Any) -> None:
-        """Keras' loader (``.keras``, ``load_weights``, pickle) after the core's check: a bad value assigns nothing."""
+        """Keras' loader (``.keras``, ``load_weights``, pickle) after the core's check: a bad value assigns nothing.
+        A file of Keras 3's own ``LossScaleOptimizer`` (its layout: four variables before the inner optimizer's,
+        ours seven or more) loads too: its scale and step counter carry over, the skip counters start at 0 and the
+        statistics empty (:func:`._checkpoint.keras3_store`)."""
+        store = keras3_store(self, store) or store
         check_store(self, self._scale.variables, store)
         super().load_own_variables(store)
 
@@ -227,7 +269,7 @@ class LossScaleOptimizer(TFMethods, keras.optimizers.LossScaleOptimizer):
         return checkpoint_children(self.inner_optimizer, self._checkpoint_node, save_type, **kwargs)
 
     def _checkpoint_adapter(self, path: str) -> Any:
-        # TensorFlow's restore asks first: a 0.1 checkpoint? (_compat.LegacyCheckpoint)
+        # TensorFlow's restore asks first: a checkpoint of 0.1, or of Keras 3's class? (_compat.LegacyCheckpoint)
         if (legacy := self.__dict__.get("_legacy_checkpoint")) is not None:
             legacy.adapter(path)
         return super()._checkpoint_adapter(path)
@@ -236,7 +278,7 @@ class LossScaleOptimizer(TFMethods, keras.optimizers.LossScaleOptimizer):
         # Restores pass the node's children; TF's own tracking (a name already taken?) passes none, and is left alone.
         legacy = self.__dict__.get("_legacy_checkpoint")  # None while __init__ runs (Keras tracks attributes)
         if legacy is not None and cached_dependencies is not None:
-            handled, found = legacy.lookup(name, self.inner_optimizer, self._scale.variables)
+            handled, found = legacy.lookup(name, self.inner_optimizer, self._scale.variables, self)
             if handled:
                 return found
         return super()._lookup_dependency(name, cached_dependencies)
@@ -403,7 +445,9 @@ class LossScaleOptimizer(TFMethods, keras.optimizers.LossScaleOptimizer):
         return self.iterations
 
     def get_config(self) -> dict[str, Any]:
-        """tf-keras's keys (``inner_optimizer``, ``dynamic``, ``initial_scale``, ``dynamic_growth_steps``) and ours."""
+        """Keras 3's keys (``name``, ``inner_optimizer``, ``initial_scale``, ``dynamic_growth_steps``) when they
+        describe the policy, else ``loss_scale`` (a fixed scale's number, or :func:`lossscale.serialize`'s dict);
+        and ours when set. No ``dynamic`` key (tf-keras's): :meth:`from_config` still reads one."""
         limit = self._scale.observer.max_consecutive_skips
         return write_config(self.name, self.inner_optimizer, self._policy, limit, self.stats_every)
 

@@ -48,6 +48,7 @@ class StatsVariables:
         self.names: tuple[str, ...] = ()
         self.sample: list[Any] = []
         self.auto: list[Any] = []
+        self.initial: list[Any] = []  # the built variables' initial values (numpy), in build's order
         self._sizes: dict[Any, Any] = {}  # torch: (device, sizes) -> the sizes as a tensor there
         self._host_count: tuple[Any, Any, int] | None = None  # torch: (count tensor, its version, its value)
 
@@ -58,11 +59,14 @@ class StatsVariables:
     def build(self, add_variable: Callable[..., Any], trainable: Sequence[Any]) -> list[Any]:
         """Creates the variables for the gradients of ``trainable`` (in that order); returns them."""
         self._ids = {id(v): i for i, v in enumerate(trainable)}  # the gradients' order
+        self.initial = []
         self.names = tuple(str(getattr(v, "path", None) or v.name) for v in trainable)
 
         def make(name: str, value: Any) -> Any:
             value = np.asarray(value)
-            init = keras.initializers.Constant(value.flat[0].item() if value.size else 0)
+            first = value.flat[0].item() if value.size else 0
+            self.initial.append(np.full(value.shape, first, value.dtype))  # what the initializer writes
+            init = keras.initializers.Constant(first)
             return add_variable(shape=value.shape, dtype=str(value.dtype), initializer=init, aggregation="none", name=name)
 
         self.count = make("stats_count", np.int32(0))
@@ -70,6 +74,11 @@ class StatsVariables:
         if isinstance(self.policy, AutoLossScale):
             self.auto = [make(f"auto_{k}", v) for k, v in zip(AutoState._fields, initial_auto_state(self.policy, np))]
         return [self.count, *self.sample, *self.auto]
+
+    @property
+    def variables(self) -> list[Any]:
+        """The variables :meth:`build` created, in its order (empty before)."""
+        return [] if self.count is None else [self.count, *self.sample, *self.auto]
 
     def due(self) -> tuple[Any, Any]:
         """``(count, sampled)``: a copy of the count (the sample's step) and whether this apply is sampled."""
