@@ -412,10 +412,12 @@ def test_fit_under_xla_samples_as_without(mixed_float16, monkeypatch):
                         [ops.convert_to_numpy(w) for w in model.weights]))
     (plain, count, weights), (xla, xla_count, xla_weights) = results
     assert int(plain["step"]) == int(xla["step"]) == 6 and count == xla_count == 8
-    np.testing.assert_allclose(xla["per_tensor"]["amax"], plain["per_tensor"]["amax"], rtol=1e-5)
-    np.testing.assert_allclose(xla["per_tensor"]["rms"], plain["per_tensor"]["rms"], rtol=1e-5)
-    for a, b in zip(xla_weights, weights):
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    # The sampled gradients are float16: XLA and the executor may round a float16 product differently (CPUs with
+    # AVX-512 FP16 compute it natively under XLA), so they agree to float16's resolution, 2**-11.
+    np.testing.assert_allclose(xla["per_tensor"]["amax"], plain["per_tensor"]["amax"], rtol=2.0**-10)
+    np.testing.assert_allclose(xla["per_tensor"]["rms"], plain["per_tensor"]["rms"], rtol=2.0**-10)
+    for a, b in zip(xla_weights, weights):  # 8 Adam steps of 1e-3 from those gradients: within 1% of one step
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
 
 # ------------------------------------------------------------------ auto
