@@ -214,7 +214,7 @@ def stateless_step(
     compiles the step, :func:`~._grads.by_platform`): there it always runs and each new value is chosen against the
     old one by ``where``, fused into the update's kernels by XLA, so that the step has no conditional, whose
     predicate XLA's GPU runtime would read on the host on every step. On a CPU the ``cond`` is the faster one for a
-    small model (a ``fit`` step 1.15-1.28x Keras' class with ``where``, 0.98-1.00x with the ``cond``)."""
+    small model (a ``fit`` step 1.15-1.28x Keras' class with ``where``, 0.98-1.01x with the ``cond``)."""
     own = len(own_variables)
     mapping = list(zip(list(own_variables) + list(inner.variables), optimizer_values))
     with keras.StatelessScope(state_mapping=mapping) as scope:
