@@ -5,11 +5,12 @@ costs inside a jitted step.
   (``off``, ``N=16``, ``N=1``, ``auto``) the wall time per step, the operators per step, and the operators that take
   the most host time (``torch.profiler``, CPU activity).
 * JAX: the jitted step of ``bench_stats.py`` with ``off``, ``N=16``, ``N=1`` and ``auto``, ``off`` plus one
-  ``lax.cond`` whose true branch sums one gradient (``cond``), and ``off`` with the finite check as
-  ``all(isfinite)`` per leaf instead of a sum with the exact check in a ``lax.cond`` (``off, isfinite check``),
-  and ``N=16`` with ``all(isfinite)`` or the sum check in the unsampled branch (the library takes the first on a
-  GPU, the second elsewhere) or with its ``lax.cond`` returning one packed vector (``packed cond``), in
-  interleaved rounds: the wall time per step and the time the host spends dispatching
+  ``lax.cond`` whose true branch sums one gradient (``cond``), ``off`` with the finite check as ``all(isfinite)``
+  per leaf (``off, isfinite check``) or as the CPU's sum with the exact check in a ``lax.cond`` (``off, sum
+  check``) instead of the library's ``isfinite(max|g|)`` per leaf off the CPU, and ``N=16`` with the sum check in
+  the unsampled branch (``sum check``), with its ``lax.cond`` returning one packed vector (``packed cond``), or
+  with no conditional at all (``branch-free``: the sample measured on every step, its ``max|g|`` the finite check,
+  kept by ``where``), in interleaved rounds: the wall time per step and the time the host spends dispatching
   (a conditional whose predicate XLA reads on the host makes dispatch wait for the device). ``--xla-flags`` reruns
   the JAX part in a subprocess under those ``XLA_FLAGS``. Two more ``N=16`` steps:
 
@@ -19,7 +20,7 @@ costs inside a jitted step.
     ``lax.optimization_barrier`` with the updates and the inner state: does a host wait after the update kernels
     hide behind them? (XLA's CPU compiler drops the barrier before scheduling, its GPU compiler after.)
 
-  ``--check`` first runs each of the two and the library's ``stats_every=16`` step for 40 steps on the same gradients
+  ``--check`` first runs each of the three new ones (``one switch``, ``late cond``, ``branch-free``) and the library's ``stats_every=16`` step for 40 steps on the same gradients
   (Inf, NaN and overflowing sums among them) and exits unless updates, scale state, sample and count agree bit for bit.
 
 Run:  python benchmarks/gpu_probe_stats.py [--part torch|jax|both] [--check] [--xla-flags "..."]
@@ -120,6 +121,23 @@ def switch_sample_if_due(every: int, grads: list, stats: object, axes: object = 
     return *lax.switch(index, (fast, exact, take), list(grads)), due
 
 
+def branch_free_sample_if_due(every: int, grads: list, stats: object, axes: object = None,
+                              check: object = None) -> tuple:
+    """``sample_if_due`` (with a check) with no conditional: the sample measured on every step (one read pass, the
+    finite check's: ``isfinite(amax)``, max propagates NaN) and kept where due by ``where``."""
+    import jax.numpy as jnp
+
+    from lossscale._stats import GradientStats
+    from lossscale.jax._grads import _varying_as
+    from lossscale.jax._stats import is_due, measure
+
+    count = jnp.asarray(stats.count)
+    sample = measure(grads, count, axes)
+    due = jnp.asarray(True) if every == 1 else is_due(every, count)
+    kept = GradientStats(*(jnp.where(due, new, jnp.asarray(old)) for new, old in zip(sample, stats.sample)))
+    return _varying_as(jnp.isfinite(sample.amax), grads), kept, due
+
+
 def late_cond_optimizer(inner: object, loss_scale: object = None, *, stats_every: int | None = None) -> object:
     """``lsj.loss_scale_optimizer(inner, loss_scale, stats_every=...)`` (no clip, axes, history or skip limit) with its
     own stepper: the finite flag by ``all_finite`` (``off``'s), the updates, then the sample's ``lax.cond`` on
@@ -198,11 +216,12 @@ def check_jax_variants(steps: int = 40) -> None:
 
     grad_fn = jax.jit(lambda p, s: jax.grad(lambda p: lsj.get_scaled_loss(mlp_loss(p, x, y), s))(p))
     for policy in ("dynamic", "auto"):
-        for variant in ("N=16, one switch", "N=16, late cond"):
+        for variant in ("N=16, one switch", "N=16, late cond", "N=16, branch-free"):
             ref_opt = lsj.loss_scale_optimizer(optax.adam(1e-4), policy, stats_every=16)
             build = late_cond_optimizer if variant == "N=16, late cond" else lsj.loss_scale_optimizer
             var_opt = build(optax.adam(1e-4), policy, stats_every=16)
-            patch = {"sample_if_due": switch_sample_if_due} if variant == "N=16, one switch" else {}
+            patch = {"N=16, one switch": {"sample_if_due": switch_sample_if_due},
+                     "N=16, branch-free": {"sample_if_due": branch_free_sample_if_due}}.get(variant, {})
             ref_update, var_update = jax.jit(ref_opt.update), jax.jit(var_opt.update)
             p_ref = p_var = jax.tree_util.tree_map(jnp.array, params0)
             s_ref, s_var = ref_opt.init(p_ref), var_opt.init(p_var)
@@ -260,7 +279,7 @@ def jax_part(steps: int) -> None:
 
     import lossscale.jax._optimizer as optimizer_module
     from lossscale._stats import GradientStats
-    from lossscale.jax._grads import _exactly_finite
+    from lossscale.jax._grads import _by_sums, _exactly_finite
     from lossscale.jax._stats import is_due, measure
 
     def packed_sample_if_due(every: int, grads: list, stats: object, axes: object = None, check: object = None) -> tuple:
@@ -285,14 +304,18 @@ def jax_part(steps: int) -> None:
     def exact(tree: object) -> jax.Array:
         return _exactly_finite(jax.tree_util.tree_leaves(tree))
 
-    names = ("all_finite", "nested_all_finite", "sample_if_due")
+    def summed(tree: object) -> jax.Array:  # the library's check on a CPU: a sum, the exact check in a lax.cond
+        return _by_sums(jax.tree_util.tree_leaves(tree))
+
+    names = ("all_finite", "sample_if_due")
     shipped = {n: getattr(optimizer_module, n) for n in names}
-    patches = {  # what each variant puts in place of the step's plain check, its nested check, its sample
+    patches = {  # what each variant puts in place of the step's finite check (both branches') or its sample
         "off, isfinite check": {"all_finite": exact},
-        "N=16, isfinite check": {"nested_all_finite": exact},  # the library's choice on a GPU
-        "N=16, sum check": {"nested_all_finite": shipped["all_finite"]},  # its choice elsewhere
+        "off, sum check": {"all_finite": summed},
+        "N=16, sum check": {"all_finite": summed},
         "N=16, packed cond": {"sample_if_due": packed_sample_if_due},
-        "N=16, one switch": {"sample_if_due": switch_sample_if_due},  # one conditional per step, as off's
+        "N=16, one switch": {"sample_if_due": switch_sample_if_due},  # one conditional per step
+        "N=16, branch-free": {"sample_if_due": branch_free_sample_if_due},  # none
     }
     builders = {"N=16, late cond": late_cond_optimizer}  # variants with their own stepper
     runs = {}

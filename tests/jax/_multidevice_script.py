@@ -79,9 +79,11 @@ def main():
 
     # shard_map with stats_every=2: an Inf on one device's shard on the unsampled step 1, with the finite check of
     # the CPU and that of a GPU (no lax.cond of its own: the branches must still agree on the varying axes).
-    shipped = jax.default_backend
+    import lossscale.jax._grads as grads_module
+
+    shipped = grads_module.by_platform
     for path, backend, loss_scale in (("cpu", "cpu", 1024.0), ("gpu", "gpu", 1024.0), ("auto", "cpu", "auto")):
-        jax.default_backend = lambda backend=backend: backend
+        grads_module.by_platform = shipped if backend == "cpu" else (lambda cpu, other: other())
         opt = lsj.loss_scale_optimizer(optax.sgd(0.1), loss_scale, axis_name="d", stats_every=2)
         state = opt.init(params)
         spec = jax.tree.map(lambda x: P("d") if x.shape == params.shape else P(), state)  # the sample replicated
@@ -95,7 +97,7 @@ def main():
         sample = state.gradient_stats
         out[f"shard_map_stats_{path}"] = {"skipped": skipped, "step": int(sample["step"]), "amax": float(sample["amax"]),
                                           "zero_fraction": float(sample["zero_fraction"])}
-    jax.default_backend = shipped
+    grads_module.by_platform = shipped
 
     # Statistics across devices (pmap with axis_name, every step and every 2nd): the global gradient's sample.
     rows = np.stack([np.array([0.0, 2.0**-20, 1.0, -3.0], np.float32), np.array([0.0, 0.0, 2.0**-30, 7.0], np.float32)])

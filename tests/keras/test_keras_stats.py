@@ -265,23 +265,6 @@ def test_the_torch_step_off_the_cpu_moves_as_the_numpy_path(loss_scale, monkeypa
     assert int(stats_on_host["step"]) == 6
 
 
-@pytest.mark.skipif(BACKEND != "jax", reason="XLA on a GPU reads a conditional's predicate on the host")
-@pytest.mark.parametrize("gpu_path", [False, True], ids=["cpu-path", "gpu-path"])
-def test_on_a_gpu_the_unsampled_branch_checks_without_a_cond_of_its_own(gpu_path, monkeypatch):
-    import jax
-
-    from tests.jax.jaxpr_conds import conds_inside_conds
-
-    if gpu_path:
-        _as_on_a_gpu(monkeypatch)
-    opt, ws = lsk.LossScaleOptimizer(keras.optimizers.SGD(0.1), stats_every=16), variables()
-    opt.build(ws)
-    jaxpr = jax.make_jaxpr(opt.stateless_apply)(
-        [v.value for v in opt.variables], [ops.convert_to_tensor(g) for g in known_grads()], [w.value for w in ws]
-    )
-    assert conds_inside_conds(jaxpr.jaxpr) == (0 if gpu_path else 1)
-
-
 def test_a_variable_it_was_not_built_with_raises_on_unsampled_steps_too():
     ws = variables()
     opt = lsk.LossScaleOptimizer(keras.optimizers.SGD(1.0), stats_every=4, initial_scale=1)
@@ -486,11 +469,11 @@ def test_auto_follows_the_core_rule_and_skips_on_inf_and_nan(compiled):
 
 
 def _as_on_a_gpu(monkeypatch):
-    """This backend's GPU paths on the CPU: JAX's finite check without a nested cond, torch without the numpy path."""
+    """This backend's GPU paths on the CPU: JAX's finite check without a cond, torch without the numpy path."""
     if BACKEND == "jax":
-        import jax
+        import lossscale.keras._grads as grads_module
 
-        monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+        monkeypatch.setattr(grads_module, "by_platform", lambda cpu, other: other())
     elif BACKEND == "torch":
         _off_the_cpu(monkeypatch)
     else:

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ._compat import typeof, varying_axes
+from ._compat import like, typeof, varying_axes
 
-__all__ = ["all_finite", "check_gradients", "nested_all_finite", "scale_loss", "squared_norm", "unscale"]
+__all__ = ["all_finite", "by_platform", "check_gradients", "scale_loss", "squared_norm", "unscale"]
 
 
 def scale_loss(loss: Any, scale: Any) -> jax.Array:
@@ -67,12 +67,52 @@ def _exactly_finite(leaves: list[Any]) -> jax.Array:
     return flag
 
 
-def all_finite(tree: Any) -> jax.Array:
-    """A 0-d bool array: True iff no leaf of ``tree`` holds a NaN or an Inf (an empty tree is finite).
+def by_platform(cpu: Callable[[], Any], other: Callable[[], Any]) -> Any:
+    """``cpu()`` where the program runs on a CPU, ``other()`` on any other platform, chosen when XLA lowers it
+    (``lax.platform_dependent``): right also for a program exported or traced on one machine for another, where
+    ``jax.default_backend()`` at trace time is not. Both are traced; the lowering keeps only the chosen one, as a
+    conditional of one branch that XLA inlines (no conditional runs)."""
+    return lax.platform_dependent(cpu=cpu, default=other)
 
-    float32/float64 leaves: one float32 sum of their sums (several times faster on CPU than ``all(isfinite(x))``),
-    the exact check in a ``lax.cond`` only when it is not finite; float16/bfloat16: ``max(|x|)``; complex: exact.
-    Cost: one read pass (two on a step with a NaN, an Inf or an overflowing sum); no host sync.
+
+def _by_max(leaves: list[Any]) -> jax.Array:
+    """Exactly whether every leaf is finite, with no conditional: ``isfinite(max(|x|))`` per real leaf (XLA's max
+    propagates NaN; ``|x|`` of a real float overflows nowhere), ``all(isfinite)`` per complex one."""
+    flag = jnp.ones((), jnp.bool_)
+    for leaf in leaves:
+        if jnp.issubdtype(leaf.dtype, jnp.complexfloating):
+            flag = flag & jnp.all(jnp.isfinite(leaf))
+        else:
+            flag = flag & jnp.isfinite(jnp.max(jnp.abs(leaf), initial=0))
+    return flag
+
+
+def _by_sums(leaves: list[Any]) -> jax.Array:
+    """:func:`sum_checks`, with the exact check of the float32/float64 leaves in a ``lax.cond`` taken only when
+    their sum is not finite."""
+    flag, summed, wide = sum_checks(leaves)
+    if summed is None:
+        return flag
+    # The taken branch returns the flag, not a constant: both then vary over the gradients' shard_map axes.
+    return flag & lax.cond(summed, lambda: summed, lambda: _exactly_finite(wide))
+
+
+def _varying_as(x: Any, leaves: list[Any]) -> Any:
+    """``x`` marked as varying over every shard_map axis any of ``leaves`` varies over (no op elsewhere)."""
+    for leaf in leaves:
+        x = like(x, typeof(leaf))
+    return x
+
+
+def all_finite(tree: Any) -> jax.Array:
+    """A 0-d bool array: True iff no leaf of ``tree`` holds a NaN or an Inf (an empty tree is finite). Exact.
+
+    On a CPU, float32/float64 leaves: one float32 sum of their sums (several times faster there than
+    ``all(isfinite(x))``), the exact check in a ``lax.cond`` only when it is not finite (one read pass; two on a
+    step with a NaN, an Inf or an overflowing sum). Elsewhere (GPU, TPU): ``isfinite(max(|x|))`` per leaf, one
+    read pass and no conditional, whose predicate XLA's GPU runtime would read on the host on every step.
+    float16/bfloat16: ``max(|x|)``; complex: ``all(isfinite)``. Chosen when XLA lowers the program
+    (:func:`by_platform`). No host sync.
 
     >>> import jax.numpy as jnp, lossscale.jax as lsj
     >>> bool(lsj.all_finite({"w": jnp.ones(3), "b": jnp.array([1.0, jnp.inf])}))
@@ -80,16 +120,15 @@ def all_finite(tree: Any) -> jax.Array:
     >>> bool(lsj.all_finite([jnp.full(2, 3e38), jnp.full(2, 3e38)]))      # the sum overflows; the values do not
     True
     """
-    flag, summed, wide = sum_checks(jax.tree_util.tree_leaves(tree))
-    if summed is None:
-        return flag
-    # The taken branch returns the flag, not a constant: both then vary over the gradients' shard_map axes.
-    return flag & lax.cond(summed, lambda: summed, lambda: _exactly_finite(wide))
+    leaves = [jnp.asarray(leaf) for leaf in jax.tree_util.tree_leaves(tree)]
+    if not leaves:
+        return jnp.ones((), jnp.bool_)
+    return by_platform(lambda: _varying_as(_by_sums(leaves), leaves), lambda: _varying_as(_by_max(leaves), leaves))
 
 
 def sum_checks(leaves: list[Any]) -> tuple[jax.Array, jax.Array | None, list[jax.Array]]:
-    """:func:`all_finite` before its ``lax.cond``: ``(flag, summed, wide)``, ``flag`` the exact check of the
-    float16/bfloat16 (``max(|x|)``) and other leaves, ``summed`` whether the float32 sum of the float32/float64
+    """:func:`all_finite`'s CPU check before its ``lax.cond``: ``(flag, summed, wide)``, ``flag`` the exact check of
+    the float16/bfloat16 (``max(|x|)``) and other leaves, ``summed`` whether the float32 sum of the float32/float64
     leaves' sums is finite (None without such leaves), ``wide`` those leaves (for the exact check)."""
     leaves = [jnp.asarray(leaf) for leaf in leaves]
     wide = [leaf for leaf in leaves if leaf.dtype in (jnp.float32, jnp.float64)]
@@ -104,18 +143,6 @@ def sum_checks(leaves: list[Any]) -> tuple[jax.Array, jax.Array | None, list[jax
     for leaf in wide:
         total = total + jnp.sum(leaf).astype(jnp.float32)
     return flag, jnp.isfinite(total), wide
-
-
-def nested_all_finite(tree: Any) -> jax.Array:
-    """:func:`all_finite` for inside another conditional (``stats_every``'s unsampled branch): on a GPU one
-    ``all(isfinite)`` per leaf, without the sum check's own ``lax.cond``, whose predicate XLA's GPU runtime reads on
-    the host, a second wait on every unsampled step. On an H100 (1M parameters, ``benchmarks/gpu_probe_stats.py``)
-    ``stats_every=16`` averaged 1.24 of a step without statistics this way, 1.37 with the sum check. Elsewhere
-    :func:`all_finite`: on a CPU the sum check is the faster one (``all(isfinite)`` made that step 16% slower). Both
-    are exact."""
-    if jax.default_backend() == "gpu":
-        return _exactly_finite([jnp.asarray(leaf) for leaf in jax.tree_util.tree_leaves(tree)])
-    return all_finite(tree)
 
 
 def squared_norm(tree: Any, scale: Any, axes: tuple[Hashable, ...] | None = None) -> jax.Array:

@@ -23,7 +23,7 @@ from .._stats import GradientStats, as_mapping
 from ._checkpoint import restore_state_dict
 from ._compat import eval_jaxpr_choosing, is_tracer, like, serialize_namedtuples_with
 from ._diagnostics import StepRecorder, guard_skip
-from ._grads import all_finite, check_gradients, nested_all_finite, scale_loss, squared_norm, unscale
+from ._grads import all_finite, check_gradients, scale_loss, squared_norm, unscale
 from ._stats import init_stats, sample_if_due, step_scale
 
 __all__ = [
@@ -456,7 +456,7 @@ def loss_scale_optimizer(
         if max_norm is None and every is not None and state.stats is not None and rule.min_scale >= 1 and all(
             leaf.dtype in (jnp.float32, jnp.float16, jnp.bfloat16) for leaf in leaves
         ):  # max |g| is the finite check too: a sampled step reads the gradients once
-            finite, sample, sampled = sample_if_due(every, leaves, state.stats, axes, nested_all_finite)
+            finite, sample, sampled = sample_if_due(every, leaves, state.stats, axes, all_finite)
             measured = (sample, sampled)
         elif max_norm is None:
             finite = all_finite(grads if rule.min_scale >= 1 else unscale(grads, scale))

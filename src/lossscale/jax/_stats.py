@@ -13,7 +13,7 @@ from .._policy import LossScale
 from .._rule import LossScaleState, next_state
 from .._sampler import SamplerState, initial_sampler_state, is_due, next_sampler_state
 from .._stats import FLOAT16_TINY, GradientStats, summarize, tensor_sums
-from ._compat import like, typeof
+from ._grads import _varying_as
 
 __all__ = ["init_stats", "measure", "sample_if_due", "step_scale", "tensor_names"]
 
@@ -66,13 +66,6 @@ def measure(grads: list, count: Any, axes: tuple[Hashable, ...] | None) -> Gradi
     sums = [_sums(g) if g.size else (zero,) * 4 for g in grads]
     sample = summarize(sums, [g.size for g in grads], jnp.asarray(count, jnp.int32), jnp)
     return sample if axes is None else _reduce_across(sample, grads, axes)
-
-
-def _varying_as(x: Any, leaves: list) -> Any:
-    """``x`` marked as varying over every shard_map axis any of ``leaves`` varies over (no op elsewhere)."""
-    for leaf in leaves:
-        x = like(x, typeof(leaf))
-    return x
 
 
 def sample_if_due(

@@ -9,7 +9,7 @@ from typing import Any
 import keras
 from keras import ops
 
-__all__ = ["all_finite", "nested_all_finite", "reciprocal", "scale_loss", "unscale"]
+__all__ = ["all_finite", "by_platform", "reciprocal", "scale_loss", "unscale"]
 
 def _times(x: Any, factor: Callable[[str], Any], round_back: bool = True) -> Any:
     """``x * factor(wide)`` in ``wide``, ``x``'s dtype widened to at least float32; rounded back to ``x``'s dtype
@@ -48,12 +48,9 @@ def _each_finite(grads: Sequence[Any]) -> Any:
     return _conjunction([ops.all(ops.isfinite(g)) for g in grads])
 
 
-def all_finite(grads: Sequence[Any]) -> Any:
-    """A 0-d bool tensor: True iff no gradient holds a NaN or an Inf. float32/float64 on TF and JAX: one sum of sums,
-    the exact check in a ``cond`` only if not finite. One read pass (two if not finite); eager TF: one host sync."""
-    present = [g for g in grads if g is not None]
-    if keras.backend.backend() not in ("tensorflow", "jax"):
-        return _each_finite(present)
+def _summed(present: Sequence[Any]) -> Any:
+    """The sum check: float32/float64 gradients' sums summed per dtype, the exact check in a ``cond`` only if that is
+    not finite; the other dtypes ``all(isfinite)``."""
     wide = [g for g in present if keras.backend.standardize_dtype(g.dtype) in ("float32", "float64")]
     narrow = [g for g in present if keras.backend.standardize_dtype(g.dtype) not in ("float32", "float64")]
     if not wide:
@@ -67,14 +64,37 @@ def all_finite(grads: Sequence[Any]) -> Any:
     return ops.logical_and(finite, _each_finite(narrow)) if narrow else finite
 
 
-def nested_all_finite(grads: Sequence[Any]) -> Any:
-    """:func:`all_finite` for inside another conditional (``stats_every``'s branches): on JAX on a GPU one
-    ``isfinite`` per gradient, without the sum check's own ``cond``, whose predicate XLA's GPU runtime reads on the
-    host, a second wait on every step (in lossscale.jax this took ``stats_every=16`` from 1.37 to 1.24 of a step
-    without statistics, on an H100). Elsewhere :func:`all_finite`. Both are exact."""
-    if keras.backend.backend() == "jax":
-        import jax
+def _by_max(present: Sequence[Any]) -> Any:
+    """JAX, exact with no conditional: ``isfinite(max(|g|))`` per real gradient (XLA's max propagates NaN),
+    ``all(isfinite)`` per complex one."""
+    import jax.numpy as jnp
 
-        if jax.default_backend() == "gpu":
-            return _each_finite([g for g in grads if g is not None])
-    return all_finite(grads)
+    flags = [jnp.all(jnp.isfinite(g)) if jnp.issubdtype(g.dtype, jnp.complexfloating)
+             else jnp.isfinite(jnp.max(jnp.abs(g), initial=0)) for g in present]
+    return _conjunction(flags)
+
+
+def by_platform(cpu: Callable[[], Any], other: Callable[[], Any]) -> Any:
+    """JAX: ``cpu()`` where the program runs on a CPU, ``other()`` elsewhere, chosen when XLA lowers it
+    (``lax.platform_dependent``; right also for a program exported or traced for another platform, where
+    ``jax.default_backend()`` at trace time is not). Both are traced; only the chosen one is compiled, inlined."""
+    from jax import lax
+
+    return lax.platform_dependent(cpu=cpu, default=other)
+
+
+def all_finite(grads: Sequence[Any]) -> Any:
+    """A 0-d bool tensor: True iff no gradient holds a NaN or an Inf (None gradients are left out). Exact.
+
+    TensorFlow, and JAX on a CPU: float32/float64 gradients by one sum of sums, the exact check in a ``cond`` only
+    if that is not finite (one read pass; two if not finite; eager TF: one host sync). JAX elsewhere (GPU, TPU):
+    ``isfinite(max(|g|))`` per gradient, one read pass and no conditional, whose predicate XLA's GPU runtime would
+    read on the host on every step; chosen when XLA lowers the step (:func:`by_platform`). torch:
+    ``all(isfinite)`` per gradient."""
+    present = [g for g in grads if g is not None]
+    backend = keras.backend.backend()
+    if backend == "jax" and present:
+        return by_platform(lambda: _summed(present), lambda: _by_max(present))
+    if backend == "tensorflow":
+        return _summed(present)
+    return _each_finite(present)

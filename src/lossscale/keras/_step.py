@@ -13,8 +13,9 @@ import numpy as np
 from keras import ops
 
 from .._rule import LossScaleState, advance_in_place, initial_state, next_state
+from . import _grads
 from ._diagnostics import StepObserver
-from ._grads import all_finite, nested_all_finite, unscale
+from ._grads import all_finite, unscale
 
 __all__ = ["STATE_NAMES", "XP", "ScaleState", "apply_step", "jax_apply", "stateless_step", "unscale_and_check"]
 
@@ -94,7 +95,7 @@ class ScaleState:
         :meth:`measure`'s sample; one read pass on a sampled step when :meth:`fused`."""
         if self.stats is None:
             return all_finite(checked), None
-        finite, measured = self.stats.measure(grads, variables, scale, already, lambda: nested_all_finite(checked),
+        finite, measured = self.stats.measure(grads, variables, scale, already, lambda: all_finite(checked),
                                               self.fused(grads, already))
         return all_finite(checked) if finite is None else finite, measured  # None: torch's flag is not the sample's
 
@@ -169,7 +170,7 @@ def apply_step(state: ScaleState, inner: Any, grads: list[Any], variables: list[
     unscaled = grads if already else unscale(grads, current.loss_scale, _keep(variables))
     checked = grads if state.at_least_one else unscaled
     if state.stats is not None and not state.observer.active:  # the step advanced in the sample's branches
-        finite = state.stats.measure(grads, variables, current.loss_scale, already, lambda: nested_all_finite(checked),
+        finite = state.stats.measure(grads, variables, current.loss_scale, already, lambda: all_finite(checked),
                                      state.fused(grads, already), (current, state.assign))[0]
         ops.cond(finite, lambda: inner.apply(unscaled, variables), lambda: None)
         return None
@@ -207,14 +208,20 @@ def stateless_step(
     state: ScaleState, inner: Any, own_variables: Sequence[Any], trainable_variables: Sequence[Any],
     optimizer_values: Sequence[Any], grads: list[Any], trainable_values: Sequence[Any], already: bool,
 ) -> tuple[list[Any], list[Any]]:
-    """New weights and optimizer values (``own_variables``' first), touching no variable; the inner in a ``cond``."""
+    """New weights and optimizer values (``own_variables``' first), touching no variable.
+
+    The inner update runs in a ``cond`` on the finite flag, except on JAX off the CPU (GPU, TPU; chosen when XLA
+    compiles the step, :func:`~._grads.by_platform`): there it always runs and each new value is chosen against the
+    old one by ``where``, fused into the update's kernels by XLA, so that the step has no conditional, whose
+    predicate XLA's GPU runtime would read on the host on every step. On a CPU the ``cond`` is the faster one for a
+    small model (a ``fit`` step 1.15-1.28x Keras' class with ``where``, 0.98-1.01x with the ``cond``)."""
     own = len(own_variables)
     mapping = list(zip(list(own_variables) + list(inner.variables), optimizer_values))
     with keras.StatelessScope(state_mapping=mapping) as scope:
         current = state.read()
         checked = grads if already or state.at_least_one else unscale(grads, current.loss_scale, _keep(trainable_variables))
         finite, measured = state.check_and_measure(grads, trainable_variables, checked, current.loss_scale, already)
-        branched = measured is None and not state.observer.active
+        branched = measured is None and not state.observer.active  # then the rule runs after the check, per branch
         if not branched:
             state.finish(current, finite, measured)
     new_own = [scope.get_current_value(v) for v in own_variables]
@@ -222,24 +229,40 @@ def stateless_step(
     weights = [ops.convert_to_tensor(x, v.dtype) for x, v in zip(trainable_values, trainable_variables)]
     positions = [[id(o) for o in own_variables].index(id(v)) for v in state.variables]
 
-    def own_after(flag: bool) -> list[Any]:
+    def own_after(flag: Any) -> list[Any]:
         values = list(new_own)
         if branched:
             for position, value in zip(positions, state.advance(current, flag)[0]):
                 values[position] = value
         return values
 
-    def step() -> tuple[list[Any], list[Any], list[Any]]:
-        # Unscaled again inside the branch, so that XLA fuses the multiply into the check and the update.
+    def update() -> tuple[list[Any], list[Any]]:
+        # Unscaled again here, so that XLA fuses the multiply into the check and the update.
         again = grads if already else unscale(grads, current.loss_scale, _keep(trainable_variables))
         new_weights, new_inner = inner.stateless_apply(inner_values, again, weights)
-        return list(new_weights), list(new_inner), own_after(True)
+        return list(new_weights), list(new_inner)
+
+    def step() -> tuple[list[Any], list[Any], list[Any]]:
+        return *update(), own_after(True)
 
     def skip() -> tuple[list[Any], list[Any], list[Any]]:
         return weights, inner_values, own_after(False)
 
-    new_weights, new_inner, new_own = ops.cond(finite, step, skip)
-    return list(new_weights), list(new_own) + list(new_inner)
+    def in_cond() -> tuple[list[Any], list[Any]]:
+        new_weights, new_inner, new_own = ops.cond(finite, step, skip)
+        return list(new_weights), list(new_own) + list(new_inner)
+
+    def by_where() -> tuple[list[Any], list[Any]]:
+        import jax.numpy as jnp
+
+        new_weights, new_inner = update()
+        new_weights = [jnp.where(finite, n, o).astype(o.dtype) for n, o in zip(new_weights, weights)]
+        new_inner = [jnp.where(finite, n, o).astype(o.dtype) for n, o in zip(new_inner, inner_values)]
+        return new_weights, own_after(finite) + new_inner
+
+    if keras.backend.backend() == "jax":
+        return _grads.by_platform(in_cond, by_where)  # type: ignore[no-any-return]  # (looked up here: tests patch it)
+    return in_cond()
 
 
 def jax_apply(
