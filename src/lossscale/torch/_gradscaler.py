@@ -249,17 +249,13 @@ class GradScaler:
             params = lambda: [p for g in ref().param_groups for p in g["params"]]  # type: ignore[union-attr]
             step = OptimizerStep(self._owner, FlagAgreement(None, params), self._diagnostics, self._sampler,
                                  self._slots, own_counters=False)
-            step.numbering = self._iteration
             pending = self._pending_records.pop(id(optimizer), None)
             if pending is not None:  # what client code wrote through _per_optimizer_states
                 step.record = pending
             self._slots += 1
             self._steps[optimizer] = step
+        step.number = self._updates  # the overflow report's step: update() calls so far (pickled, as History's rows)
         return step
-
-    def _iteration(self) -> int:
-        """The overflow report's step number: ``update()`` calls so far (pickled, as the History's rows)."""
-        return self._updates
 
     @property
     def _per_optimizer_states(self) -> _PerOptimizerStates:

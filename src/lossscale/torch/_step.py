@@ -272,7 +272,7 @@ class OptimizerStep:
         private = owner if owner.advances_each_step else None
         self.counters = StepCounters(private, own_counters or self.diagnostics.guard is not None)
         self.sampler, self.slot = sampler, slot
-        self.numbering: Callable[[], int] | None = None  # the overflow report's step number (None: counters.steps)
+        self.number: int | None = None  # the overflow report's step number, set by a GradScaler (None: counters.steps)
         self._in_closure = False
 
     def measure(self, inner: torch.optim.Optimizer, pairs: Any = None, factor: torch.Tensor | None = None) -> None:
@@ -426,7 +426,7 @@ class OptimizerStep:
     def finish(self, found_inf: torch.Tensor, skipped: bool | None, named_grads: Any = ()) -> None:
         """Ends a step: overflow report, counters, the scale, history, stall guard."""
         diagnostics, counters, owner, record = self.diagnostics, self.counters, self.owner, self.record
-        step = counters.steps if self.numbering is None else self.numbering()
+        step = counters.steps if self.number is None else self.number
         scale_used = owner.state.loss_scale.clone() if diagnostics.wants_scale else None
         if diagnostics.reporter is not None:
             diagnostics.reporter.observe(step, found_inf, skipped, scale_used, named_grads)  # type: ignore[arg-type]
