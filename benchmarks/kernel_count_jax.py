@@ -32,12 +32,27 @@ CONDITIONALS = ("stablehlo.case", "stablehlo.if", "stablehlo.while")
 
 
 def _constant_index(op: Any) -> int | None:
-    """The value of a ``case``'s index when a ``stablehlo.constant`` makes it, else None."""
-    owner = op.operands[0].owner
-    if getattr(owner, "name", None) != "stablehlo.constant":
-        return None
-    text = str(owner.attributes["value"])  # e.g. "dense<1> : tensor<i32>"
-    return int(text[text.index("<") + 1:text.index(">")])
+    """The value of a ``case``'s index when constants make it (XLA folds it and inlines the branch), else None:
+    a ``stablehlo.constant``, or a ``clamp``/``convert`` of constants (how jax 0.4.x lowers
+    ``lax.platform_dependent`` for one platform)."""
+    return _constant_value(op.operands[0])
+
+
+def _constant_value(value: Any) -> int | None:
+    owner = value.owner
+    name = getattr(owner, "name", None)
+    if name == "stablehlo.constant":
+        text = str(owner.attributes["value"])  # e.g. "dense<1> : tensor<i32>"
+        try:
+            return int(text[text.index("<") + 1:text.index(">")])
+        except ValueError:
+            return None
+    if name == "stablehlo.convert":
+        return _constant_value(owner.operands[0])
+    if name == "stablehlo.clamp":
+        low, x, high = (_constant_value(v) for v in owner.operands)
+        return None if None in (low, x, high) else min(max(x, low), high)  # type: ignore[type-var]
+    return None
 
 
 def count_in_module(text: str) -> int:
@@ -84,8 +99,9 @@ def count_in_module(text: str) -> int:
 def count_conditionals(fn: Callable[..., Any], *args: Any, platform: str = "cuda") -> int:
     """The conditionals ``jax.jit(fn)(*args)`` runs on every step, exported for ``platform`` (any machine)."""
     import jax
+    from jax import export  # a submodule to import by name on jax 0.4.33, an attribute on newer releases
 
-    exported = jax.export.export(jax.jit(fn), platforms=[platform])(*args)
+    exported = export.export(jax.jit(fn), platforms=[platform])(*args)
     return count_in_module(exported.mlir_module())
 
 
