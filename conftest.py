@@ -14,6 +14,7 @@ import importlib.util
 _NEEDS = {
     "src/lossscale/torch/*": ["torch"],
     "src/lossscale/_torch_*": ["torch"],
+    "src/lossscale/_jax_*": ["jax"],
     "src/lossscale/torch/integrations/accelerate.py": ["torch", "accelerate"],
     "src/lossscale/torch/integrations/_compat.py": ["torch", "accelerate"],
     "src/lossscale/torch/integrations/lightning.py": ["torch", "lightning"],

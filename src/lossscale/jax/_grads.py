@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
+from collections.abc import Hashable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
+from .._jax_kernels import by_platform, finite_by_max
 from ._compat import like, typeof, varying_axes
 
 __all__ = ["all_finite", "by_platform", "check_gradients", "scale_loss", "squared_norm", "unscale"]
@@ -67,26 +68,6 @@ def _exactly_finite(leaves: list[Any]) -> jax.Array:
     return flag
 
 
-def by_platform(cpu: Callable[[], Any], other: Callable[[], Any]) -> Any:
-    """``cpu()`` where the program runs on a CPU, ``other()`` on any other platform, chosen when XLA lowers it
-    (``lax.platform_dependent``): right also for a program exported or traced on one machine for another, where
-    ``jax.default_backend()`` at trace time is not. Both are traced; the lowering keeps only the chosen one, as a
-    conditional of one branch that XLA inlines (no conditional runs)."""
-    return lax.platform_dependent(cpu=cpu, default=other)
-
-
-def _by_max(leaves: list[Any]) -> jax.Array:
-    """Exactly whether every leaf is finite, with no conditional: ``isfinite(max(|x|))`` per real leaf (XLA's max
-    propagates NaN; ``|x|`` of a real float overflows nowhere), ``all(isfinite)`` per complex one."""
-    flag = jnp.ones((), jnp.bool_)
-    for leaf in leaves:
-        if jnp.issubdtype(leaf.dtype, jnp.complexfloating):
-            flag = flag & jnp.all(jnp.isfinite(leaf))
-        else:
-            flag = flag & jnp.isfinite(jnp.max(jnp.abs(leaf), initial=0))
-    return flag
-
-
 def _by_sums(leaves: list[Any]) -> jax.Array:
     """:func:`sum_checks`, with the exact check of the float32/float64 leaves in a ``lax.cond`` taken only when
     their sum is not finite."""
@@ -123,7 +104,7 @@ def all_finite(tree: Any) -> jax.Array:
     leaves = [jnp.asarray(leaf) for leaf in jax.tree_util.tree_leaves(tree)]
     if not leaves:
         return jnp.ones((), jnp.bool_)
-    return by_platform(lambda: _varying_as(_by_sums(leaves), leaves), lambda: _varying_as(_by_max(leaves), leaves))
+    return by_platform(lambda: _varying_as(_by_sums(leaves), leaves), lambda: _varying_as(finite_by_max(leaves), leaves))
 
 
 def sum_checks(leaves: list[Any]) -> tuple[jax.Array, jax.Array | None, list[jax.Array]]:

@@ -64,23 +64,12 @@ def _summed(present: Sequence[Any]) -> Any:
     return ops.logical_and(finite, _each_finite(narrow)) if narrow else finite
 
 
-def _by_max(present: Sequence[Any]) -> Any:
-    """JAX, exact with no conditional: ``isfinite(max(|g|))`` per real gradient (XLA's max propagates NaN),
-    ``all(isfinite)`` per complex one."""
-    import jax.numpy as jnp
-
-    flags = [jnp.all(jnp.isfinite(g)) if jnp.issubdtype(g.dtype, jnp.complexfloating)
-             else jnp.isfinite(jnp.max(jnp.abs(g), initial=0)) for g in present]
-    return _conjunction(flags)
-
-
 def by_platform(cpu: Callable[[], Any], other: Callable[[], Any]) -> Any:
-    """JAX: ``cpu()`` where the program runs on a CPU, ``other()`` elsewhere, chosen when XLA lowers it
-    (``lax.platform_dependent``; right also for a program exported or traced for another platform, where
-    ``jax.default_backend()`` at trace time is not). Both are traced; only the chosen one is compiled, inlined."""
-    from jax import lax
+    """JAX: :func:`lossscale._jax_kernels.by_platform` (imported here, at the call: Keras may run on another backend),
+    a name of this module so that Keras's step and tests reach it here."""
+    from .._jax_kernels import by_platform as choose
 
-    return lax.platform_dependent(cpu=cpu, default=other)
+    return choose(cpu, other)
 
 
 def all_finite(grads: Sequence[Any]) -> Any:
@@ -94,7 +83,9 @@ def all_finite(grads: Sequence[Any]) -> Any:
     present = [g for g in grads if g is not None]
     backend = keras.backend.backend()
     if backend == "jax" and present:
-        return by_platform(lambda: _summed(present), lambda: _by_max(present))
+        from .._jax_kernels import finite_by_max
+
+        return by_platform(lambda: _summed(present), lambda: finite_by_max(present))
     if backend == "tensorflow":
         return _summed(present)
     return _each_finite(present)

@@ -1,0 +1,34 @@
+"""The JAX passes shared by ``lossscale.jax`` and Keras on JAX (as :mod:`lossscale._torch_kernels` is for torch):
+the choice of a computation by the platform XLA compiles for, and the finite check that takes no conditional."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax.numpy as jnp
+from jax import lax
+
+__all__ = ["by_platform", "finite_by_max"]
+
+
+def by_platform(cpu: Callable[[], Any], other: Callable[[], Any]) -> Any:
+    """``cpu()`` where the program runs on a CPU, ``other()`` on any other platform, chosen when XLA lowers it
+    (``lax.platform_dependent``): right also for a program exported or traced on one machine for another, where
+    ``jax.default_backend()`` at trace time is not. Both are traced; the lowering keeps only the chosen one, as a
+    conditional of one branch that XLA inlines (no conditional runs)."""
+    return lax.platform_dependent(cpu=cpu, default=other)
+
+
+def finite_by_max(leaves: Sequence[Any]) -> Any:
+    """Exactly whether every leaf is finite, with no conditional: ``isfinite(max(|x|))`` per real leaf (XLA's max
+    propagates NaN; ``|x|`` of a real float overflows nowhere), ``all(isfinite)`` per complex one. One read pass;
+    the off-CPU check of both bindings, whose sum check's ``lax.cond`` would have XLA's GPU runtime read its
+    predicate on the host on every step."""
+    flag = jnp.ones((), jnp.bool_)
+    for leaf in leaves:
+        if jnp.issubdtype(leaf.dtype, jnp.complexfloating):
+            flag = flag & jnp.all(jnp.isfinite(leaf))
+        else:
+            flag = flag & jnp.isfinite(jnp.max(jnp.abs(leaf), initial=0))
+    return flag
