@@ -13,8 +13,8 @@ import importlib.util
 #: What each part of the package needs, beyond numpy.
 _NEEDS = {
     "src/lossscale/torch/*": ["torch"],
-    "src/lossscale/_torch_*": ["torch"],
-    "src/lossscale/_jax_*": ["jax"],
+    "src/lossscale/_jax/*": ["jax"],
+    "src/lossscale/_torch/*": ["torch"],
     "src/lossscale/torch/integrations/accelerate.py": ["torch", "accelerate"],
     "src/lossscale/torch/integrations/_compat.py": ["torch", "accelerate"],
     "src/lossscale/torch/integrations/lightning.py": ["torch", "lightning"],

@@ -26,7 +26,7 @@ CONCERNS = {
     "validated loads": ["_validate", "_checkpoint", "torch/_validated", "torch/_checkpoint", "torch/_inner_load",
                         "torch/_legacy_pickles", "torch/_state", "torch/_gradscaler_scale", "keras/_loaded",
                         "keras/_checkpoint", "jax/_check", "jax/_checkpoint"],
-    "kernels and compat": ["_torch_kernels", "_torch_compat", "torch/_grads", "torch/_compat", "torch/_fused",
+    "kernels and compat": ["_torch/_kernels", "_torch/_compat", "_jax/_kernels", "torch/_grads", "torch/_compat", "torch/_fused",
                            "keras/_grads", "keras/_compat", "jax/_grads", "jax/_compat"],
     "diagnostics": ["_history", "_report", "torch/_diagnostics", "keras/_observer", "keras/_diagnostics",
                     "jax/_record", "jax/_guard", "jax/_diagnostics"],
@@ -124,7 +124,7 @@ def main() -> None:
         if per[label]:
             print(f"| {label} | {sum(lines[n] for n in per[label])} | {len(per[label])} |")
     print(f"\ncircles: {circles(graph) or 'none'}")
-    binding = {n: n.split("/")[0] for n in files if "/" in n}
+    binding = {n: n.split("/")[0] for n in files if n.split("/")[0] in ("torch", "jax", "keras")}  # _torch, _jax: shared
     cross = sorted(f"{a} -> {b}" for a, targets in graph.items() for b in targets
                    if a in binding and b in binding and binding[a] != binding[b]
                    and b.split("/")[-1].startswith("_") and b.split("/")[-1] != "__init__")

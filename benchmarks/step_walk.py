@@ -3,7 +3,7 @@
 Traces one real step (after a warm-up step, so that first-step work such as
 creating optimizer state is not counted) of ``LossScaleOptimizer`` and of
 ``GradScaler`` with ``sys.settrace``, and prints, per file of the package (the binding, the top-level
-``_torch_kernels.py``/``_torch_compat.py`` and the core modules; not the integrations):
+``_torch/_kernels.py``/``_torch/_compat.py`` and the core modules; not the integrations):
 
 * ``entries``: calls into the file from another file (a call within one
   file is not an entry);

@@ -17,7 +17,7 @@ import lossscale
 import lossscale.jax as lsj
 import lossscale.jax._grads as grads_module
 from benchmarks.kernel_count_jax import count_conditionals
-from lossscale._jax_kernels import finite_by_max
+from lossscale._jax._kernels import finite_by_max
 
 
 def _params():

@@ -296,7 +296,7 @@ def test_torch_compile_fused_step_breaks_only_where_torch_optim_does(make_model)
 
 
 def test_lossscale_work_of_a_step_traces_as_one_graph(make_model):
-    from lossscale._torch_kernels import GradGroups, unscale_and_check_
+    from lossscale._torch._kernels import GradGroups, unscale_and_check_
 
     _, opt = _scaled_model_and_optimizer(make_model, fused=True)
     scale = opt.shared_loss_scale
@@ -317,7 +317,7 @@ def test_grouping_used_under_torch_compile_equals_torchs():
     # grouping): the same groups, in each the same tensors in the same order, and the same indices.
     from torch.utils._foreach_utils import _group_tensors_by_device_and_dtype
 
-    from lossscale._torch_compat import group_in_python
+    from lossscale._torch._compat import group_in_python
 
     grads = [torch.ones(2), torch.ones(3, dtype=torch.float16), torch.zeros(4), torch.ones(1, dtype=torch.bfloat16),
              torch.full((5,), 3.0, dtype=torch.float16)]
@@ -380,7 +380,7 @@ def test_bench_torch_quick_run_prints_every_case():
 
 
 def test_unscaled_copies_flag_exactly_the_non_finite_copies():
-    from lossscale._torch_kernels import combine_flags, unscaled_copies
+    from lossscale._torch._kernels import combine_flags, unscaled_copies
 
     inv = torch.tensor(0.25)
     finite = [torch.tensor([4.0, -8.0]), torch.tensor([2.0, 4.0], dtype=torch.float16), None]

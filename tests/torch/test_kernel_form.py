@@ -23,7 +23,7 @@ from lossscale import (
     next_state,
 )
 from lossscale._rule import COUNTER_MAX, kernel_form
-from lossscale._torch_kernels import advance_scale_, reciprocal
+from lossscale._torch._kernels import advance_scale_, reciprocal
 from lossscale.torch._checkpoint import ScaleRecord
 from lossscale.torch._scale import PrivateLossScale
 from tests.reference import POLICIES, as_numbers

@@ -11,7 +11,7 @@ import torch
 import lossscale
 from lossscale._auto import initial_auto_state, next_auto_state
 from lossscale._stats import gradient_stats as numpy_stats
-from lossscale._torch_kernels import gradient_stats
+from lossscale._torch._kernels import gradient_stats
 from lossscale.torch._stats import StatsSampler, check_stats_every
 from tests.torch.op_counter import count_ops
 
@@ -353,7 +353,7 @@ def test_sample_columns_equal_the_numpy_core_on_every_kind_of_gradient(device, c
                                                                        monkeypatch):
     """NaN, Inf, -0, subnormals of both types, float16/bfloat16/float64, sparse, empty; chunked or not; with a
     ``factor`` (half types then go one by one, in float32). Each column equals the core's ``tensor_sums``."""
-    from lossscale import _torch_kernels
+    from lossscale._torch import _kernels as _torch_kernels
 
     monkeypatch.setattr(_torch_kernels, "CHUNK_ELEMENTS", chunk)
     grads = awkward(device)
@@ -373,7 +373,7 @@ def test_the_sample_launches_the_same_ops_for_5_or_200_tensors():
     """The dense gradients go through multi-tensor kernels (a GPU's default; forced here on the CPU): the ops
     dispatched do not grow with their number (one by one they were about 9 per tensor: on a GPU, 1,500 launches
     for 100 tensors). 11 operators that launch kernels (16 before the counts were marked by ceil and sign)."""
-    from lossscale._torch_kernels import sample_columns
+    from lossscale._torch._kernels import sample_columns
 
     def ops(n):
         grads = [torch.randn(10) for _ in range(n)]
@@ -404,7 +404,7 @@ def test_an_unsampled_auto_step_runs_only_the_backoff():
     and the counters, 109 operators where the masked sample's path runs 200 (117 and 179 before the backoff was
     split off; 96 and 179 before the spike-cap change added about 13 to the backoff, the margin past 16 bits)."""
     from lossscale._sampler import initial_sampler_state, next_sampler_state
-    from lossscale._torch_kernels import gradient_stats
+    from lossscale._torch._kernels import gradient_stats
 
     policy = lossscale.AutoLossScale()
     state, sampler = lossscale.initial_state(policy, torch), initial_sampler_state(policy, 1, torch)

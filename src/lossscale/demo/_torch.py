@@ -19,7 +19,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .._torch_kernels import gradient_stats
+from .._torch._kernels import gradient_stats
 from ..torch import LossScaleOptimizer
 from ._config import AUTO_MODE, DemoConfig
 from ._data import DemoData, batch_order, measured_steps, psnr_db

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from .._jax_kernels import by_platform, finite_by_max
+from .._jax._kernels import by_platform, finite_by_max
 from ._compat import like, typeof, varying_axes
 
 __all__ = ["all_finite", "by_platform", "check_gradients", "scale_loss", "squared_norm", "unscale"]

@@ -65,9 +65,9 @@ def _summed(present: Sequence[Any]) -> Any:
 
 
 def by_platform(cpu: Callable[[], Any], other: Callable[[], Any]) -> Any:
-    """JAX: :func:`lossscale._jax_kernels.by_platform` (imported here, at the call: Keras may run on another backend),
+    """JAX: :func:`lossscale._jax._kernels.by_platform` (imported here, at the call: Keras may run on another backend),
     a name of this module so that Keras's step and tests reach it here."""
-    from .._jax_kernels import by_platform as choose
+    from .._jax._kernels import by_platform as choose
 
     return choose(cpu, other)
 
@@ -83,7 +83,7 @@ def all_finite(grads: Sequence[Any]) -> Any:
     present = [g for g in grads if g is not None]
     backend = keras.backend.backend()
     if backend == "jax" and present:
-        from .._jax_kernels import finite_by_max
+        from .._jax._kernels import finite_by_max
 
         return by_platform(lambda: _summed(present), lambda: finite_by_max(present))
     if backend == "tensorflow":

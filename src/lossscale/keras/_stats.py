@@ -196,7 +196,7 @@ class StatsVariables:
 
     def _torch_sample(self, slots: Sequence[Any], sizes: list[int], scale: Any, already: bool) -> GradientStats:
         """The sample on torch: the torch binding's kernels (multi-tensor off the CPU), the sizes copied once."""
-        from .._torch_kernels import sample_columns
+        from .._torch._kernels import sample_columns
 
         count = _read(self.count)
         key = (count.device, tuple(sizes))

@@ -188,7 +188,7 @@ def apply_step(state: ScaleState, inner: Any, grads: list[Any], variables: list[
 
 def _torch_apply(state: ScaleState, inner: Any, grads: list[Any], variables: list[Any], already: bool) -> None:
     """The eager torch step: the shared multi-tensor unscale-and-check, a Python ``if``; two passes, one host sync."""
-    from .._torch_kernels import combine_flags, reciprocal, unscaled_copies
+    from .._torch._kernels import combine_flags, reciprocal, unscaled_copies
 
     scale = state.variables[0].value
     measured = state.measure(grads, variables, scale, already)

@@ -12,7 +12,7 @@ import torch
 
 from .._errors import check_skip_limit, stall_error
 from .._history import STATS_COLUMNS, History
-from .._torch_compat import TorchDispatchMode, sparse_values
+from .._torch._compat import TorchDispatchMode, sparse_values
 
 if TYPE_CHECKING:
     from typing import Self

@@ -15,7 +15,7 @@ from .._errors import LossScaleError
 from .._policy import LossScale
 from .._resolve import serialize
 from .._rule import LossScaleState
-from .._torch_kernels import dtensor_type
+from .._torch._kernels import dtensor_type
 
 __all__ = ["FlagAgreement", "agreement_groups", "all_reduce_max", "check_replicas_agree", "validate_process_group"]
 

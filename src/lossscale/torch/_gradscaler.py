@@ -10,8 +10,8 @@ from typing import Any
 import torch
 
 from .._policy import DynamicLossScale
-from .._torch_compat import AMP_SCALING, GRAD_SCALER_WARNING, OptState, takes_grad_scaler
-from .._torch_kernels import unscale_grads_per_device
+from .._torch._compat import AMP_SCALING, GRAD_SCALER_WARNING, OptState, takes_grad_scaler
+from .._torch._kernels import unscale_grads_per_device
 from ._checkpoint import gradscaler_record, gradscaler_state_dict, replace_policy, with_torch_names
 from ._checkpoint import growth_interval as checked_interval
 from ._diagnostics import Diagnostics, OverflowReport, StepRecorder

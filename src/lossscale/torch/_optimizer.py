@@ -10,7 +10,7 @@ import torch
 
 from .._policy import LossScale
 from .._resolve import stable_form
-from .._torch_compat import init_step_hooks
+from .._torch._compat import init_step_hooks
 from ._checkpoint import Checkpoint, load_inner
 from ._diagnostics import Diagnostics, OverflowReport
 from ._distributed import FlagAgreement, agreement_groups, validate_process_group

@@ -15,8 +15,8 @@ from .._auto import AutoLossScale
 from .._policy import DynamicLossScale, LossScale
 from .._resolve import resolve_loss_scale
 from .._rule import COUNTER_MAX, LossScaleState, advance_in_place, initial_state, kernel_form, next_state
-from .._torch_compat import foreach_copy_
-from .._torch_kernels import advance_scale_, move, reciprocal
+from .._torch._compat import foreach_copy_
+from .._torch._kernels import advance_scale_, move, reciprocal
 from ._checkpoint import ScaleRecord
 
 __all__ = [
@@ -33,7 +33,7 @@ class ScaleState:
     - on the CPU, :func:`~lossscale._rule.advance_in_place` on numpy views of the tensors' memory: no operator at
       all, a few microseconds of Python;
     - elsewhere, where :func:`~lossscale._rule.kernel_form` covers the policy, its fused form
-      (:func:`~lossscale._torch_kernels.advance_scale_`): 5 operators, one of them GradScaler's update kernel (6 after
+      (:func:`~lossscale._torch._kernels.advance_scale_`): 5 operators, one of them GradScaler's update kernel (6 after
       a scale was set by hand, 3 for a fixed scale);
     - otherwise :func:`~lossscale._rule.next_state` on the tensors: about 33 operators.
 

@@ -12,7 +12,7 @@ from .._auto import AutoLossScale, AutoState
 from .._policy import LossScale
 from .._rule import LossScaleState
 from .._stats import Sizes, as_mapping, sizes_of, summarize_columns
-from .._torch_kernels import sample_columns
+from .._torch._kernels import sample_columns
 
 __all__ = ["StatsSampler", "check_stats_every"]
 

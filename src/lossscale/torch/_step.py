@@ -15,8 +15,8 @@ import numpy as np
 import torch
 
 from .._rule import LossScaleState, _HostScalars, next_skip_counters
-from .._torch_compat import AMP_SCALING, foreach_mul_, step_with_scale, takes_grad_scaler
-from .._torch_kernels import (
+from .._torch._compat import AMP_SCALING, foreach_mul_, step_with_scale, takes_grad_scaler
+from .._torch._kernels import (
     GradGroups,
     check_param_grads_,
     kernel_unscales,

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from .._resolve import serialize, stable_form
-from .._torch_kernels import GradGroups, check_finite, unscaled_copies
+from .._torch._kernels import GradGroups, check_finite, unscaled_copies
 from ._checkpoint import read_policy
 from ._step import OptimizerStep
 

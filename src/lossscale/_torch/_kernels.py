@@ -11,9 +11,9 @@ from typing import Any
 
 import torch
 
-from ._rule import KernelForm, LossScaleState
-from ._stats import FLOAT16_TINY, GradientStats, summarize_columns
-from ._torch_compat import (
+from .._rule import KernelForm, LossScaleState
+from .._stats import FLOAT16_TINY, GradientStats, summarize_columns
+from ._compat import (
     foreach_abs,
     foreach_add,
     foreach_ceil_,

@@ -1,4 +1,4 @@
-"""The JAX passes shared by ``lossscale.jax`` and Keras on JAX (as :mod:`lossscale._torch_kernels` is for torch):
+"""The JAX passes shared by ``lossscale.jax`` and Keras on JAX (as :mod:`lossscale._torch._kernels` is for torch):
 the choice of a computation by the platform XLA compiles for, and the finite check that takes no conditional."""
 
 from __future__ import annotations
