@@ -89,7 +89,7 @@ def torch_part(steps: int) -> None:
 
 
 def switch_sample_if_due(every: int, grads: list, stats: object, axes: object = None, check: object = None) -> tuple:
-    """``sample_if_due`` (with a check) as one ``lax.switch``, which also stands for ``all_finite``'s own conditional:
+    """``sample_if_due`` (with a check; a ``Measurement``) as one ``lax.switch``, which also stands for ``all_finite``'s own conditional:
     index 2 when due (the measurement; finite = isfinite(amax)), else 0 when the sum check is finite (finite, the kept
     sample), else 1 (the exact check, the kept sample). ``check`` is ignored: the finite flag is ``all_finite``'s."""
     import jax
@@ -97,6 +97,7 @@ def switch_sample_if_due(every: int, grads: list, stats: object, axes: object = 
     from jax import lax
 
     from lossscale.jax._grads import _exactly_finite, sum_checks
+    from lossscale.jax._state import Measurement
     from lossscale.jax._stats import _varying_as, is_due, measure
 
     count, kept = jnp.asarray(stats.count), stats.sample
@@ -115,10 +116,10 @@ def switch_sample_if_due(every: int, grads: list, stats: object, axes: object = 
         return _varying_as(flag & _exactly_finite(wide), g), jax.tree_util.tree_map(jnp.asarray, kept)
 
     if every == 1:
-        return *take(grads), True
+        return Measurement(*take(grads), True)
     due = is_due(every, count)
     index = jnp.where(due, 2, jnp.where(summed, 0, 1)).astype(jnp.int32)
-    return *lax.switch(index, (fast, exact, take), list(grads)), due
+    return Measurement(*lax.switch(index, (fast, exact, take), list(grads)), due)
 
 
 def branch_free_sample_if_due(every: int, grads: list, stats: object, axes: object = None,
@@ -129,13 +130,14 @@ def branch_free_sample_if_due(every: int, grads: list, stats: object, axes: obje
 
     from lossscale._stats import GradientStats
     from lossscale.jax._grads import _varying_as
+    from lossscale.jax._state import Measurement
     from lossscale.jax._stats import is_due, measure
 
     count = jnp.asarray(stats.count)
     sample = measure(grads, count, axes)
     due = jnp.asarray(True) if every == 1 else is_due(every, count)
     kept = GradientStats(*(jnp.where(due, new, jnp.asarray(old)) for new, old in zip(sample, stats.sample)))
-    return _varying_as(jnp.isfinite(sample.amax), grads), kept, due
+    return Measurement(_varying_as(jnp.isfinite(sample.amax), grads), kept, due)
 
 
 def late_cond_optimizer(inner: object, loss_scale: object = None, *, stats_every: int | None = None) -> object:
@@ -151,8 +153,9 @@ def late_cond_optimizer(inner: object, loss_scale: object = None, *, stats_every
     from lossscale._resolve import resolve_loss_scale
     from lossscale._sampler import check_stats_every, is_due
     from lossscale.jax._grads import all_finite, check_gradients, unscale
-    from lossscale.jax._optimizer import LossScaleOptimizerState, _chosen
-    from lossscale.jax._stats import measure, step_scale
+    from lossscale.jax._state import LossScaleOptimizerState, Measurement, advance
+    from lossscale.jax._stats import measure
+    from lossscale.jax._step import _chosen
 
     policy = resolve_loss_scale(loss_scale)
     every = check_stats_every(stats_every, policy)
@@ -177,9 +180,8 @@ def late_cond_optimizer(inner: object, loss_scale: object = None, *, stats_every
         due, updates, new_inner = lax.optimization_barrier((is_due(every, count), updates, new_inner))
         sample = lax.cond(due, lambda g: measure(g, count, None),
                           lambda g: jax.tree_util.tree_map(jnp.asarray, state.stats.sample), leaves)
-        new_scale, new_stats, _ = step_scale(policy, every, leaves, state.loss_scale_state, state.stats, finite, None,
-                                             (sample, due))
-        return updates, LossScaleOptimizerState(new_inner, new_scale, new_stats)
+        new_state: LossScaleOptimizerState = advance(policy, state, finite, new_inner, Measurement(None, sample, due))
+        return updates, new_state
 
     return optax.GradientTransformationExtraArgs(init, update)
 
@@ -194,7 +196,7 @@ def check_jax_variants(steps: int = 40) -> None:
     import optax
 
     import lossscale.jax as lsj
-    import lossscale.jax._optimizer as optimizer_module
+    import lossscale.jax._step as step_module
 
     params0, mlp_loss, x, y = jax_mlp(WIDTH, LAYERS)
     # count -> what goes into the gradients: Inf/NaN in one element, or a whole leaf of 3e38 (the float32 sum
@@ -229,14 +231,14 @@ def check_jax_variants(steps: int = 40) -> None:
             for i in range(steps):
                 g = poisoned(grad_fn(p_ref, s_ref), i)
                 u_ref, s_ref = ref_update(g, s_ref, p_ref)
-                shipped = {n: getattr(optimizer_module, n) for n in patch}
+                shipped = {n: getattr(step_module, n) for n in patch}
                 try:  # the variant's trace (its first call) under its patch; the reference's never
                     for n, f in patch.items():
-                        setattr(optimizer_module, n, f)
+                        setattr(step_module, n, f)
                     u_var, s_var = var_update(g, s_var, p_var)
                 finally:
                     for n, f in shipped.items():
-                        setattr(optimizer_module, n, f)
+                        setattr(step_module, n, f)
                 p_ref, p_var = optax.apply_updates(p_ref, u_ref), optax.apply_updates(p_var, u_var)
                 parts = {
                     "updates": (u_ref, u_var), "params": (p_ref, p_var),
@@ -277,9 +279,10 @@ def jax_part(steps: int) -> None:
     def loss(p: list) -> jax.Array:
         return mlp_loss(p, x, y)
 
-    import lossscale.jax._optimizer as optimizer_module
+    import lossscale.jax._step as step_module
     from lossscale._stats import GradientStats
     from lossscale.jax._grads import _by_sums, _exactly_finite
+    from lossscale.jax._state import Measurement
     from lossscale.jax._stats import is_due, measure
 
     def packed_sample_if_due(every: int, grads: list, stats: object, axes: object = None, check: object = None) -> tuple:
@@ -299,7 +302,7 @@ def jax_part(steps: int) -> None:
         for x in kept[1:]:
             fields.append(flat[start:start + x.size].reshape(x.shape))
             start += x.size
-        return finite, GradientStats(*fields), due
+        return Measurement(finite, GradientStats(*fields), due)
 
     def exact(tree: object) -> jax.Array:
         return _exactly_finite(jax.tree_util.tree_leaves(tree))
@@ -308,7 +311,7 @@ def jax_part(steps: int) -> None:
         return _by_sums(jax.tree_util.tree_leaves(tree))
 
     names = ("all_finite", "sample_if_due")
-    shipped = {n: getattr(optimizer_module, n) for n in names}
+    shipped = {n: getattr(step_module, n) for n in names}
     patches = {  # what each variant puts in place of the step's finite check (both branches') or its sample
         "off, isfinite check": {"all_finite": exact},
         "off, sum check": {"all_finite": summed},
@@ -323,7 +326,7 @@ def jax_part(steps: int) -> None:
                 **{n: ("dynamic", 16) for n in builders}}
     for name, (loss_scale, every) in variants.items():
         for attr in names:
-            setattr(optimizer_module, attr, patches.get(name, {}).get(attr, shipped[attr]))
+            setattr(step_module, attr, patches.get(name, {}).get(attr, shipped[attr]))
         opt = builders.get(name, lsj.loss_scale_optimizer)(optax.adam(1e-4), loss_scale, stats_every=every)
 
         def step(p: list, s: object, c: jax.Array, opt: object = opt, name: str = name) -> tuple:
@@ -348,7 +351,7 @@ def jax_part(steps: int) -> None:
         run(32)  # traced here, under this variant's check
         runs[name] = run
     for attr in names:
-        setattr(optimizer_module, attr, shipped[attr])
+        setattr(step_module, attr, shipped[attr])
     times: dict[str, list[tuple[float, float]]] = {name: [] for name in runs}
     for _ in range(9):  # interleaved rounds in a shuffled order: a slow spell hits every variant alike
         for name in random.sample(list(runs), len(runs)):

@@ -1,7 +1,7 @@
 """The JAX skip as compiled: exact with donated buffers, one read of the gradients beyond plain optax, no copies.
 
 The step chooses each output of the inner update between its new and its old
-value as the value is computed (``lossscale.jax._optimizer._chosen``), and
+value as the value is computed (``lossscale.jax._step._chosen``), and
 checks the gradients with one float32 sum (``lossscale.jax.all_finite``).
 These tests hold both to their promises: a skipped step leaves the donated
 parameters and optimizer state bit for bit as they were, a finite one gives

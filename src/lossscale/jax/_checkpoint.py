@@ -1,4 +1,5 @@
-"""``check_state``: a restored JAX state (flax, orbax, pickle) checked on the host by the core's one load rule."""
+"""Restoring a JAX state: ``check_state`` checks a restored one (flax, orbax, pickle) on the host by the core's one
+load rule; :func:`restore_state_dict` with :func:`register_with_flax` lets flax restore across ``stats_every``."""
 
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ import numpy as np
 from .._checkpoint import COUNTERS, check_counter, check_policy, plain, read_record
 from .._policy import LossScale
 from .._resolve import get
+from ._compat import serialize_namedtuples_with
+from ._state import LossScaleOptimizerState
 
-__all__ = ["check_state", "restore_state_dict"]
+__all__ = ["check_state", "register_with_flax", "restore_state_dict"]
 
 
 def _fields(node: Any) -> dict[str, Any] | None:
@@ -86,8 +89,6 @@ def restore_state_dict(target: Any, state: Any, from_state_dict: Callable[..., A
 
     ``state`` is what flax's ``to_state_dict`` made of a state of any release (two fields, or three with
     statistics). Host-side, no device work. Raises ValueError for a state dict that is not an optimizer state's."""
-    from ._optimizer import LossScaleOptimizerState
-
     if not isinstance(state, Mapping):
         raise TypeError(f"Restoring a LossScaleOptimizerState needs a state dict, got {type(state).__name__}.")
     keys = set(state)
@@ -109,3 +110,14 @@ def restore_state_dict(target: Any, state: Any, from_state_dict: Callable[..., A
         if _layout(flax.serialization.to_state_dict(stats)) == _layout(saved):
             stats = from_state_dict(stats, saved, name="stats")
     return LossScaleOptimizerState(inner, scale, stats)
+
+
+def _owns(node: Any) -> bool:
+    return isinstance(node, LossScaleOptimizerState)
+
+
+def register_with_flax() -> None:
+    """Lets flax restore a state saved with ``stats_every`` on into one with it off, and the other way (see
+    :func:`restore_state_dict`); a no-op until flax is imported, never imports it. Called at import of
+    ``lossscale.jax`` and by each ``init()``, so it is in place whichever is imported first."""
+    serialize_namedtuples_with(restore_state_dict, _owns)

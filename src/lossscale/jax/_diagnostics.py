@@ -15,7 +15,7 @@ from jax.custom_batching import custom_vmap
 from .._errors import stall_error
 from .._history import STATS_COLUMNS, History
 
-__all__ = ["StepRecorder", "guard_skip"]
+__all__ = ["Recorder", "guard_skip"]
 
 
 def _raise(streak: Any, scale: Any, *, limit: int) -> None:
@@ -61,7 +61,7 @@ def _unbatched_vmap(axis_size: int, in_batched: Any, finite: jax.Array) -> tuple
     return finite, False
 
 
-class StepRecorder:
+class Recorder:
     """Appends ``(step, scale used, skipped)`` and sampled statistics to a History, continuing its steps (loss: NaN).
     One ``jax.debug.callback`` per step, from the first device along the axes (across processes: device 0's)."""
 
@@ -83,11 +83,13 @@ class StepRecorder:
             stats = {name: float(np.asarray(value)) for name, value in zip(STATS_COLUMNS, columns)}
         self.history.append(step, float(np.asarray(scale)), not bool(np.asarray(finite)), stats=stats)
 
-    def record(self, scale: jax.Array, finite: jax.Array, axes: tuple[Hashable, ...] | None, measured: Any = None) -> None:
-        """Stages the callback (runs it, eagerly); ``measured``: ``(sampled, sample)`` with ``stats_every``."""
+    def record(
+        self, scale: jax.Array, finite: jax.Array, axes: tuple[Hashable, ...] | None, sample: Any = None,
+        sampled: Any = False,
+    ) -> None:
+        """Stages the callback (runs it, eagerly); ``sample`` and ``sampled``: the step's (with ``stats_every``)."""
         args: tuple[Any, ...] = (scale, _unbatched(finite))
-        if measured is not None:
-            sampled, sample = measured
+        if sample is not None:
             args += (jnp.asarray(sampled), *(getattr(sample, name) for name in STATS_COLUMNS))
         if axes is None:
             jax.debug.callback(self._append, *args)

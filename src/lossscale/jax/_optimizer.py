@@ -2,117 +2,32 @@
 
 from __future__ import annotations
 
-import collections
 import functools
 import threading
-import weakref
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import optax
-from jax import lax
 from jax.tree_util import SequenceKey
 
 from .._errors import check_skip_limit
+from .._history import History
 from .._resolve import resolve_loss_scale
-from .._rule import LossScaleState, initial_state
+from .._rule import LossScaleState
 from .._sampler import check_stats_every
-from .._stats import GradientStats, as_mapping
-from ._checkpoint import restore_state_dict
-from ._compat import eval_jaxpr_choosing, is_tracer, like, serialize_namedtuples_with
-from ._diagnostics import StepRecorder, guard_skip
-from ._grads import all_finite, check_gradients, scale_loss, squared_norm, unscale
-from ._stats import init_stats, sample_if_due, step_scale
+from ._checkpoint import register_with_flax
+from ._compat import is_tracer
+from ._diagnostics import Recorder
+from ._grads import scale_loss, unscale
+from ._state import LossScaleOptimizerState, _StatsOptimizerState, init_state
+from ._step import Step
 
 __all__ = [
-    "LossScaleOptimizerState", "apply_gradients", "find_state", "get_scaled_loss", "get_unscaled_gradients",
-    "loss_scale_optimizer", "value_and_grad",
+    "LossScaleOptimizerState", "LossScaleTransformation", "_StatsOptimizerState", "apply_gradients", "find_state",
+    "get_scaled_loss", "get_unscaled_gradients", "loss_scale_optimizer", "value_and_grad",
 ]
-
-# The two layouts; the classes below give both the name LossScaleOptimizerState in repr.
-_Fields = collections.namedtuple("_Fields", ["inner_state", "loss_scale_state"])
-_FieldsWithStats = collections.namedtuple("_FieldsWithStats", ["inner_state", "loss_scale_state", "stats"])
-
-
-class LossScaleOptimizerState(_Fields):
-    """The state of :func:`~lossscale.jax.loss_scale_optimizer`: a NamedTuple pytree of arrays, without the policy.
-
-    Attributes:
-        inner_state: the wrapped transformation's state, untouched by skipped steps.
-        loss_scale_state: a :class:`lossscale.LossScaleState` of 0-d arrays.
-        stats: with ``stats_every``, a third field, the core's ``SamplerState``; None otherwise (0.1's two fields).
-
-    >>> import jax.numpy as jnp, optax, lossscale.jax as lsj
-    >>> state = lsj.loss_scale_optimizer(optax.sgd(0.1)).init({"w": jnp.ones(2)})
-    >>> float(state.loss_scale), int(state.skipped_steps), state._fields, state.stats
-    (32768.0, 0, ('inner_state', 'loss_scale_state'), None)
-    """
-
-    __slots__ = ()
-
-    # Not Self: without statistics it returns cls, with them the three-field subclass.
-    def __new__(  # noqa: PYI034
-        cls, inner_state: Any, loss_scale_state: LossScaleState, stats: Any = None
-    ) -> LossScaleOptimizerState:
-        if stats is None:
-            return _Fields.__new__(cls, inner_state, loss_scale_state)
-        return tuple.__new__(_StatsOptimizerState, (inner_state, loss_scale_state, stats))
-
-    @property
-    def stats(self) -> Any:
-        """``stats_every``'s sampler state (None when off)."""
-        return None
-
-    # jnp.asarray: under flax.nnx.Optimizer the leaves are OptArray wrappers, which have no operators.
-    @property
-    def loss_scale(self) -> jax.Array:
-        """The current scale ``S``, a 0-d float32 array."""
-        return jnp.asarray(self.loss_scale_state.loss_scale)
-
-    @property
-    def skipped_steps(self) -> jax.Array:
-        """Steps skipped so far, a 0-d int32 array (saturating)."""
-        return jnp.asarray(self.loss_scale_state.skipped_steps)
-
-    @property
-    def consecutive_skips(self) -> jax.Array:
-        """Steps skipped in a row up to now (0 after a finite step), a 0-d int32 array."""
-        return jnp.asarray(self.loss_scale_state.consecutive_skips)
-
-    @property
-    def gradient_stats(self) -> dict[str, Any] | None:
-        """The latest sample of ``stats_every`` (see docs/gradient_stats.md), or None when off."""
-        return None if self.stats is None else as_mapping(GradientStats(*map(jnp.asarray, self.stats.sample)))
-
-    @property
-    def last_step_skipped(self) -> jax.Array:
-        """Whether the last step was skipped, a 0-d bool array."""
-        return self.consecutive_skips > 0
-
-
-# Both bases are tuples with empty __slots__, so their layouts agree; mypy refuses any two tuple bases.
-class _StatsOptimizerState(_FieldsWithStats, LossScaleOptimizerState):  # type: ignore[misc]
-    """The state with ``stats_every``: the three-field tuple's fields, ``_make`` and ``_replace``, the accessors."""
-
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        fields = ", ".join(f"{name}={value!r}" for name, value in zip(self._fields, self))
-        return f"LossScaleOptimizerState({fields})"
-
-
-def _owns(node: Any) -> bool:
-    return isinstance(node, LossScaleOptimizerState)
-
-
-def register_with_flax() -> None:
-    """Lets flax restore a state saved with ``stats_every`` on into one with it off, and the other way (see
-    :func:`~lossscale.jax._checkpoint.restore_state_dict`); a no-op until flax is imported, never imports it.
-    Called at import and by each ``init()``, so it is in place whichever is imported first."""
-    serialize_namedtuples_with(restore_state_dict, _owns)
-
 
 register_with_flax()
 
@@ -324,53 +239,13 @@ def _check_max_norm(max_norm: Any) -> float | None:
     return float(max_norm)
 
 
-def _chosen(finite: jax.Array, update: Callable, operands: Any, olds: Any) -> Any:
-    """``update(*operands)`` where ``finite``, else ``olds`` (None: zeros shaped like that output), leaf by leaf;
-    each output chosen by ``jnp.where`` as soon as it is computed, fused into its kernel (no pass, in place)."""
-    flat, in_tree = jax.tree_util.tree_flatten(operands)
-    closed, shapes = jax.make_jaxpr(
-        lambda *xs: update(*jax.tree_util.tree_unflatten(in_tree, xs)), return_shape=True
-    )(*flat)
-    out_tree = jax.tree_util.tree_structure(shapes)
-    old_first, old_rest = olds
-    first_tree, rest_tree = out_tree.children()
-    if jax.tree_util.tree_structure(old_rest) != rest_tree:
-        raise TypeError(
-            "The inner optimizer's update() returned a state whose structure differs from the state it was "
-            f"given ({rest_tree} vs {jax.tree_util.tree_structure(old_rest)}); a skipped step could not keep "
-            "the old state. Use an optax transformation whose update returns the state in the shape init() made."
-        )
-    old_leaves = (
-        [None] * first_tree.num_leaves if old_first is None else jax.tree_util.tree_leaves(old_first)
-    ) + jax.tree_util.tree_leaves(old_rest)
-    avals = closed.out_avals
-    for old, aval in zip(old_leaves, avals):
-        if old is not None and tuple(jnp.shape(old)) != tuple(aval.shape):
-            raise TypeError(
-                f"The inner optimizer's update() returned a state leaf of shape {tuple(aval.shape)} for one of "
-                f"shape {tuple(jnp.shape(old))}; a skipped step could not keep the old state. Use an optax "
-                "transformation whose update returns the state in the shape init() made."
-            )
-
-    def choose(i: int, new: Any) -> Any:
-        aval, old = avals[i], old_leaves[i]
-        kept = jnp.zeros((), aval.dtype) if old is None else jnp.asarray(old)
-        return like(jnp.where(finite, new, kept).astype(aval.dtype), aval)
-
-    return jax.tree_util.tree_unflatten(out_tree, eval_jaxpr_choosing(closed, flat, choose))
-
-
-#: ``update`` function of each transformation built here -> its stepper (for :func:`apply_gradients`).
-_STEPPERS: weakref.WeakKeyDictionary[Callable, Callable] = weakref.WeakKeyDictionary()
-
-
 def loss_scale_optimizer(
     inner: optax.GradientTransformation, loss_scale: Any = None, *, dynamic: bool | None = None,
     initial_scale: float | None = None, dynamic_growth_steps: int | None = None, min_loss_scale: float | None = None,
     max_loss_scale: float | None = None, hysteresis: int | None = None, max_consecutive_skips: int | None = None,
     history: Any = None, axis_name: str | tuple[str, ...] | None = None, clip_by_global_norm: float | None = None,
     stats_every: int | None = None,
-) -> optax.GradientTransformationExtraArgs:
+) -> LossScaleTransformation:
     """Wraps ``inner`` in loss scaling; TF's ``LossScaleOptimizer`` for optax (docs/jax.md).
 
     ``update(grads, state, params)`` takes ``g``, the gradients of the **scaled** loss, and computes::
@@ -424,70 +299,48 @@ def loss_scale_optimizer(
         loss_scale, dynamic=dynamic, initial_scale=initial_scale, dynamic_growth_steps=dynamic_growth_steps,
         min_loss_scale=min_loss_scale, max_loss_scale=max_loss_scale, hysteresis=hysteresis,
     )
-    rule = policy.rule_params()
     axes = _axis_names(axis_name)
     max_norm = _check_max_norm(clip_by_global_norm)
     limit = check_skip_limit(max_consecutive_skips)
-    recorder = None if history is None or history is False else StepRecorder(history)
+    recorder = None if history is None or history is False else Recorder(history)
     every = check_stats_every(stats_every, policy)
-    inner = optax.with_extra_args_support(inner)
+    settings = Step(optax.with_extra_args_support(inner), policy, every, axes, max_norm, recorder, limit)
+    return LossScaleTransformation(functools.partial(_init, settings), settings.update)
 
-    def init_fn(params: Any) -> LossScaleOptimizerState:
-        register_with_flax()
-        inner_state = inner.init(params)
-        if any(_is_scale_node(n) for n in jax.tree_util.tree_leaves(inner_state, is_leaf=_is_scale_node)):
-            raise TypeError(
-                "inner already holds a loss_scale_optimizer; nesting them would scale and unscale twice. "
-                "Wrap the plain optimizer once: loss_scale_optimizer(optax.adamw(...))."
-            )
-        stats = None if every is None else init_stats(policy, params)
-        return LossScaleOptimizerState(inner_state, initial_state(rule, jnp), stats)
 
-    def stepper(grads: Any, state: Any, params: Any, extra_args: dict, apply: bool) -> tuple[Any, Any]:
-        if not isinstance(state, LossScaleOptimizerState):
-            raise TypeError(
-                f"update() needs the LossScaleOptimizerState that init()/update() returned, got "
-                f"{type(state).__name__}. Pass this transformation's own state, not the inner optimizer's."
-            )
-        leaves = check_gradients(grads)
-        scale = state.loss_scale
-        # With S >= 1 (the policy's floor) g / S is finite exactly when g is: the check reads the scaled g.
-        factor = measured = None
-        if max_norm is None and every is not None and state.stats is not None and rule.min_scale >= 1 and all(
-            leaf.dtype in (jnp.float32, jnp.float16, jnp.bfloat16) for leaf in leaves
-        ):  # max |g| is the finite check too: a sampled step reads the gradients once
-            finite, sample, sampled = sample_if_due(every, leaves, state.stats, axes, all_finite)
-            measured = (sample, sampled)
-        elif max_norm is None:
-            finite = all_finite(grads if rule.min_scale >= 1 else unscale(grads, scale))
-        else:  # one pass gives both the global norm and the finite flag
-            norm = jnp.sqrt(squared_norm(grads, scale, axes))
-            finite = jnp.isfinite(norm)
-            factor = jnp.where(norm < max_norm, jnp.float32(1), jnp.float32(max_norm) / norm)
-        if axes is not None:
-            finite = lax.pmin(finite.astype(jnp.int32), axes) > 0
-        new_scale_state, new_stats, sampled = step_scale(
-            policy, every, leaves, state.loss_scale_state, state.stats, finite, axes, measured
+def _init(settings: Step, params: Any) -> LossScaleOptimizerState:
+    """The transformation's ``init``: :func:`~lossscale.jax._state.init_state`, refusing an inner transformation
+    that holds a loss scale already."""
+    register_with_flax()
+    state = init_state(settings.policy, settings.every, settings.inner, params)
+    if any(_is_scale_node(n) for n in jax.tree_util.tree_leaves(state.inner_state, is_leaf=_is_scale_node)):
+        raise TypeError(
+            "inner already holds a loss_scale_optimizer; nesting them would scale and unscale twice. "
+            "Wrap the plain optimizer once: loss_scale_optimizer(optax.adamw(...))."
         )
-        if recorder is not None:
-            recorder.record(scale, finite, axes, None if new_stats is None else (sampled, new_stats.sample))
+    return state
 
-        def taken(grads: Any, inner_state: Any, params: Any) -> Any:
-            updates, inner_state = inner.update(unscale(grads, scale, factor), inner_state, params, **extra_args)
-            return (optax.apply_updates(params, updates) if apply else updates), inner_state
 
-        first, new_inner = _chosen(
-            finite, taken, (grads, state.inner_state, params), (params if apply else None, state.inner_state)
-        )
-        if limit is not None:  # the streak reaches the limit only on a skipped step
-            guard_skip(new_scale_state.consecutive_skips, new_scale_state.loss_scale, limit)
-        return first, LossScaleOptimizerState(new_inner, new_scale_state, new_stats)
+def _settings(tx: Any) -> Step | None:
+    """The :class:`~lossscale.jax._step.Step` whose ``update`` is ``tx``'s (a :func:`loss_scale_optimizer`, or any
+    ``GradientTransformation`` rebuilt from its two functions), else None."""
+    settings = getattr(getattr(tx, "update", None), "__self__", None)
+    return settings if isinstance(settings, Step) else None
 
-    def update_fn(updates: Any, state: LossScaleOptimizerState, params: Any = None, **extra_args: Any) -> tuple:
-        return stepper(updates, state, params, extra_args, False)
 
-    _STEPPERS[update_fn] = stepper
-    return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+class LossScaleTransformation(optax.GradientTransformationExtraArgs):
+    """What :func:`loss_scale_optimizer` returns: optax's ``(init, update)`` pair (it unpacks, chains and jits as
+    any ``GradientTransformationExtraArgs``), plus the :attr:`history` it records into."""
+
+    __slots__ = ()
+
+    @property
+    def history(self) -> History | None:
+        """The :class:`lossscale.History` given one row per step: the one passed as ``history=``, the one created for
+        ``history=True``, or None when off. Read through ``update``, so a transformation rebuilt from the two
+        functions (``_replace``, ``GradientTransformationExtraArgs(tx.init, tx.update)``) has it too."""
+        settings = _settings(self)
+        return None if settings is None or settings.recorder is None else settings.recorder.history
 
 
 def apply_gradients(tx: Any, grads: Any, opt_state: Any, params: Any, **extra_args: Any) -> tuple[Any, Any]:
@@ -507,9 +360,8 @@ def apply_gradients(tx: Any, grads: Any, opt_state: Any, params: Any, **extra_ar
     """
     if params is None:
         raise TypeError("apply_gradients() needs the parameters to update; got params=None.")
-    update: Any = getattr(tx, "update", None)
-    stepper = _STEPPERS.get(update)
-    if stepper is None:
+    settings = _settings(tx)
+    if settings is None:
         updates, opt_state = tx.update(grads, opt_state, params, **extra_args)
         return optax.apply_updates(params, updates), opt_state
-    return stepper(grads, opt_state, params, extra_args, True)
+    return settings.apply(grads, opt_state, params, **extra_args)

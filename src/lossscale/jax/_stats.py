@@ -1,4 +1,5 @@
-"""``stats_every`` on JAX: the measurement inside the jitted step; the sampler is the core's, over ``jax.numpy``."""
+"""``stats_every`` on JAX: the measurement inside the jitted step (:func:`measure`, :func:`sample_if_due`); the
+sampler is the core's, over ``jax.numpy``, and :func:`lossscale.jax._state.advance` keeps what is measured here."""
 
 from __future__ import annotations
 
@@ -9,19 +10,12 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from .._policy import LossScale
-from .._rule import LossScaleState, next_state
-from .._sampler import SamplerState, initial_sampler_state, is_due, next_sampler_state
+from .._sampler import SamplerState, is_due
 from .._stats import FLOAT16_TINY, GradientStats, summarize, tensor_sums
 from ._grads import _varying_as
+from ._state import Measurement
 
-__all__ = ["init_stats", "measure", "sample_if_due", "step_scale", "tensor_names"]
-
-
-def init_stats(policy: LossScale, params: Any) -> SamplerState:
-    """The sampler state at step 0, for gradients shaped like ``params`` (the count an int32 array)."""
-    count = len(jax.tree_util.tree_leaves(params))
-    return initial_sampler_state(policy, count, jnp, count=jnp.zeros((), jnp.int32))
+__all__ = ["measure", "sample_if_due", "tensor_names"]
 
 
 def _reduce_across(sample: GradientStats, leaves: list, axes: tuple[Hashable, ...]) -> GradientStats:
@@ -69,45 +63,41 @@ def measure(grads: list, count: Any, axes: tuple[Hashable, ...] | None) -> Gradi
 
 
 def sample_if_due(
-    every: int, grads: list, stats: SamplerState, axes: tuple[Hashable, ...] | None = None, check: Any = None
-) -> tuple[Any, GradientStats, Any]:
-    """``(finite, sample, sampled)``: the sample where due (across ``axes``), else the kept one, in one ``lax.cond``.
+    every: int, grads: list, sampler: SamplerState, axes: tuple[Hashable, ...] | None = None, check: Any = None
+) -> Measurement:
+    """The step's :class:`~lossscale.jax._state.Measurement`: the sample where due (across ``axes``), else the kept
+    one, in one ``lax.cond`` (none with ``every=1``).
 
-    With ``check``, ``finite`` comes with one read pass on every step: ``isfinite(amax)`` on a sampled step (max
-    propagates NaN), ``check(grads)`` on an unsampled one; as varying as the gradients (under ``shard_map`` both
-    branches must agree). With ``axes`` the sampled flag is already the devices' common one (``amax`` is
-    ``pmax``-ed), the unsampled one this device's; the caller's ``pmin`` makes them alike. For float32 and narrower
-    leaves with ``S >= 1`` only (a float64 above float32's range would read as an overflow). Without ``check``,
-    ``finite`` is None."""
-    count = jnp.asarray(stats.count)
+    Args:
+        every: ``stats_every``, the sampling period.
+        grads: the gradient leaves (scaled).
+        sampler: the core's ``SamplerState`` before this step; its ``count`` says whether the step is due.
+        axes: under ``pmap``/``shard_map``, the axes the sample is reduced across (inside the sampled branch).
+        check: None, or the finite check of the unsampled branch (``all_finite``): then the measurement's ``finite``
+            comes with one read pass on every step, ``isfinite(amax)`` on a sampled step (max propagates NaN),
+            ``check(grads)`` on an unsampled one: the *fused* check. For float32 and narrower leaves with ``S >= 1``
+            only (a float64 above float32's range would read as an overflow). Without ``check``, ``finite`` is None.
+
+    Both branches' flags are as varying as the gradients (under ``shard_map`` they must agree). With ``axes`` the
+    sampled flag is already the devices' common one (``amax`` is ``pmax``-ed), the unsampled one this device's; the
+    caller's ``pmin`` makes them alike. Cost: about one read pass on a sampled step, ``check``'s on the others.
+    """
+    count = jnp.asarray(sampler.count)
 
     def take(g: list) -> tuple[Any, GradientStats]:
         sample = measure(g, count, axes)
         return (None if check is None else _varying_as(jnp.isfinite(sample.amax), g)), sample
 
     def keep(g: list) -> tuple[Any, GradientStats]:
-        return (None if check is None else _varying_as(check(g), g)), jax.tree_util.tree_map(jnp.asarray, stats.sample)
+        kept = jax.tree_util.tree_map(jnp.asarray, sampler.sample)
+        return (None if check is None else _varying_as(check(g), g)), kept
 
     if every == 1:
-        return *take(grads), True
+        finite, sample = take(grads)
+        return Measurement(finite, sample, True)
     due = is_due(every, count)
-    return *lax.cond(due, take, keep, grads), due
-
-
-def step_scale(
-    policy: LossScale, every: int | None, grads: list, scale_state: LossScaleState, stats: SamplerState | None,
-    finite: jax.Array, axes: tuple[Hashable, ...] | None, measured: tuple[GradientStats, Any] | None = None,
-) -> tuple[LossScaleState, SamplerState | None, Any]:
-    """New scale state, sampler state and ``sampled`` flag (``measured``: :func:`sample_if_due`'s ``(sample,
-    sampled)`` already taken); unsampled: no reduction."""
-    if every is None or stats is None:
-        return next_state(policy.rule_params(), scale_state, finite, jnp), stats, False
-    sample, sampled = measured or sample_if_due(every, grads, stats, axes)[1:]
-    # The cond chose the kept sample already: handed in as the sampler's own, it is kept with no select.
-    new_scale, new_stats = next_sampler_state(
-        policy, scale_state, SamplerState(jnp.asarray(stats.count), sample, stats.auto), finite, sample, sampled, jnp
-    )
-    return new_scale, new_stats, sampled
+    finite, sample = lax.cond(due, take, keep, grads)
+    return Measurement(finite, sample, due)
 
 
 def tensor_names(params: Any) -> tuple[str, ...]:
