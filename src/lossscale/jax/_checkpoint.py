@@ -33,6 +33,16 @@ def check_state(state: Any, policy: Any = None) -> Any:
     checked by the core's rule (docs/checkpoints.md), a finite, positive, normal float32 within ``policy``'s bounds
     (any ``loss_scale=`` value) if given; counters ints in ``[0, 2**31 - 1]``. One host read per field; not in jit.
 
+    Args:
+        state: a :class:`LossScaleOptimizerState`, or any pytree holding one or more (a ``TrainState``, a chain's
+            state, an orbax-restored dict with the same field names).
+        policy: optional (default None: the scale is checked as a scale, not against bounds): the policy the state
+            will be stepped with, as ``loss_scale_optimizer``'s ``loss_scale`` takes it (a number, ``"dynamic"``, a
+            :class:`lossscale.LossScale` or its ``serialize`` dict).
+
+    Returns:
+        ``state`` itself, unchanged.
+
     Raises:
         TypeError: ``state`` holds no loss scale, or a field of the wrong type.
         ValueError: a field of the wrong value; the error names its path in ``state``, the value and the fix.

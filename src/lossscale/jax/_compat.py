@@ -1,4 +1,17 @@
-"""Every JAX API that is private, unstable or version-dependent; each shim names its public replacement."""
+"""Every JAX and flax API this binding uses that is private, unstable or version-dependent, each behind one shim that
+names its public replacement, or says why there is none. No other module of the binding reaches past the public
+API.
+
+| shim | what it touches | public replacement |
+|---|---|---|
+| :data:`typeof` | ``jax.core.get_aval`` before JAX 0.6 | ``jax.typeof`` (JAX >= 0.6) |
+| ``Literal`` | ``jax.extend.core.Literal`` (``jax.core.Literal`` before 0.4.36) | none: jaxprs are internals |
+| :func:`is_tracer` | ``jax.core.Tracer`` | none: JAX has no public "is this traced" predicate |
+| :func:`varying_axes` | an aval's ``vma`` / ``manual_axis_type`` | ``jax.typeof(x).vma`` where JAX has it |
+| :func:`like` | ``lax.pcast(..., to="varying")``, older ``lax.pvary`` | ``lax.pcast`` (newer JAX) |
+| :func:`eval_jaxpr_choosing` | jaxpr equations, ``Primitive.bind`` | none: see its docstring |
+| :func:`serialize_namedtuples_with` | flax's ``_NamedTuple`` registry entry | none: see its docstring |
+"""
 
 from __future__ import annotations
 
@@ -13,7 +26,7 @@ from jax import lax
 
 __all__ = ["eval_jaxpr_choosing", "is_tracer", "like", "serialize_namedtuples_with"]
 
-# Public replacement: ``jax.typeof`` (JAX >= 0.6). ``jax.core.get_aval`` is its older, deprecated spelling.
+#: Public replacement: ``jax.typeof`` (JAX >= 0.6). ``jax.core.get_aval`` is its older, deprecated spelling.
 typeof = getattr(jax, "typeof", None) or jax.core.get_aval
 
 try:  # jax.extend.core: JAX's API for library authors, with weaker stability promises
@@ -23,12 +36,14 @@ except ImportError:  # pragma: no cover - JAX < 0.4.36
 
 
 def is_tracer(x: Any) -> bool:
-    """Whether ``x`` is a tracer (``jit``, ``grad``, ``vmap``, ...); ``jax.core`` is the module JAX keeps shrinking."""
+    """Whether ``x`` is a tracer (``jit``, ``grad``, ``vmap``, ...). ``jax.core`` is the module JAX keeps shrinking;
+    no public replacement (``value_and_grad`` needs to know whether a concrete state would be staged out)."""
     return isinstance(x, jax.core.Tracer)
 
 
 def varying_axes(aval: Any) -> frozenset | None:
-    """The shard_map axes an abstract value varies over (its ``vma`` type; None where JAX does not say)."""
+    """The shard_map axes an abstract value varies over (its ``vma`` type; None where JAX does not say). Public
+    replacement: ``jax.typeof(x).vma`` where JAX has it; older JAX kept it as ``manual_axis_type.varying``."""
     manual = getattr(aval, "manual_axis_type", None)
     if manual is not None:
         return frozenset(manual.varying)
@@ -37,7 +52,9 @@ def varying_axes(aval: Any) -> frozenset | None:
 
 
 def like(x: Any, aval: Any) -> Any:
-    """``x`` marked as varying over the same shard_map axes as ``aval``, so that both cond branches agree."""
+    """``x`` marked as varying over the same shard_map axes as ``aval``, so that both cond branches agree (and a
+    skip's ``where`` returns the type its output had). ``lax.pcast(x, axes, to="varying")`` is the public
+    spelling; JAX versions before it have ``lax.pvary``."""
 
     def varying(a: Any) -> frozenset:
         return varying_axes(a) or frozenset()
@@ -51,7 +68,12 @@ def like(x: Any, aval: Any) -> Any:
 
 def eval_jaxpr_choosing(closed: Any, args: Sequence[Any], choose: Callable[[int, Any], Any]) -> list[Any]:
     """Evaluates a ``ClosedJaxpr`` on ``args``, its ``i``-th output replaced by ``choose(i, value)`` as soon as it is
-    computed (an input, a literal or a repeated output: at the end)."""
+    computed (an input, a literal or a repeated output: at the end).
+
+    The skip's choice per output (:func:`lossscale.jax._step._chosen`) needs it: the equations after an output must
+    read the chosen value. No public replacement: ``jax.core.eval_jaxpr`` evaluates a jaxpr whole, with no hook
+    between equations, so this walks the equations and binds each primitive (``get_bind_params``, ``eqn.ctx``:
+    internals whose shape changed across JAX releases, handled here)."""
     jaxpr = closed.jaxpr
     env: dict[Any, Any] = {**dict(zip(jaxpr.constvars, closed.consts)), **dict(zip(jaxpr.invars, args))}
     uses = collections.Counter(v for v in jaxpr.outvars if not isinstance(v, Literal))

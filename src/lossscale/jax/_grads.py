@@ -95,6 +95,13 @@ def all_finite(tree: Any) -> jax.Array:
     float16/bfloat16: ``max(|x|)``; complex: ``all(isfinite)``. Chosen when XLA lowers the program
     (:func:`by_platform`). No host sync.
 
+    Args:
+        tree: a pytree of arrays (floating-point or complex; integer leaves are finite).
+
+    Returns:
+        A 0-d bool JAX array; under ``shard_map``, as varying as the leaves (this device's flag: ``lax.pmin`` it over
+        the axes for the devices' common one, as ``loss_scale_optimizer(..., axis_name=...)`` does).
+
     >>> import jax.numpy as jnp, lossscale.jax as lsj
     >>> bool(lsj.all_finite({"w": jnp.ones(3), "b": jnp.array([1.0, jnp.inf])}))
     False

@@ -21,12 +21,16 @@ from ._checkpoint import register_with_flax
 from ._compat import is_tracer
 from ._diagnostics import Recorder
 from ._grads import scale_loss, unscale
-from ._state import LossScaleOptimizerState, _StatsOptimizerState, init_state
+from ._state import (
+    LossScaleOptimizerState,
+    _StatsOptimizerState,  # noqa: F401 - pickles of 0.3 name lossscale.jax._optimizer for it
+    init_state,
+)
 from ._step import Step
 
 __all__ = [
-    "LossScaleOptimizerState", "LossScaleTransformation", "_StatsOptimizerState", "apply_gradients", "find_state",
-    "get_scaled_loss", "get_unscaled_gradients", "loss_scale_optimizer", "value_and_grad",
+    "LossScaleOptimizerState", "LossScaleTransformation", "apply_gradients", "find_state", "get_scaled_loss",
+    "get_unscaled_gradients", "loss_scale_optimizer", "value_and_grad",
 ]
 
 register_with_flax()
@@ -81,8 +85,20 @@ def _find(state: Any, caller: str) -> LossScaleOptimizerState:
 def find_state(opt_state: Any) -> LossScaleOptimizerState:
     """The :class:`LossScaleOptimizerState` inside ``opt_state`` (an ``optax.chain``'s, a flax ``TrainState``, ...).
 
-    Cost: a walk of the tree in Python, at trace time under ``jit``. Raises TypeError if it holds no loss scale,
-    ValueError if more than one or if a chain clips before it.
+    Cost: a walk of the tree in Python, at trace time under ``jit``; no device work.
+
+    Args:
+        opt_state: any pytree holding the state of one :func:`loss_scale_optimizer` (what its ``init``/``update``
+            returned, a chain's or ``optax.multi_transform``'s state, a flax ``TrainState``'s ``opt_state``); a bare
+            :class:`lossscale.LossScaleState` comes back wrapped, with ``inner_state=None``.
+
+    Returns:
+        The :class:`LossScaleOptimizerState` itself (not a copy).
+
+    Raises:
+        TypeError: ``opt_state`` holds no loss scale.
+        ValueError: it holds more than one, or an ``optax.chain`` runs a stateless transformation (a clip) before
+            the loss scale, which would see the scaled gradients.
 
     >>> import jax.numpy as jnp, optax, lossscale.jax as lsj
     >>> opt = optax.chain(lsj.loss_scale_optimizer(optax.sgd(0.1), 8), optax.scale(1.0))
@@ -95,8 +111,18 @@ def find_state(opt_state: Any) -> LossScaleOptimizerState:
 def get_scaled_loss(loss: Any, state: Any) -> jax.Array:
     """``loss * S``, with ``S`` the scale in ``state`` (as :func:`find_state`), formed in float32, in ``loss``'s dtype.
 
-    Differentiate this: the gradients are ``S`` times the true ones. Cost: one scalar multiply. Raises TypeError
-    for a loss that is not a floating-point array, and :func:`find_state`'s errors.
+    Differentiate this: the gradients are ``S`` times the true ones, above float16's underflow. Cost: one scalar
+    multiply.
+
+    Args:
+        loss: the loss, a floating-point JAX array (any shape; usually 0-d).
+        state: anything :func:`find_state` takes.
+
+    Returns:
+        ``loss * S`` in ``loss``'s dtype (rounded once from float32, or wider for a float64 loss).
+
+    Raises:
+        TypeError: ``loss`` is not a floating-point array; and :func:`find_state`'s errors.
 
     >>> import jax.numpy as jnp, optax, lossscale.jax as lsj
     >>> state = lsj.loss_scale_optimizer(optax.sgd(0.1), 1024).init(jnp.ones(2))
@@ -118,6 +144,17 @@ def get_unscaled_gradients(grads: Any, state: Any) -> Any:
 
     ``update()`` unscales for you: use this to look at the true gradients; pass the scaled ones to ``update()``.
 
+    Args:
+        grads: a pytree of floating-point arrays, the gradients of the scaled loss.
+        state: anything :func:`find_state` takes.
+
+    Returns:
+        A pytree of ``grads``' structure, each leaf ``g * (1/S)`` computed in at least float32 and rounded once to
+        its own dtype (a new pytree; ``grads`` is not modified).
+
+    Raises:
+        TypeError: a leaf is not a floating-point array; and :func:`find_state`'s errors.
+
     >>> import jax.numpy as jnp, optax, lossscale.jax as lsj
     >>> state = lsj.loss_scale_optimizer(optax.sgd(0.1), 1024).init(jnp.ones(2))
     >>> lsj.get_unscaled_gradients({"w": jnp.array([512.0, 2048.0], jnp.float16)}, state)
@@ -132,16 +169,28 @@ def value_and_grad(
     """``jax.value_and_grad`` of ``fun``, with the loss scaled by the scale ``S`` of the optimizer state.
 
     The returned function takes ``fun``'s arguments and returns ``(loss, grads)`` (``((loss, aux), grads)`` with
-    ``has_aux``): ``fun``'s own loss ``L`` and ``d(S * L)/d(params)``. ``S`` is read at each call from ``opt_state=``
-    (not passed to ``fun``), else from the state given here: a traced one for its trace, a concrete one for one call
-    outside any trace. Cost: one scalar multiply more than ``jax.value_and_grad``; composes with jit/pmap/shard_map.
-    Raises TypeError (no state at all, no 0-d floating-point loss; :func:`find_state`'s), or RuntimeError (a
-    function built with a concrete state called a second time, or inside a trace).
+    ``has_aux``): ``fun``'s own loss ``L`` and ``d(S * L)/d(params)``, what ``update`` expects. ``S`` is read at each
+    call from the keyword ``opt_state=`` (not passed to ``fun``), else from the state given here: a traced one for
+    any number of calls in its trace, a concrete one for one call outside any trace (a later call would use an old
+    ``S``). Cost: one scalar multiply more than ``jax.value_and_grad``; composes with jit/pmap/shard_map.
 
     Args:
-        fun: the loss function; returns a 0-d floating-point array (or ``(loss, aux)`` with ``has_aux``).
-        opt_state: optional; anything :func:`find_state` takes.
-        argnums, has_aux: as in ``jax.value_and_grad``.
+        fun: the loss function; returns a 0-d floating-point array (or ``(loss, aux)`` with ``has_aux``). It may
+            take a keyword named ``scale``: the scale is passed positionally, never as ``fun``'s keyword.
+        opt_state: optional (default None), anything :func:`find_state` takes: the state ``S`` is read from when the
+            returned function is called without ``opt_state=``.
+        argnums: which positional arguments of ``fun`` to differentiate, an int or a sequence of ints (default 0),
+            as in ``jax.value_and_grad``.
+        has_aux: whether ``fun`` returns ``(loss, aux)`` (default False), as in ``jax.value_and_grad``.
+
+    Returns:
+        ``grad_fn(*args, opt_state=None, **kwargs)``, returning ``(loss, grads)`` or ``((loss, aux), grads)``.
+
+    Raises:
+        TypeError: ``fun`` is not callable; at call time, no state at all, or ``fun`` returned no 0-d floating-point
+            loss (or no pair with ``has_aux``); and :func:`find_state`'s errors.
+        RuntimeError: at call time, a function built with a concrete state called a second time, or inside a
+            trace (``jit``, ``pmap``, ``scan``, ``vmap``).
 
     >>> import jax.numpy as jnp, optax, lossscale.jax as lsj
     >>> params = jnp.array([1.0, 2.0])
@@ -175,7 +224,8 @@ def value_and_grad(
     shifted = jax.tree_util.tree_map(lambda a: a + 1 if isinstance(a, int) and a >= 0 else a, argnums)
     grad_fn = jax.value_and_grad(scaled, argnums=shifted, has_aux=True)
 
-    # A concrete state given here allows one call, outside any trace (the lock: one call across threads too).
+    # A concrete state given here allows one call, outside any trace; the lock makes the flag's test-and-set atomic,
+    # so two threads cannot both make the one call.
     once = None if bound is None or is_tracer(bound.loss_scale) else threading.Lock()
     used = False
 
@@ -199,7 +249,8 @@ def value_and_grad(
             )
         (scaled_loss, (loss, aux)), grads = grad_fn(found.loss_scale, *args, **kwargs)
         if once is not None and opt_state is None and is_tracer(scaled_loss):
-            # Staged out (jit, pmap, scan) even with constant inputs: the compiled step would keep this scale.
+            # Under jit/pmap/scan every op is staged out, so the scaled loss is a tracer even when every input is a
+            # constant: the compiled step would keep this state's scale as a constant.
             raise _reuse_error(found, "called inside a traced function (jit, pmap, scan, vmap): the "
                                "compiled step would keep that state's loss scale as a constant")
         return ((loss, aux) if has_aux else loss), grads
@@ -259,24 +310,43 @@ def loss_scale_optimizer(
         S, counters = lossscale.next_state(policy, S, counters, finite)
 
     Every policy skips a non-finite step (``loss_scale=1``: skip only). Cost under ``jit``: plain optax's passes
-    plus one read of the gradients; the ``1/S`` multiply and the skip fuse into ``inner``'s kernels; no host sync.
+    plus one read of the gradients (the finite check); the ``1/S`` multiply and the skip fuse into ``inner``'s
+    kernels; no host sync, and no conditional off the CPU (on the CPU one, taken only on a step whose gradient sum
+    is not finite; ``stats_every`` adds the sample's).
 
     Args:
         inner: the optax transformation given the unscaled gradients; a clip goes *inside* it.
-        loss_scale: a number (fixed), ``"dynamic"``, a :class:`lossscale.LossScale` or its ``serialize`` dict.
-        dynamic, initial_scale, dynamic_growth_steps: TF's stable form (default: dynamic, 2**15, 2000).
-        min_loss_scale, max_loss_scale, hysteresis: refine the dynamic scale (defaults: 1, none, 1).
-        max_consecutive_skips: raise :class:`lossscale.LossScaleError` at the ``N``-th skip in a row (default None).
-        history: a :class:`lossscale.History` given one row per step: a ``jax.debug.callback`` (0.4-1.7 ms on CPU);
-            under ``jax.vmap`` a ``ValueError`` when traced (one History cannot take a row per member).
-        axis_name: under ``pmap``/``shard_map``, the axes over which the finite flag is ``lax.pmin``-ed.
-        clip_by_global_norm: clip the true gradients to this global norm, also the finite check: no extra pass;
-            with ``axis_name``, the norm of the whole gradient across the devices (one ``psum`` of a scalar).
-        stats_every: sample ``state.gradient_stats`` every N-th update, one read pass (default None; "auto": 16).
+        loss_scale: a number (fixed), ``"dynamic"``, ``"auto"``, a :class:`lossscale.LossScale` or its ``serialize``
+            dict (default None: TF's stable form below).
+        dynamic: TF's stable form: a dynamic scale (default None: True), or a fixed one with False.
+        initial_scale: the first (with ``dynamic=False``: the fixed) scale (default None: 2**15).
+        dynamic_growth_steps: finite steps in a row before a dynamic scale doubles (default None: 2000).
+        min_loss_scale: the floor of a dynamic scale (default None: 1).
+        max_loss_scale: the ceiling of a dynamic scale (default None: none).
+        hysteresis: non-finite steps before a dynamic scale backs off (default None: 1).
+        max_consecutive_skips: raise :class:`lossscale.LossScaleError` at the ``N``-th skip in a row (default None:
+            never). Staged as a ``jax.debug.callback`` behind a ``lax.cond`` taken only at the limit.
+        history: a :class:`lossscale.History` given one row per step, or True for a new one, readable as the
+            returned transformation's ``history`` (default None: off; False too). Costs one ``jax.debug.callback``
+            per step, a host round trip (docs/how-to/diagnostics.md); under ``pmap``/``shard_map`` only the first
+            device along ``axis_name`` records, under ``jax.vmap`` tracing raises ``ValueError`` (one History
+            cannot take a row per member).
+        axis_name: under ``pmap``/``shard_map``, the axis or axes over which the finite flag is ``lax.pmin``-ed
+            (one collective of a scalar), so every device skips together (default None: under ``jit`` alone).
+        clip_by_global_norm: clip the true gradients to this global norm (default None: no clip); its norm is also
+            the finite check, so no extra pass; with ``axis_name``, the norm of the whole gradient across the
+            devices (one ``psum`` of a scalar).
+        stats_every: sample ``state.gradient_stats`` every N-th update (default None: off; 16 with ``"auto"``):
+            about one read pass on a sampled step, which is also the finite check; one ``lax.cond`` per step.
 
     Returns:
-        An ``optax.GradientTransformationExtraArgs`` with :class:`LossScaleOptimizerState`; ``update``'s extra
-        keyword arguments go to ``inner``. Bad arguments raise TypeError or ValueError.
+        A :class:`LossScaleTransformation`, an ``optax.GradientTransformationExtraArgs`` whose ``init`` makes a
+        :class:`LossScaleOptimizerState`; ``update``'s extra keyword arguments go to ``inner``. Its ``history`` is the
+        History recorded into (None when off).
+
+    Raises:
+        TypeError: ``inner`` is not a transformation, or an argument of the wrong type (the error names it).
+        ValueError: an argument of the wrong value (the error names it and the fix).
 
     >>> import jax, jax.numpy as jnp, optax, lossscale.jax as lsj
     >>> params = {"w": jnp.array([1.0, -2.0])}
@@ -346,8 +416,24 @@ class LossScaleTransformation(optax.GradientTransformationExtraArgs):
 def apply_gradients(tx: Any, grads: Any, opt_state: Any, params: Any, **extra_args: Any) -> tuple[Any, Any]:
     """``(new_params, new_opt_state)``: ``tx.update`` then ``optax.apply_updates``, with one skip.
 
-    For a :func:`loss_scale_optimizer` the skip chooses between the new and the old parameters (no updates in
-    memory; donated parameters in place); any other ``tx`` takes the two calls. ``extra_args`` go to ``update``.
+    For a :func:`loss_scale_optimizer` (found through ``tx.update``, so also one rebuilt from its two functions) the
+    skip chooses between the new and the old parameters as they are computed (no updates in memory; donated
+    parameters in place): one pass over the parameters fewer than ``update`` then ``optax.apply_updates``. Any other
+    ``tx`` takes the two calls.
+
+    Args:
+        tx: the transformation: a :func:`loss_scale_optimizer`, or any optax ``GradientTransformation``.
+        grads: the gradients of the scaled loss, a pytree shaped like ``params``.
+        opt_state: ``tx``'s state.
+        params: the parameters to update (required).
+        **extra_args: keyword arguments for ``tx.update`` (the inner transformation's, e.g. ``value=`` for
+            ``optax.contrib.reduce_on_plateau``).
+
+    Returns:
+        ``(new_params, new_opt_state)``; on a skipped step ``new_params`` are ``params``' values.
+
+    Raises:
+        TypeError: ``params`` is None; and ``update``'s errors.
 
     >>> import jax.numpy as jnp, optax, lossscale.jax as lsj
     >>> tx = lsj.loss_scale_optimizer(optax.sgd(0.5), 4)

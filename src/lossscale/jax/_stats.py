@@ -101,5 +101,16 @@ def sample_if_due(
 
 
 def tensor_names(params: Any) -> tuple[str, ...]:
-    """The names ``gradient_stats["per_tensor"]`` uses for the leaves of ``params`` (``jax.tree_util.keystr``)."""
+    """The names ``gradient_stats["per_tensor"]`` uses for the leaves of ``params`` (``jax.tree_util.keystr``).
+
+    Args:
+        params: the parameters (or the gradients: the same structure), any pytree.
+
+    Returns:
+        One name per leaf, in ``jax.tree_util.tree_leaves`` order (the order of the per-tensor columns).
+
+    >>> import jax.numpy as jnp, lossscale.jax as lsj
+    >>> lsj.tensor_names({"dense": {"w": jnp.ones(2), "b": jnp.ones(1)}})
+    ("['dense']['b']", "['dense']['w']")
+    """
     return tuple(jax.tree_util.keystr(path) for path, _ in jax.tree_util.tree_flatten_with_path(params)[0])
