@@ -156,7 +156,22 @@ def scale_bounds(initial: Any, min_loss_scale: Any, max_loss_scale: Any) -> tupl
 @dataclass(frozen=True)
 class RuleParams:
     """What the update rule (:func:`lossscale.next_state`) reads of a policy, as plain Python numbers; two backoff
-    constants keep TF's ``scale / multiplier`` and contrib's ``scale * decr_ratio`` exact (the other is 1)."""
+    constants keep TF's ``scale / multiplier`` and contrib's ``scale * decr_ratio`` exact (the other is 1).
+
+    Built by :meth:`LossScale.rule_params`; a frozen dataclass, so it can key a cache and be a static argument of
+    ``jax.jit``.
+
+    Args:
+        dynamic: False: the scale and ``good_steps``/``bad_steps`` never move (only the skip counters do).
+        initial_scale: the scale at step 0.
+        growth_interval: finite steps in a row before the scale grows.
+        growth_factor: what the scale is multiplied by when it grows (a growth to a non-finite scale is refused).
+        backoff_multiplier: a backoff multiplies the scale by this (contrib's ``decr_ratio``; else 1).
+        backoff_divisor: and divides it by this (TF's ``multiplier``; else 1).
+        hysteresis: non-finite steps, counted since the scale last changed, before it backs off.
+        min_scale: the floor a backoff stops at.
+        max_scale: the ceiling a growth stops at, or None for none.
+    """
 
     dynamic: bool
     initial_scale: float
@@ -342,7 +357,11 @@ class DynamicLossScale(LossScale):
 
 @dataclass(frozen=True, repr=False)
 class FixedLossScaleManager(LossScale):
-    """contrib's fixed manager: the same as ``FixedLossScale(loss_scale)``."""
+    """contrib's fixed manager: the same as ``FixedLossScale(loss_scale)``.
+
+    Args:
+        loss_scale: the scale, a finite number >= 1.
+    """
 
     dynamic = False
     loss_scale: float
@@ -362,7 +381,15 @@ class ExponentialUpdateLossScaleManager(LossScale):
     """contrib's dynamic manager, with contrib's exact rule (:class:`DynamicLossScale` with ``hysteresis`` and
     ``backoff_factor`` set): the scale is multiplied by ``incr_ratio`` (if the product is finite) after
     ``incr_every_n_steps`` finite steps in a row, and by ``decr_ratio`` (floored at 1) after
-    ``decr_every_n_nan_or_inf`` non-finite steps counted since the scale last changed."""
+    ``decr_every_n_nan_or_inf`` non-finite steps counted since the scale last changed.
+
+    Args:
+        init_loss_scale: the scale at step 0, a finite number > 0.
+        incr_every_n_steps: finite steps in a row before the scale grows, an int >= 1.
+        decr_every_n_nan_or_inf: non-finite steps (since the scale last changed) before it backs off (default 2).
+        incr_ratio: the growth factor, > 1 (default 2.0).
+        decr_ratio: the backoff factor, in (0, 1) (default 0.8); the scale never goes under 1.
+    """
 
     dynamic = True
     init_loss_scale: float

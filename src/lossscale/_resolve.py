@@ -24,9 +24,21 @@ def resolve_loss_scale(
     """The policy that TF's experimental ``LossScaleOptimizer(opt, loss_scale)`` or stable
     ``LossScaleOptimizer(opt, dynamic, initial_scale, dynamic_growth_steps)`` form describes.
 
-    ``min_loss_scale``, ``max_loss_scale`` and ``hysteresis`` (None: the :class:`DynamicLossScale` defaults)
-    refine the dynamic scale of the stable form or of ``loss_scale="dynamic"``. ``TypeError`` for a wrong type,
-    ``ValueError`` for a wrong value or a conflicting pair, each naming the keyword and the fix.
+    Args:
+        loss_scale: the experimental form: a number (fixed), ``"dynamic"``, ``"auto"``, a :class:`LossScale`, a
+            :func:`serialize` dict, or None (then the stable form decides; all None: ``DynamicLossScale()``).
+        dynamic: the stable form: True (default) for a dynamic scale, False for a fixed one.
+        initial_scale: the stable form's initial (or fixed) scale; default 2**15.
+        dynamic_growth_steps: the stable form's finite steps before the scale grows; default 2000.
+        min_loss_scale, max_loss_scale, hysteresis: refine the dynamic scale of the stable form or of
+            ``loss_scale="dynamic"`` (None: the :class:`DynamicLossScale` defaults 1, none, 1).
+
+    Returns:
+        The policy, a :class:`LossScale`.
+
+    Raises:
+        TypeError: a wrong type; ValueError: a wrong value or a conflicting pair. Each names the keyword and the
+            fix.
 
     >>> refined = resolve_loss_scale(dynamic_growth_steps=500, min_loss_scale=0.5)
     >>> refined == DynamicLossScale(2**15, 500, min_loss_scale=0.5)
@@ -97,7 +109,14 @@ _BUILTINS: dict[str, type[LossScale]] = {**_PICKLED_BY_NAME, AutoLossScale.__nam
 
 
 def serialize(loss_scale: LossScale) -> dict[str, Any]:
-    """``{"class_name": ..., "config": ...}``, the form :func:`get` reads back."""
+    """``{"class_name": ..., "config": ...}``, the form :func:`get` reads back.
+
+    Args:
+        loss_scale: the :class:`LossScale` to serialize.
+
+    Raises:
+        TypeError: ``loss_scale`` is not a :class:`LossScale`.
+    """
     if not isinstance(loss_scale, LossScale):
         raise TypeError(f"serialize() takes a LossScale, got {type(loss_scale).__name__}.")
     return {"class_name": type(loss_scale).__name__, "config": loss_scale.get_config()}
@@ -138,6 +157,16 @@ def get(identifier: Any, custom_objects: Mapping[str, Any] | None = None) -> Los
     * ``{"class_name": ..., "config": {...}}`` (:func:`serialize`) -> that policy: a built-in class, or one of
       yours given in ``custom_objects`` (``{"MyLossScale": MyLossScale}``, first); no other class is found by name;
     * anything else raises ``ValueError``.
+
+    Args:
+        identifier: the value to turn into a policy, as listed above.
+        custom_objects: ``{class name: class}`` for your own :class:`LossScale` subclasses in a serialized dict.
+
+    Returns:
+        The policy, or None for None.
+
+    Raises:
+        TypeError: ``custom_objects`` is not a mapping; ValueError: ``identifier`` names no policy.
 
     >>> get({"class_name": "DynamicLossScale", "config": {"initial_loss_scale": 1024}})
     DynamicLossScale(initial_loss_scale=1024.0, increment_period=2000, multiplier=2.0)
