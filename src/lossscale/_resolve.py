@@ -9,7 +9,7 @@ from numbers import Real
 from typing import Any, cast
 
 from ._auto import AutoLossScale
-from ._policy import _PICKLED_BY_NAME, DynamicLossScale, FixedLossScale, LossScale, _fixed_value
+from ._policy import _PICKLED_BY_NAME, DynamicLossScale, FixedLossScale, LossScale, _fixed_value, caller_names
 
 __all__ = ["built_in_names", "get", "resolve_loss_scale", "serialize", "stable_form"]
 
@@ -86,15 +86,11 @@ _STABLE_NAMES = (("initial_loss_scale", "initial_scale"), ("loss_scale_value", "
 
 
 def built_in_names(names: tuple[tuple[str, str], ...], build: Any, *args: Any, **kwargs: Any) -> Any:
-    """``build(*args, **kwargs)``, a validation error re-raised in the caller's argument names: ``names`` pairs a
-    policy's name with the caller's (the stable form here, ``torch.amp.GradScaler``'s in the torch binding)."""
-    try:
+    """``build(*args, **kwargs)`` with validation errors in the caller's argument names: ``names`` pairs a policy's
+    name with the caller's (the stable form here, ``torch.amp.GradScaler``'s in the torch binding); the messages
+    are written with them (:func:`lossscale._policy.caller_names`), not rewritten afterwards."""
+    with caller_names(dict(names)):
         return build(*args, **kwargs)
-    except (TypeError, ValueError) as error:
-        message = str(error)
-        for ours, theirs in names:
-            message = message.replace(ours, theirs)
-        raise type(error)(message) from None
 
 
 def stable_form(policy: LossScale) -> dict[str, Any]:
