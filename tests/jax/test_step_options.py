@@ -110,7 +110,7 @@ def test_stall_guard_runs_host_code_only_when_the_limit_is_reached(monkeypatch):
     from lossscale.jax import _diagnostics
 
     runs = []
-    monkeypatch.setattr(_diagnostics, "_raise", lambda streak, scale, *, limit: runs.append((int(streak), float(scale))))
+    monkeypatch.setattr(_diagnostics, "_raise", lambda streak, scale, *, guard: runs.append((int(streak), float(scale))))
     opt = lsj.loss_scale_optimizer(optax.sgd(1.0), 64.0, max_consecutive_skips=2)
     step = jax.jit(opt.update)
     state = opt.init(jnp.zeros(2))

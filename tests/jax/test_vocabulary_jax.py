@@ -72,8 +72,9 @@ def test_the_three_refinements_follow_the_core_rule(kwargs):
         ({"min_loss_scale": -1.0}, ValueError, r"min_loss_scale"),
         ({"min_loss_scale": "1"}, TypeError, r"min_loss_scale"),
         ({"max_loss_scale": 0.5}, ValueError, r"max_loss_scale"),
-        ({"history": True}, TypeError, r"lossscale.History\(\)"),
-        ({"history": []}, TypeError, r"history must be a lossscale.History"),
+        ({"history": []}, TypeError, r"history must be a lossscale.History, True \(a new one\) or False/None \(off\), "
+                                     r"got list\."),
+        ({"history": "yes"}, TypeError, r"history must be a lossscale.History.* got str\."),
     ],
 )
 def test_bad_values_name_the_keyword(kwargs, error, match):
@@ -92,6 +93,41 @@ def test_the_state_exposes_the_vocabulary():
     assert int(state.skipped_steps) == 2 and int(state.consecutive_skips) == 0 and not bool(state.last_step_skipped)
     assert all(isinstance(getattr(state, n), jax.Array) for n in
                ("loss_scale", "skipped_steps", "consecutive_skips", "last_step_skipped"))
+
+
+def test_history_true_records_into_a_new_history_held_by_the_transformation():
+    # As torch's and Keras' optimizers: history=True makes a History, readable as tx.history; tx stays optax's pair.
+    tx = lsj.loss_scale_optimizer(optax.sgd(0.1), initial_scale=8.0, dynamic_growth_steps=2, history=True)
+    assert isinstance(tx, optax.GradientTransformationExtraArgs)
+    assert isinstance(tx.history, lossscale.History) and len(tx.history) == 0
+    init, update = tx  # still unpacks
+    params = jnp.ones(2)
+    state = init(params)
+    step = jax.jit(update)
+    for finite in as_bools("TFTT"):
+        _, state = step(jnp.ones(2) * (1.0 if finite else jnp.inf), state, params)
+    jax.effects_barrier()
+    assert tx.history.steps.tolist() == [0, 1, 2, 3]
+    assert tx.history.loss_scales.tolist() == [8.0, 8.0, 4.0, 4.0]
+    assert tx.history.skipped.tolist() == [False, True, False, False]
+    # a second transformation gets its own History; apply_gradients and a rebuilt pair record into the same one
+    other = lsj.loss_scale_optimizer(optax.sgd(0.1), history=True)
+    assert other.history is not tx.history
+    rebuilt = optax.GradientTransformationExtraArgs(tx.init, tx.update)
+    _, state = lsj.apply_gradients(rebuilt, jnp.ones(2), state, params)
+    jax.effects_barrier()
+    assert tx.history.steps.tolist() == [0, 1, 2, 3, 4] and len(other.history) == 0
+
+
+@pytest.mark.parametrize("history", [None, False])
+def test_history_off_leaves_tx_history_none(history):
+    tx = lsj.loss_scale_optimizer(optax.sgd(0.1), history=history)
+    assert tx.history is None
+
+
+def test_a_given_history_is_the_transformations_history():
+    history = lossscale.History()
+    assert lsj.loss_scale_optimizer(optax.sgd(0.1), history=history).history is history
 
 
 def test_history_records_every_step_of_a_jitted_loop():

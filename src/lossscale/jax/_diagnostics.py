@@ -1,4 +1,5 @@
-"""Diagnostics under ``jit``: the stall guard and ``history=``, each a ``jax.debug.callback`` to the host."""
+"""Diagnostics under ``jit``: ``history=`` and the stall guard, each a ``jax.debug.callback`` to the host. What is
+done with the numbers there is the core's (:mod:`lossscale._diagnostics`); how they get there is this module's."""
 
 from __future__ import annotations
 
@@ -12,26 +13,41 @@ import numpy as np
 from jax import lax
 from jax.custom_batching import custom_vmap
 
-from .._errors import stall_error
-from .._history import STATS_COLUMNS, History
+from .._diagnostics import HistoryRecorder, StallGuard
+from .._history import STATS_COLUMNS
 
-__all__ = ["Recorder", "guard_skip"]
+__all__ = ["VMAP_HISTORY", "Recorder", "guard_skip", "stall_guard"]
 
-
-def _raise(streak: Any, scale: Any, *, limit: int) -> None:
-    if int(np.asarray(streak)) < limit:  # under vmap the lax.cond runs as a select: the callback runs every step
-        return
-    raise stall_error(
-        int(streak), float(scale), limit, "jnp.isfinite(loss), or run with jax.config.update('jax_debug_nans', True)",
-        "  * a model pretrained in bfloat16 and run in float16, whose activations overflow 65504: "
-        "run it in bfloat16 with loss_scale=1, or keep the overflowing layers in float32;\n"
-        "  * gradients clipped or transformed *before* loss_scale_optimizer in an optax.chain.\n",
-    )
+#: The JAX words of the stall guard's message (:func:`lossscale._errors.stall_error`).
+LOSS_CHECK = "jnp.isfinite(loss), or run with jax.config.update('jax_debug_nans', True)"
+CAUSES = (
+    "  * a model pretrained in bfloat16 and run in float16, whose activations overflow 65504: "
+    "run it in bfloat16 with loss_scale=1, or keep the overflowing layers in float32;\n"
+    "  * gradients clipped or transformed *before* loss_scale_optimizer in an optax.chain.\n"
+)
 
 
-def guard_skip(streak: jax.Array, scale: jax.Array, limit: int) -> None:
-    """Raise on the host iff ``streak`` (skips in a row after this step) ``>= limit``; else no host code runs."""
-    _call_back_if(streak >= limit, functools.partial(_raise, limit=limit), streak, scale)
+def stall_guard(max_consecutive_skips: Any) -> StallGuard | None:
+    """``max_consecutive_skips=`` validated into the core's guard with the JAX words (None: no guard).
+
+    Raises:
+        TypeError, ValueError: not None and not an int >= 1 (the error names the keyword).
+    """
+    if max_consecutive_skips is None:
+        return None
+    return StallGuard(max_consecutive_skips, loss_check=LOSS_CHECK, causes=CAUSES)
+
+
+def _raise(streak: Any, scale: Any, *, guard: StallGuard) -> None:
+    """The host side of :func:`guard_skip`. The guard checks the streak again: under ``vmap`` the ``lax.cond`` runs
+    as a select, so the callback runs on every step, for every member."""
+    guard.check(int(np.asarray(streak)), float(np.asarray(scale)))
+
+
+def guard_skip(guard: StallGuard, streak: jax.Array, scale: jax.Array) -> None:
+    """Raise on the host iff ``streak`` (skips in a row after this step) ``>= guard.limit``; else no host code runs
+    (a ``jax.debug.callback`` behind a ``lax.cond``: on a GPU its predicate is read on the host on every step)."""
+    _call_back_if(streak >= guard.limit, functools.partial(_raise, guard=guard), streak, scale)
 
 
 def _call_back_if(pred: jax.Array, fn: Any, *args: Any) -> None:
@@ -61,33 +77,31 @@ def _unbatched_vmap(axis_size: int, in_batched: Any, finite: jax.Array) -> tuple
     return finite, False
 
 
-class Recorder:
-    """Appends ``(step, scale used, skipped)`` and sampled statistics to a History, continuing its steps (loss: NaN).
-    One ``jax.debug.callback`` per step, from the first device along the axes (across processes: device 0's)."""
-
-    def __init__(self, history: Any) -> None:
-        if history is True:
-            raise TypeError(
-                "history=True has nowhere to keep the record on JAX (an optax transformation has no attributes): "
-                "pass your own, history = lossscale.History(); loss_scale_optimizer(inner, history=history)."
-            )
-        if not isinstance(history, History):
-            raise TypeError(f"history must be a lossscale.History or None, got {type(history).__name__}.")
-        self.history = history
-        self._next = int(history.steps[-1]) + 1 if len(history) else 0
+class Recorder(HistoryRecorder):
+    """The core's :class:`~lossscale._diagnostics.HistoryRecorder` fed from inside ``jit``: :meth:`record` stages one
+    ``jax.debug.callback`` per step that appends ``(step, scale used, skipped)`` and, on a sampled step, the sample's
+    columns (loss: NaN). Under ``pmap``/``shard_map`` only the first device along the axes calls back (across
+    processes: the process holding device 0), so the History gets one row per step."""
 
     def _append(self, scale: Any, finite: Any, sampled: Any = False, *columns: Any) -> None:
-        step, self._next = self._next, self._next + 1
         stats = None
         if bool(np.asarray(sampled)):
             stats = {name: float(np.asarray(value)) for name, value in zip(STATS_COLUMNS, columns)}
-        self.history.append(step, float(np.asarray(scale)), not bool(np.asarray(finite)), stats=stats)
+        self.append(float(np.asarray(scale)), not bool(np.asarray(finite)), stats=stats)
 
     def record(
         self, scale: jax.Array, finite: jax.Array, axes: tuple[Hashable, ...] | None, sample: Any = None,
         sampled: Any = False,
     ) -> None:
-        """Stages the callback (runs it, eagerly); ``sample`` and ``sampled``: the step's (with ``stats_every``)."""
+        """Stages the step's row (runs it, eagerly).
+
+        Args:
+            scale: the scale the step's gradients were computed with.
+            finite: the step's finite flag (the devices' common one under ``axes``).
+            axes: the ``pmap``/``shard_map`` axes, or None.
+            sample: with ``stats_every``, the kept sample after the step (a ``GradientStats``), else None.
+            sampled: whether ``sample`` was taken on this step (True, or a 0-d bool array).
+        """
         args: tuple[Any, ...] = (scale, _unbatched(finite))
         if sample is not None:
             args += (jnp.asarray(sampled), *(getattr(sample, name) for name in STATS_COLUMNS))

@@ -12,14 +12,14 @@ import jax.numpy as jnp
 import optax
 from jax.tree_util import SequenceKey
 
-from .._errors import check_skip_limit
+from .._diagnostics import check_history
 from .._history import History
 from .._resolve import resolve_loss_scale
 from .._rule import LossScaleState
 from .._sampler import check_stats_every
 from ._checkpoint import register_with_flax
 from ._compat import is_tracer
-from ._diagnostics import Recorder
+from ._diagnostics import Recorder, stall_guard
 from ._grads import scale_loss, unscale
 from ._state import (
     LossScaleOptimizerState,
@@ -371,10 +371,11 @@ def loss_scale_optimizer(
     )
     axes = _axis_names(axis_name)
     max_norm = _check_max_norm(clip_by_global_norm)
-    limit = check_skip_limit(max_consecutive_skips)
-    recorder = None if history is None or history is False else Recorder(history)
+    guard = stall_guard(max_consecutive_skips)
+    recorded = check_history(history)
+    recorder = None if recorded is None else Recorder(recorded)
     every = check_stats_every(stats_every, policy)
-    settings = Step(optax.with_extra_args_support(inner), policy, every, axes, max_norm, recorder, limit)
+    settings = Step(optax.with_extra_args_support(inner), policy, every, axes, max_norm, recorder, guard)
     return LossScaleTransformation(functools.partial(_init, settings), settings.update)
 
 

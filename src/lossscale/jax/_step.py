@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import optax
 from jax import lax
 
+from .._diagnostics import StallGuard
 from .._policy import LossScale
 from ._compat import eval_jaxpr_choosing, like
 from ._diagnostics import Recorder, guard_skip
@@ -36,7 +37,7 @@ class Step:
         axes: the ``pmap``/``shard_map`` axes of ``axis_name`` (None: none).
         max_norm: ``clip_by_global_norm`` (None: no clip).
         recorder: ``history=``'s :class:`~lossscale.jax._diagnostics.Recorder` (None: off).
-        limit: ``max_consecutive_skips`` (None: no stall guard).
+        guard: ``max_consecutive_skips``'s core :class:`~lossscale._diagnostics.StallGuard` (None: none).
     """
 
     inner: optax.GradientTransformationExtraArgs
@@ -45,7 +46,7 @@ class Step:
     axes: tuple[Hashable, ...] | None = None
     max_norm: float | None = None
     recorder: Recorder | None = None
-    limit: int | None = None
+    guard: StallGuard | None = None
 
     def update(self, updates: Any, state: LossScaleOptimizerState, params: Any = None, **extra_args: Any) -> tuple:
         """optax's ``update``: ``(updates, new_state)`` from the scaled gradients ``updates`` (see :func:`step`)."""
@@ -111,8 +112,8 @@ def step(settings: Step, grads: Any, state: Any, params: Any, extra_args: dict, 
     first, inner_state = _chosen(
         finite, taken, (grads, state.inner_state, params), (params if apply else None, state.inner_state)
     )
-    if settings.limit is not None:  # the streak reaches the limit only on a skipped step
-        guard_skip(new.consecutive_skips, new.loss_scale, settings.limit)
+    if settings.guard is not None:  # the streak reaches the limit only on a skipped step
+        guard_skip(settings.guard, new.consecutive_skips, new.loss_scale)
     return first, new._replace(inner_state=inner_state)
 
 

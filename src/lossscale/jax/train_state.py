@@ -20,7 +20,15 @@ class TrainState(_flax_train_state.TrainState):
     """flax's ``TrainState`` for a ``tx`` that holds a :func:`~lossscale.jax.loss_scale_optimizer`.
 
     ``apply_gradients(grads=...)`` takes the *scaled* loss's gradients, steps or skips through
-    :func:`lossscale.jax.apply_gradients`, and adds 1 to ``step`` only when applied. Cost: flax's, minus one pass.
+    :func:`lossscale.jax.apply_gradients`, and adds 1 to ``step`` only when applied. Cost: flax's, minus one pass
+    (the skip chooses the parameters as they are computed; no updates in memory).
+
+    Args:
+        step: the applied steps so far (skipped ones not counted; ``create`` starts it at 0).
+        apply_fn: the model's apply function, as in flax's ``TrainState``.
+        params: the parameters.
+        tx: the optax transformation, holding a :func:`~lossscale.jax.loss_scale_optimizer` (alone or in a chain).
+        opt_state: ``tx``'s state (``create`` makes it with ``tx.init(params)``).
 
     >>> import jax.numpy as jnp, optax, lossscale.jax as lsj
     >>> from lossscale.jax.train_state import TrainState
@@ -33,6 +41,18 @@ class TrainState(_flax_train_state.TrainState):
     """
 
     def apply_gradients(self, *, grads: Any, **kwargs: Any) -> TrainState:
+        """The state after one step (or skip) on ``grads``.
+
+        Args:
+            grads: the gradients of the scaled loss, shaped like ``params``.
+            **kwargs: other fields to replace, as in flax's ``TrainState.apply_gradients``.
+
+        Returns:
+            A new ``TrainState``: ``params`` and ``opt_state`` stepped, ``step + 1`` only if the step was applied.
+
+        Raises:
+            ValueError: ``grads`` holds flax's overwrite-with-gradient collection (not supported).
+        """
         if isinstance(grads, dict) and _flax_train_state.OVERWRITE_WITH_GRADIENT in grads:
             raise ValueError(
                 "lossscale.jax.train_state.TrainState does not support flax's overwrite-with-gradient "
