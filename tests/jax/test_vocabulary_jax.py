@@ -72,8 +72,8 @@ def test_the_three_refinements_follow_the_core_rule(kwargs):
         ({"min_loss_scale": -1.0}, ValueError, r"min_loss_scale"),
         ({"min_loss_scale": "1"}, TypeError, r"min_loss_scale"),
         ({"max_loss_scale": 0.5}, ValueError, r"max_loss_scale"),
-        ({"history": []}, TypeError, r"history must be a lossscale.History, True \(a new one\) or False/None \(off\), "
-                                     r"got list\."),
+        ({"history": []}, TypeError,
+         r"history must be a lossscale.History, True \(a new one\) or False/None \(off\), got list\."),
         ({"history": "yes"}, TypeError, r"history must be a lossscale.History.* got str\."),
     ],
 )
