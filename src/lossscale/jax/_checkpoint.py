@@ -58,7 +58,7 @@ def check_state(state: Any, policy: Any = None) -> Any:
     """
     if policy is not None:  # also "dynamic" or a number, as loss_scale_optimizer takes them
         policy = check_policy(policy) if isinstance(policy, (LossScale, Mapping)) else get(policy)
-    found = jax.tree_util.tree_flatten_with_path(state, is_leaf=lambda node: _fields(node) is not None)[0]
+    found, _ = jax.tree_util.tree_flatten_with_path(state, is_leaf=lambda node: _fields(node) is not None)
     nodes = [(path, fields) for path, node in found if (fields := _fields(node)) is not None]
     if not nodes:
         raise TypeError(

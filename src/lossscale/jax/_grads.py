@@ -12,7 +12,7 @@ from jax import lax
 from .._jax._kernels import by_platform, finite_by_max
 from ._compat import like, typeof, varying_axes
 
-__all__ = ["all_finite", "by_platform", "check_gradients", "scale_loss", "squared_norm", "unscale"]
+__all__ = ["all_finite", "by_platform", "check_gradients", "in_float32_range", "scale_loss", "squared_norm", "unscale"]
 
 
 def scale_loss(loss: Any, scale: Any) -> jax.Array:
@@ -47,6 +47,12 @@ def check_gradients(grads: Any) -> list[Any]:
                 "parameters; keep integer state out of the parameters you differentiate."
             )
     return leaves
+
+
+def in_float32_range(leaves: list[Any]) -> bool:
+    """Whether every leaf is float32, float16 or bfloat16 (its values fit float32: a float32 ``max |g|`` of a float64
+    leaf above float32's range would read as an overflow). Trace time only, no device work."""
+    return all(leaf.dtype in (jnp.float32, jnp.float16, jnp.bfloat16) for leaf in leaves)
 
 
 def unscale(grads: Any, scale: Any, factor: Any = None) -> Any:

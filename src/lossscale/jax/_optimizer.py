@@ -26,7 +26,7 @@ from ._state import (
     _StatsOptimizerState,  # noqa: F401 - pickles of 0.3 name lossscale.jax._optimizer for it
     init_state,
 )
-from ._step import Step
+from ._step import Step, step
 
 __all__ = [
     "LossScaleOptimizerState", "LossScaleTransformation", "apply_gradients", "find_state", "get_scaled_loss",
@@ -46,9 +46,9 @@ _HIDE_SCALED_GRADIENTS = (optax.EmptyState, optax.ZeroNansState)
 
 def _find(state: Any, caller: str) -> LossScaleOptimizerState:
     """The one loss scale in ``state`` (a bare ``LossScaleState`` wrapped), or :func:`find_state`'s refusals."""
-    leaves = jax.tree_util.tree_flatten_with_path(
+    leaves, _ = jax.tree_util.tree_flatten_with_path(
         state, is_leaf=lambda n: _is_scale_node(n) or isinstance(n, _HIDE_SCALED_GRADIENTS)
-    )[0]
+    )
     found = [(path, node) for path, node in leaves if _is_scale_node(node)]
     if not found:
         raise TypeError(
@@ -451,4 +451,4 @@ def apply_gradients(tx: Any, grads: Any, opt_state: Any, params: Any, **extra_ar
     if settings is None:
         updates, opt_state = tx.update(grads, opt_state, params, **extra_args)
         return optax.apply_updates(params, updates), opt_state
-    return settings.apply(grads, opt_state, params, **extra_args)
+    return step(settings, grads, opt_state, params, extra_args, apply=True)

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from .._advance import advance as core_advance
+from .. import _advance
 from .._policy import LossScale
 from .._rule import LossScaleState, initial_state
 from .._sampler import SamplerState, initial_sampler_state
@@ -145,12 +145,12 @@ def advance(
     conditional.
     """
     if measurement is None or state.stats is None:
-        scale, _ = core_advance(policy, state.loss_scale_state, finite, jnp)
+        scale, _ = _advance.advance(policy, state.loss_scale_state, finite, jnp)
         return LossScaleOptimizerState(inner_state, scale, state.stats)
     stats = state.stats
     # sample_if_due's cond chose the kept sample already: handed in as the sampler's own, it is kept with no select.
     kept = SamplerState(jnp.asarray(stats.count), measurement.sample, stats.auto)
-    scale, sampler = core_advance(
+    scale, sampler = _advance.advance(
         policy, state.loss_scale_state, finite, jnp, sampler=kept, sample=measurement.sample,
         sampled=measurement.sampled,
     )

@@ -39,8 +39,8 @@ def _sums(g: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
 
     Two kernels by size (XLA's CPU backend): the core's four plain reductions vectorize but write ``|g|`` and the
     masks out and read them back (10 passes); one variadic ``lax.reduce`` of the same terms reads ``g`` once but does
-    not vectorize. Leaves that fit the caches take the first (1M parameters: 0.55 ms against 1.5 ms), larger ones
-    the second (10M: 15 vs 40 ms).
+    not vectorize. Leaves that fit the caches (:data:`CACHED_ELEMENTS`) take the first, whose passes stay in cache,
+    larger ones the second, whose one pass from memory wins (timed in benchmarks/results/gradient-stats/README.md).
     """
     if g.size <= CACHED_ELEMENTS:
         return tensor_sums(g, jnp)
@@ -48,7 +48,8 @@ def _sums(g: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
     zero, below = jnp.where(a == 0, 1.0, 0.0), jnp.where(a < FLOAT16_TINY, 1.0, 0.0)
 
     def combine(x: tuple, y: tuple) -> tuple:
-        return lax.max(x[0], y[0]), x[1] + y[1], x[2] + y[2], x[3] + y[3]
+        (amax_x, zeros_x, below_x, sumsq_x), (amax_y, zeros_y, below_y, sumsq_y) = x, y
+        return lax.max(amax_x, amax_y), zeros_x + zeros_y, below_x + below_y, sumsq_x + sumsq_y
 
     amax, zeros, n_below, sumsq = lax.reduce((a, zero, below, a * a), (jnp.float32(0),) * 4, combine, (0,))
     return amax, zeros, n_below - zeros, sumsq
@@ -113,4 +114,5 @@ def tensor_names(params: Any) -> tuple[str, ...]:
     >>> lsj.tensor_names({"dense": {"w": jnp.ones(2), "b": jnp.ones(1)}})
     ("['dense']['b']", "['dense']['w']")
     """
-    return tuple(jax.tree_util.keystr(path) for path, _ in jax.tree_util.tree_flatten_with_path(params)[0])
+    leaves, _ = jax.tree_util.tree_flatten_with_path(params)
+    return tuple(jax.tree_util.keystr(path) for path, _ in leaves)

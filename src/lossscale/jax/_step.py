@@ -16,15 +16,11 @@ from .._diagnostics import StallGuard
 from .._policy import LossScale
 from ._compat import eval_jaxpr_choosing, like
 from ._diagnostics import Recorder, guard_skip
-from ._grads import all_finite, check_gradients, squared_norm, unscale
+from ._grads import all_finite, check_gradients, in_float32_range, squared_norm, unscale
 from ._state import LossScaleOptimizerState, advance
 from ._stats import sample_if_due
 
 __all__ = ["Step", "step"]
-
-#: The gradient dtypes whose finite check the sample's ``amax`` can be (float32's range holds them).
-_FUSABLE = (jnp.float32, jnp.float16, jnp.bfloat16)
-
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Step:
@@ -48,23 +44,17 @@ class Step:
     recorder: Recorder | None = None
     guard: StallGuard | None = None
 
+    @property
+    def fuses_check(self) -> bool:
+        """Whether a sampled step's read pass can also be the finite check (the *fused* check), as far as the
+        settings go: ``stats_every`` on, no clip (the clip's norm is the check then) and a scale floor ``>= 1`` (the
+        check reads the scaled gradients). The gradients must also be in float32's range
+        (:func:`~lossscale.jax._grads.in_float32_range`): the sample's ``amax`` is float32."""
+        return self.every is not None and self.max_norm is None and self.policy.rule_params().min_scale >= 1
+
     def update(self, updates: Any, state: LossScaleOptimizerState, params: Any = None, **extra_args: Any) -> tuple:
         """optax's ``update``: ``(updates, new_state)`` from the scaled gradients ``updates`` (see :func:`step`)."""
         return step(self, updates, state, params, extra_args, apply=False)
-
-    def apply(self, grads: Any, state: Any, params: Any, **extra_args: Any) -> tuple[Any, Any]:
-        """``(new_params, new_state)``: :func:`step` choosing between the new and the old parameters."""
-        return step(self, grads, state, params, extra_args, apply=True)
-
-
-def _fused(settings: Step, leaves: list) -> bool:
-    """Whether a sampled step's read pass can also be the finite check (the *fused* check): no clip (the clip's norm
-    is the check then), a scale floor ``>= 1`` (the check reads the scaled gradients) and gradients in float32's
-    range (the sample's ``amax`` is float32)."""
-    return (
-        settings.max_norm is None and settings.policy.rule_params().min_scale >= 1
-        and all(leaf.dtype in _FUSABLE for leaf in leaves)
-    )
 
 
 def step(settings: Step, grads: Any, state: Any, params: Any, extra_args: dict, *, apply: bool) -> tuple[Any, Any]:
@@ -86,7 +76,7 @@ def step(settings: Step, grads: Any, state: Any, params: Any, extra_args: dict, 
     scale = state.loss_scale
     every = None if state.stats is None else settings.every  # a state restored without statistics samples none
     factor = measurement = None
-    if every is not None and _fused(settings, leaves):
+    if every is not None and settings.fuses_check and in_float32_range(leaves):
         measurement = sample_if_due(every, leaves, state.stats, settings.axes, all_finite)
         finite = measurement.finite
     elif settings.max_norm is None:
