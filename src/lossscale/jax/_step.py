@@ -22,6 +22,7 @@ from ._stats import sample_if_due
 
 __all__ = ["Step", "step"]
 
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class Step:
     """The settings of one :func:`~lossscale.jax.loss_scale_optimizer`, validated, and its ``update``.
@@ -95,16 +96,16 @@ def step(settings: Step, grads: Any, state: Any, params: Any, extra_args: dict, 
         updates, inner_state = settings.inner.update(unscale(grads, scale, factor), inner_state, params, **extra_args)
         return (optax.apply_updates(params, updates) if apply else updates), inner_state
 
-    new = advance(settings.policy, state, finite, state.inner_state, measurement)
-    if settings.recorder is not None:
-        sampled = False if measurement is None else measurement.sampled
-        settings.recorder.record(scale, finite, settings.axes, None if new.stats is None else new.stats.sample, sampled)
     first, inner_state = _chosen(
         finite, taken, (grads, state.inner_state, params), (params if apply else None, state.inner_state)
     )
+    new = advance(settings.policy, state, finite, inner_state, measurement)
+    if settings.recorder is not None:
+        sampled = False if measurement is None else measurement.sampled
+        settings.recorder.record(scale, finite, settings.axes, None if new.stats is None else new.stats.sample, sampled)
     if settings.guard is not None:  # the streak reaches the limit only on a skipped step
         guard_skip(settings.guard, new.consecutive_skips, new.loss_scale)
-    return first, new._replace(inner_state=inner_state)
+    return first, new
 
 
 def _chosen(finite: jax.Array, update: Callable, operands: Any, olds: Any) -> Any:
