@@ -20,10 +20,11 @@ VMAP_FIX = (r"history= does not support jax.vmap over the optimizer: every membe
             r"state.last_step_skipped hold one value per member")
 
 
+@pytest.mark.parametrize("given", ["History()", "True"])
 @pytest.mark.parametrize("wrap", ["vmap", "jit(vmap)", "vmap(jit)"])
-def test_history_under_vmap_is_refused_before_any_row(wrap):
-    history = lossscale.History()
-    tx = lsj.loss_scale_optimizer(optax.sgd(0.1), 4.0, history=history)
+def test_history_under_vmap_is_refused_before_any_row(wrap, given):
+    tx = lsj.loss_scale_optimizer(optax.sgd(0.1), 4.0, history=lossscale.History() if given == "History()" else True)
+    history = tx.history
     params = jnp.ones((3, 2))  # three members
     state = jax.vmap(tx.init)(params)
     update = {"vmap": jax.vmap(tx.update), "jit(vmap)": jax.jit(jax.vmap(tx.update)),
