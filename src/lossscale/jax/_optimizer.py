@@ -26,7 +26,7 @@ from ._state import (
     _StatsOptimizerState,  # noqa: F401 - pickles of 0.3 name lossscale.jax._optimizer for it
     init_state,
 )
-from ._step import Step, step
+from ._step import StepSettings, step
 
 __all__ = [
     "LossScaleOptimizerState", "LossScaleTransformation", "apply_gradients", "find_state", "get_scaled_loss",
@@ -375,11 +375,11 @@ def loss_scale_optimizer(
     recorded = check_history(history)
     recorder = None if recorded is None else Recorder(recorded)
     every = check_stats_every(stats_every, policy)
-    settings = Step(optax.with_extra_args_support(inner), policy, every, axes, max_norm, recorder, guard)
+    settings = StepSettings(optax.with_extra_args_support(inner), policy, every, axes, max_norm, recorder, guard)
     return LossScaleTransformation(functools.partial(_init, settings), settings.update)
 
 
-def _init(settings: Step, params: Any) -> LossScaleOptimizerState:
+def _init(settings: StepSettings, params: Any) -> LossScaleOptimizerState:
     """The transformation's ``init``: :func:`~lossscale.jax._state.init_state`, refusing an inner transformation
     that holds a loss scale already."""
     register_with_flax()
@@ -392,11 +392,11 @@ def _init(settings: Step, params: Any) -> LossScaleOptimizerState:
     return state
 
 
-def _settings(tx: Any) -> Step | None:
-    """The :class:`~lossscale.jax._step.Step` whose ``update`` is ``tx``'s (a :func:`loss_scale_optimizer`, or any
+def _settings(tx: Any) -> StepSettings | None:
+    """The :class:`~lossscale.jax._step.StepSettings` whose ``update`` is ``tx``'s (a :func:`loss_scale_optimizer`, or any
     ``GradientTransformation`` rebuilt from its two functions), else None."""
     settings = getattr(getattr(tx, "update", None), "__self__", None)
-    return settings if isinstance(settings, Step) else None
+    return settings if isinstance(settings, StepSettings) else None
 
 
 class LossScaleTransformation(optax.GradientTransformationExtraArgs):

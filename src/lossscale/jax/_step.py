@@ -1,5 +1,6 @@
 """One step of ``loss_scale_optimizer``: check and unscale the gradients, skip or take the inner update, advance the
-state. :class:`Step` holds a transformation's settings; :func:`step` is the step itself, traced once per ``jit``."""
+state. :class:`StepSettings` holds a transformation's validated settings; :func:`step` is the step itself, traced once per
+``jit``."""
 
 from __future__ import annotations
 
@@ -20,11 +21,11 @@ from ._grads import all_finite, check_gradients, in_float32_range, squared_norm,
 from ._state import LossScaleOptimizerState, advance
 from ._stats import sample_if_due
 
-__all__ = ["Step", "step"]
+__all__ = ["StepSettings", "step"]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
-class Step:
+class StepSettings:
     """The settings of one :func:`~lossscale.jax.loss_scale_optimizer`, validated, and its ``update``.
 
     Attributes:
@@ -58,7 +59,7 @@ class Step:
         return step(self, updates, state, params, extra_args, apply=False)
 
 
-def step(settings: Step, grads: Any, state: Any, params: Any, extra_args: dict, *, apply: bool) -> tuple[Any, Any]:
+def step(settings: StepSettings, grads: Any, state: Any, params: Any, extra_args: dict, *, apply: bool) -> tuple[Any, Any]:
     """One step: ``(updates, new_state)``, or ``(new_params, new_state)`` with ``apply``.
 
     The finite check reads the scaled gradients (with a scale floor ``>= 1``, ``g / S`` is finite exactly when
