@@ -7,8 +7,8 @@ API.
 | :data:`typeof` | ``jax.core.get_aval`` before JAX 0.6 | ``jax.typeof`` (JAX >= 0.6) |
 | ``Literal`` | ``jax.extend.core.Literal`` (``jax.core.Literal`` before 0.4.36) | none: jaxprs are internals |
 | :func:`is_tracer` | ``jax.core.Tracer`` | none: JAX has no public "is this traced" predicate |
-| :func:`varying_axes` | an aval's ``vma`` / ``manual_axis_type`` | ``jax.typeof(x).vma`` where JAX has it |
-| :func:`like` | ``lax.pcast(..., to="varying")``, older ``lax.pvary`` | ``lax.pcast`` (newer JAX) |
+| :func:`varying_axes` | an aval's ``manual_axis_type`` (JAX 0.9) or ``vma`` (0.6 - 0.8) | none stable yet: the field was renamed |
+| :func:`like` | ``lax.pcast(..., to="varying")`` (JAX 0.9), ``lax.pvary`` (0.6 - 0.8) | ``lax.pcast`` |
 | :func:`eval_jaxpr_choosing` | jaxpr equations, ``Primitive.bind`` | none: see its docstring |
 | :func:`serialize_namedtuples_with` | flax's ``_NamedTuple`` registry entry | none: see its docstring |
 """
@@ -42,8 +42,8 @@ def is_tracer(x: Any) -> bool:
 
 
 def varying_axes(aval: Any) -> frozenset | None:
-    """The shard_map axes an abstract value varies over (its ``vma`` type; None where JAX does not say). Public
-    replacement: ``jax.typeof(x).vma`` where JAX has it; older JAX kept it as ``manual_axis_type.varying``."""
+    """The shard_map axes an abstract value varies over (None where JAX does not say: before 0.6). JAX 0.9 keeps it
+    as ``manual_axis_type.varying``, 0.6 - 0.8 as ``vma``; no public accessor is stable across them."""
     manual = getattr(aval, "manual_axis_type", None)
     if manual is not None:
         return frozenset(manual.varying)
@@ -53,8 +53,8 @@ def varying_axes(aval: Any) -> frozenset | None:
 
 def like(x: Any, aval: Any) -> Any:
     """``x`` marked as varying over the same shard_map axes as ``aval``, so that both cond branches agree (and a
-    skip's ``where`` returns the type its output had). ``lax.pcast(x, axes, to="varying")`` is the public
-    spelling; JAX versions before it have ``lax.pvary``."""
+    skip's ``where`` returns the type its output had): JAX 0.9's ``lax.pcast(x, axes, to="varying")``, the public
+    spelling; 0.6 - 0.8's ``lax.pvary``; nothing before (no axis is varying there)."""
 
     def varying(a: Any) -> frozenset:
         return varying_axes(a) or frozenset()

@@ -46,7 +46,8 @@ def _raise(streak: Any, scale: Any, *, guard: StallGuard) -> None:
 
 def guard_skip(guard: StallGuard, streak: jax.Array, scale: jax.Array) -> None:
     """Raise on the host iff ``streak`` (skips in a row after this step) ``>= guard.limit``; else no host code runs
-    (a ``jax.debug.callback`` behind a ``lax.cond``: on a GPU its predicate is read on the host on every step)."""
+    (a ``jax.debug.callback`` behind a ``lax.cond``: on a GPU its predicate is read on the host on every step). JAX
+    re-raises the error wrapped in its runtime error, at the latest when the step's results are read."""
     _call_back_if(streak >= guard.limit, functools.partial(_raise, guard=guard), streak, scale)
 
 

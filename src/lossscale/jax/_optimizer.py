@@ -328,7 +328,7 @@ def loss_scale_optimizer(
             never). Staged as a ``jax.debug.callback`` behind a ``lax.cond`` taken only at the limit.
         history: a :class:`lossscale.History` given one row per step, or True for a new one, readable as the
             returned transformation's ``history`` (default None: off; False too). Costs one ``jax.debug.callback``
-            per step, a host round trip (docs/how-to/diagnostics.md); under ``pmap``/``shard_map`` only the first
+            per step, a host round trip (docs/jax.md, "History"); under ``pmap``/``shard_map`` only the first
             device along ``axis_name`` records, under ``jax.vmap`` tracing raises ``ValueError`` (one History
             cannot take a row per member).
         axis_name: under ``pmap``/``shard_map``, the axis or axes over which the finite flag is ``lax.pmin``-ed
@@ -337,7 +337,8 @@ def loss_scale_optimizer(
             the finite check, so no extra pass; with ``axis_name``, the norm of the whole gradient across the
             devices (one ``psum`` of a scalar).
         stats_every: sample ``state.gradient_stats`` every N-th update (default None: off; 16 with ``"auto"``):
-            about one read pass on a sampled step, which is also the finite check; one ``lax.cond`` per step.
+            about one read pass on a sampled step, which is also the finite check; one ``lax.cond`` per step
+            (none with 1).
 
     Returns:
         A :class:`LossScaleTransformation`, an ``optax.GradientTransformationExtraArgs`` whose ``init`` makes a
