@@ -339,7 +339,7 @@ def tensor_sums(g: torch.Tensor, factor: torch.Tensor | None = None) -> Sums:
     n = g.numel()
     g = g.detach()
     if g.layout == torch.sparse_coo:
-        g = g.coalesce()._values()  # the stored values; the other n - nnz entries are zeros
+        g = g.coalesce().values()  # the stored values; the other n - nnz entries are zeros (public once coalesced)
     a = g.reshape(-1).float().abs()  # the one copy of |g|
     if factor is not None:
         a.mul_(factor)
