@@ -28,8 +28,8 @@ from ._compat import (
     update_scale_,
 )
 
-__all__ = ["GradGroups", "advance_scale_", "check_finite", "check_param_grads_", "combine_flags", "dtensor_type",
-           "gradient_stats", "kernel_unscales", "move", "reciprocal", "sample_columns", "scaled_norm", "tensor_sums",
+__all__ = ["GradGroups", "advance_scale_", "check_finite", "combine_flags", "dtensor_type",
+           "gradient_stats", "move", "reciprocal", "sample_columns", "scaled_norm", "tensor_sums",
            "unscale_and_check_", "unscale_grads_per_device", "unscaled_copies"]
 
 
@@ -146,30 +146,6 @@ def unscale_and_check_(grads: GradGroups, inv_scale: torch.Tensor, *, out_device
     if recheck:
         found_inf = torch.maximum(found_inf, check_finite(grads, out_device=out_device))
     return found_inf
-
-
-def kernel_unscales(grads: GradGroups, *, fused: bool, recheck: bool, contract: bool = True) -> bool:
-    """Whether a step leaves the gradients scaled and hands ``grad_scale = S`` to a fused kernel, as
-    ``torch.amp.GradScaler`` does: always for float16 gradients (unscaled in float32 inside the kernel); for the
-    others with ``contract`` (an optimizer that may rely on torch's contract), unless ``recheck`` (``S`` may be
-    below 1, where ``g / S`` can overflow after the check)."""
-    return fused and (grads.has_float16 or (contract and not recheck))
-
-
-def check_param_grads_(param_groups: Iterable[dict], inv_scale: torch.Tensor, *, fused: bool,
-                       recheck: bool, contract: bool = True) -> tuple[GradGroups, torch.Tensor | None]:
-    """The ``.grad`` of ``param_groups``, grouped, and their flag (None: no gradient): only checked where
-    :func:`kernel_unscales` (one R+W pass either way), else unscaled and checked; float16 gradients without
-    ``fused`` are left for the caller to refuse (flag None)."""
-    grads = GradGroups.of(param_groups)
-    device = grads.device
-    if device is None:
-        return grads, None
-    if kernel_unscales(grads, fused=fused, recheck=recheck, contract=contract):
-        return grads, check_finite(grads, out_device=device)
-    if grads.has_float16:
-        return grads, None
-    return grads, unscale_and_check_(grads, inv_scale, out_device=device, recheck=recheck)
 
 
 def unscale_grads_per_device(param_groups: Iterable[dict], inv_scale: torch.Tensor, found_inf: torch.Tensor,

@@ -6,15 +6,16 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
-from .._torch._kernels import GradGroups, check_param_grads_, kernel_unscales
+from .._torch._kernels import GradGroups, check_finite, unscale_and_check_
 from ._compat import AMP_SCALING, step_with_scale, takes_grad_scaler
 
-__all__ = ["CheckedGrads", "FusedStateTracker", "check_fused_kernels", "check_step_grads", "fused_sgd_skips_half_on_cpu",
-           "hands_scale", "is_fused", "require_unscalable", "run_inner_step"]
+__all__ = ["CheckedGrads", "FusedStateTracker", "check_fused_kernels", "check_step_grads",
+           "fused_sgd_skips_half_on_cpu", "hands_scale", "is_fused", "kernel_unscales", "require_unscalable",
+           "run_inner_step"]
 
 _SETTING_TYPES = (bool, int, float, str, tuple, type(None))
 
@@ -84,7 +85,7 @@ class FusedStateTracker:
 
     def note_host_step(self, inner: torch.optim.Optimizer) -> None:
         """After a host-decided step ran: parameters with a gradient still without state are stateless."""
-        self._stateless.update(key for p, key in _params_without_state(inner) if p.grad is not None)
+        self._stateless |= {key for p, key in _params_without_state(inner) if p.grad is not None}
 
 
 def _params_without_state(inner: torch.optim.Optimizer) -> Iterable[tuple[torch.Tensor, tuple[int, tuple]]]:
@@ -148,18 +149,24 @@ def require_unscalable(grads: GradGroups, what: str) -> None:
                          f"{broken} and call step() directly: it unscales inside its float32 kernel.")
 
 
-class CheckedGrads:
+def kernel_unscales(grads: GradGroups, *, fused: bool, recheck: bool, contract: bool = True) -> bool:
+    """Whether a step leaves the gradients scaled and hands ``grad_scale = S`` to a fused kernel, as
+    ``torch.amp.GradScaler`` does: always for float16 gradients (unscaled in float32 inside the kernel); for the
+    others with ``contract`` (an optimizer that may rely on torch's contract), unless ``recheck`` (``S`` may be
+    below 1, where ``g / S`` can overflow after the check)."""
+    return fused and (grads.has_float16 or (contract and not recheck))
+
+
+class CheckedGrads(NamedTuple):
     """One step's checked gradients: their ``found_inf`` flag, the ``grad_scale`` a fused kernel gets (None: the
-    gradients are unscaled already), whether ``inner`` is ``fused``, and the gradients' ``device``."""
+    gradients are unscaled already), and whether ``inner`` is ``fused`` (None: not known yet)."""
 
-    __slots__ = ("device", "found_inf", "fused", "grad_scale")
-
-    def __init__(self, found_inf: torch.Tensor, grad_scale: torch.Tensor | None, fused: bool,
-                 device: torch.device) -> None:
-        self.found_inf, self.grad_scale, self.fused, self.device = found_inf, grad_scale, fused, device
+    found_inf: torch.Tensor
+    grad_scale: torch.Tensor | None
+    fused: bool | None
 
 
-def check_step_grads(inner: torch.optim.Optimizer, scale: Any) -> CheckedGrads | None:
+def check_step_grads(inner: torch.optim.Optimizer, scale: Any, unscaled: Any = None) -> CheckedGrads | None:
     """Checks the ``.grad`` of ``inner``'s parameters for a step: a fused ``inner`` gets a check only and the
     scaled gradients with ``grad_scale = S``, as ``torch.amp.GradScaler`` gives (its kernel unscales in float32),
     except float32 gradients where :func:`hands_scale` says no (torch's own fused optimizers) or with
@@ -168,28 +175,37 @@ def check_step_grads(inner: torch.optim.Optimizer, scale: Any) -> CheckedGrads |
     Args:
         inner: the inner optimizer.
         scale: the step's scale (a :class:`~lossscale.torch._state.ScaleState`), moved to the gradients' device.
+        unscaled: the optimizer's step progress when ``unscale_()``, a clip or client code checked the gradients
+            already (its flag and ``grad_scale`` are taken, nothing is read); None otherwise.
 
     Returns:
         The :class:`CheckedGrads`, or None when no parameter has a gradient.
 
     Raises:
         ValueError: float16 gradients an unfused ``inner`` would unscale in float16 (:func:`require_unscalable`).
+        RuntimeError: ``unscaled`` holds no flag (client code set the stage alone).
 
     Cost: one R+W pass over the gradients (two with ``min_loss_scale < 1``); no sync.
     """
+    if unscaled is not None:
+        if unscaled.found_inf is None:  # a client set the stage through _per_optimizer_states without a flag
+            raise RuntimeError("No inf checks were recorded for this optimizer. Set its "
+                               "_per_optimizer_states[id(optimizer)]['found_inf_per_device'] along with its "
+                               "stage, or call unscale_(optimizer) instead.")
+        return CheckedGrads(unscaled.found_inf, unscaled.grad_scale, None)
     fused = is_fused(inner)
-    at = scale.for_step(None)
     contract = fused and hands_scale(inner)
-    grads, found_inf = check_param_grads_(inner.param_groups, at.inv_scale, fused=fused,
-                                          recheck=at.can_go_below_one, contract=contract)
+    grads = GradGroups.of(inner.param_groups)
     if not grads.tensors:
         return None
-    if found_inf is None:
-        require_unscalable(grads, "step()")
-    if grads.device != at.device:  # the scale follows the gradients
-        at = scale.for_step(grads.device)
+    at = scale.for_step(grads.device)  # the scale follows the gradients
     unscales = kernel_unscales(grads, fused=fused, recheck=at.can_go_below_one, contract=contract)
-    return CheckedGrads(found_inf, at.loss_scale if unscales else None, fused, at.device)  # type: ignore[arg-type]
+    if not unscales:
+        require_unscalable(grads, "step()")
+    if unscales:  # the kernel unscales in float32: a check only
+        return CheckedGrads(check_finite(grads, out_device=at.device), at.loss_scale, fused)
+    return CheckedGrads(unscale_and_check_(grads, at.inv_scale, out_device=at.device, recheck=at.can_go_below_one),
+                        None, fused)
 
 
 def run_inner_step(inner: torch.optim.Optimizer, found_inf: torch.Tensor, grad_scale: torch.Tensor | None,

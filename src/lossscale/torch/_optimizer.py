@@ -17,6 +17,7 @@ from ._compat import init_step_hooks
 from ._diagnostics import Diagnostics, OverflowReport
 from ._distributed import FlagAgreement, agreement_groups, validate_process_group
 from ._distributed import check_replicas_agree as _check_replicas_agree
+from ._grads import CheckedGrads
 from ._state import ScaleState, require_own_scale, scale_owner_for
 from ._stats import StatsSampler, check_stats_every
 from ._step import OptimizerStep
@@ -237,7 +238,7 @@ class LossScaleOptimizer(torch.optim.Optimizer):
                 p.grad = None
             for _, var, g in given:
                 var.grad = g
-            found_inf = self._steps.apply(self._inner, found_inf, None, named_grads=named)[0]
+            found_inf = self._steps.step(self._inner, named_grads=named, checked=CheckedGrads(found_inf, None, None))[0]  # type: ignore[index]
         finally:
             for p, grad in zip(params, saved):
                 p.grad = grad

@@ -24,8 +24,8 @@ from .._torch._kernels import (
 from ._checkpoint import Checkpoint, CounterRecord, ScaleRecord
 from ._compat import foreach_mul_
 from ._diagnostics import Diagnostics
-from ._distributed import FlagAgreement, all_reduce_max
-from ._grads import FusedStateTracker, check_step_grads, is_fused, require_unscalable, run_inner_step
+from ._distributed import FlagAgreement, agree_flag
+from ._grads import CheckedGrads, FusedStateTracker, check_step_grads, is_fused, require_unscalable, run_inner_step
 from ._state import PrivateLossScale, SharedLossScale, SkipCounters
 from ._stats import StatsSampler
 
@@ -196,37 +196,41 @@ class OptimizerStep:
         return total
 
     def step(self, inner: torch.optim.Optimizer, args: tuple = (), kwargs: dict | None = None, *,
-             on_host: bool = False, named_grads: Any = ()) -> tuple[torch.Tensor, bool | None, Any] | None:
-        """Checks the gradients (:func:`~lossscale.torch._grads.check_step_grads`), or takes what ``unscale_()``
-        or a clip checked, then :meth:`apply`: ``(found_inf, skipped, inner.step's result)``, None with no
-        gradient."""
+             on_host: bool = False, named_grads: Any = (),
+             checked: CheckedGrads | None = None) -> tuple[torch.Tensor, bool | None, Any] | None:
+        """One step of ``inner``: check, agree, step or skip, finish.
+
+        The gradients are checked by :func:`~lossscale.torch._grads.check_step_grads` (or ``unscale_()``'s or a
+        clip's check is taken, or ``checked`` when given); the flag is agreed across ranks; ``inner.step(*args,
+        **kwargs)`` runs or is skipped (:func:`~lossscale.torch._grads.run_inner_step`: one sync unless a fused
+        kernel skips by itself); :meth:`finish` advances the state and records.
+
+        Args:
+            inner: the inner optimizer.
+            args, kwargs: ``inner.step``'s arguments.
+            on_host: decide a fused optimizer's skip on the host (one sync), so a skip calls no ``inner.step``.
+            named_grads: ``(name, grad)`` pairs for the overflow report, or a zero-argument callable returning them.
+            checked: a check made elsewhere (TF's ``apply_gradients``), taken as it is.
+
+        Returns:
+            ``(found_inf, skipped, inner.step's result)``; ``skipped`` is None where a fused kernel decided on the
+            device. None when no parameter has a gradient (nothing happens).
+
+        Raises:
+            RuntimeError: ``step()`` again before the scale's update (:func:`misuse`).
+        """
         progress = self.progress
         progress.require("step")
-        if progress.stage is Stage.UNSCALED:
-            found_inf, grad_scale, fused = progress.found_inf, progress.grad_scale, None
-            if found_inf is None:  # a client set the stage through _per_optimizer_states without a flag
-                raise RuntimeError("No inf checks were recorded for this optimizer. Set its "
-                                   "_per_optimizer_states[id(optimizer)]['found_inf_per_device'] along with its "
-                                   "stage, or call unscale_(optimizer) instead.")
-        else:
-            self.measure_if_due(inner)
-            checked = check_step_grads(inner, self.owner)
+        if checked is None:
+            unscaled = progress.stage is Stage.UNSCALED
+            if not unscaled:
+                self.measure_if_due(inner)
+            checked = check_step_grads(inner, self.owner, progress if unscaled else None)
             if checked is None:
                 return None
-            found_inf, grad_scale, fused = checked.found_inf, checked.grad_scale, checked.fused
-        return self.apply(inner, found_inf, grad_scale, args, kwargs, on_host=on_host, named_grads=named_grads,
-                          fused=fused)
-
-    def apply(self, inner: torch.optim.Optimizer, found_inf: torch.Tensor, grad_scale: torch.Tensor | None,
-              args: tuple = (), kwargs: dict | None = None, *, on_host: bool = False, named_grads: Any = (),
-              fused: bool | None = None) -> tuple[torch.Tensor, bool | None, Any]:
-        """Agrees on ``found_inf`` across ranks, runs or skips ``inner.step(*args, **kwargs)``
-        (:func:`~lossscale.torch._grads.run_inner_step`: one sync unless a fused kernel skips by itself), then
-        :meth:`finish`. ``fused`` None: :func:`~lossscale.torch._grads.is_fused` decides."""
-        self.progress.require("step")
-        found_inf = self._agreed(found_inf)
-        skipped, result = run_inner_step(inner, found_inf, grad_scale, self.tracker, fused=fused, on_host=on_host,
-                                         args=args, kwargs=kwargs)
+        found_inf = agree_flag(self.agree, checked.found_inf)
+        skipped, result = run_inner_step(inner, found_inf, checked.grad_scale, self.tracker, fused=checked.fused,
+                                         on_host=on_host, args=args, kwargs=kwargs)
         self.finish(found_inf, skipped, named_grads)
         return found_inf, skipped, result
 
@@ -238,14 +242,7 @@ class OptimizerStep:
         if found_inf is None:
             self.progress.stepped()
             return
-        self.finish(self._agreed(found_inf), None, named_grads)
-
-    def _agreed(self, found_inf: torch.Tensor) -> torch.Tensor:
-        agree = self.agree
-        if agree is None:
-            return found_inf
-        groups = agree.groups if agree.groups is not None else agree.resolve()
-        return all_reduce_max(found_inf, groups) if groups else found_inf
+        self.finish(agree_flag(self.agree, found_inf), None, named_grads)
 
     def finish(self, found_inf: torch.Tensor, skipped: bool | None, named_grads: Any = ()) -> None:
         """Ends a step: overflow report, then the scale (private: now; shared: at its update), the optimizer's own
@@ -300,7 +297,7 @@ class OptimizerStep:
             if self.sampler is not None:
                 self.sampler.forget()
             return loss
-        found_total = self._agreed(torch.clamp(found_total, max=1.0))
+        found_total = agree_flag(self.agree, torch.clamp(found_total, max=1.0))
         skipped = bool(found_total.item())  # one host sync per closure step
         if skipped:
             with torch.no_grad():
