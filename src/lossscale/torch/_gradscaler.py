@@ -168,7 +168,19 @@ class GradScaler:
         self._pending_progress: dict[int, StepProgress] = {}  # written through _per_optimizer_states before a step
 
     def scale(self, outputs: Any) -> Any:
-        """``outputs * S``: a tensor, or nested lists/tuples (other iterables: a lazy ``map``) of them. No sync."""
+        """``outputs * S``; with ``history`` a one-element tensor is noted as the iteration's loss, with
+        ``stats_every`` each call counts as a micro-batch.
+
+        Args:
+            outputs: a floating-point tensor, or nested lists/tuples (other iterables: a lazy ``map``) of them.
+
+        Returns:
+            ``outputs`` scaled, in the same structure (as they are when disabled). One operator per tensor, no sync.
+
+        Raises:
+            TypeError: a tensor that is not floating-point.
+            ValueError: something that is neither a tensor nor an iterable of them.
+        """
         if not self._enabled:
             return outputs
         if self._sampler is not None:  # a backward pass summed into the gradients (micro-batches, for the sample)
@@ -196,7 +208,17 @@ class GradScaler:
         self._placed = True
 
     def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
-        """Divides ``optimizer``'s gradients by ``S`` in place and checks them, once per iteration: one R+W pass."""
+        """Divides ``optimizer``'s gradients by ``S`` in place and checks them, once per iteration.
+
+        Args:
+            optimizer: the ``torch.optim.Optimizer`` whose gradients to unscale.
+
+        Raises:
+            RuntimeError: before ``scale()``, twice in an iteration, or after ``step()`` (torch's messages).
+            ValueError: float16 gradients.
+
+        Cost: one R+W pass over the gradients; no sync.
+        """
         if not self._enabled:
             return
         self._require_scaled("unscale_")
@@ -209,8 +231,21 @@ class GradScaler:
         step.unscale_(optimizer)
 
     def step(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
-        """Unscales and checks ``optimizer``'s gradients (unless ``unscale_`` did), then steps or skips; returns
-        ``optimizer.step(*args, **kwargs)``'s result, None on a skip decided on the host."""
+        """Unscales and checks ``optimizer``'s gradients (unless ``unscale_`` did), then steps or skips.
+
+        Args:
+            optimizer: the ``torch.optim.Optimizer`` to step.
+            *args, **kwargs: ``optimizer.step``'s arguments (no ``closure``).
+
+        Returns:
+            ``optimizer.step(*args, **kwargs)``'s result, None on a skip decided on the host.
+
+        Raises:
+            RuntimeError: a ``closure``, before ``scale()``, or twice before ``update()`` (torch's messages).
+
+        Cost: as ``LossScaleOptimizer.step()``: one R+W pass (a check only for a fused optimizer's float16
+        gradients); host syncs: fused 0 (1 with ``sync_skips``), else 1.
+        """
         if not self._enabled:
             return optimizer.step(*args, **kwargs)
         if "closure" in kwargs:
@@ -320,12 +355,21 @@ class GradScaler:
         return None if self._sampler is None else (self._sampler.every, self._sampler.state.count)
 
     def state_dict(self) -> dict[str, Any]:
-        """torch's five keys plus a ``"lossscale"`` entry, plain values only (``{}`` when disabled); one sync."""
+        """torch's five keys plus a ``"lossscale"`` entry, plain values only (``{}`` when disabled); one host sync."""
         return gradscaler_state_dict(self._owner.policy, self._owner.state) if self._enabled else {}
 
     def load_state_dict(self, state_dict: dict[str, Any], custom_objects: Mapping[str, type] | None = None) -> None:
-        """Restores ours or ``torch.amp.GradScaler``'s state dict, validated first; a policy class of your own comes
-        from ``custom_objects``."""
+        """Restores ours or ``torch.amp.GradScaler``'s state dict, validated first (nothing changes on error).
+
+        Args:
+            state_dict: what ``state_dict()`` of this class or of ``torch.amp.GradScaler`` returned.
+            custom_objects: ``{class name: class}`` for a policy class of your own (nothing is imported by name).
+
+        Raises:
+            TypeError: ``state_dict`` is not a mapping.
+            RuntimeError: an empty state dict (torch's message: saved from a disabled scaler).
+            ValueError: a missing or malformed key, named.
+        """
         if not self._enabled:
             return
         self._owner.load(gradscaler_record(state_dict, self._owner.policy, self._owner.state, custom_objects))
@@ -372,9 +416,15 @@ class GradScaler:
         return int(self._owner.state.good_steps) if self._enabled else 0
 
     def get_growth_factor(self) -> float:
+        """The factor the scale grows by after ``growth_interval`` finite iterations."""
         return self._owner.policy.multiplier
 
     def set_growth_factor(self, new_factor: float) -> None:
+        """Grows the scale by ``new_factor`` from the next ``update()`` on (validated as the constructor's).
+
+        Args:
+            new_factor: a number > 1.
+        """
         self._owner.set_policy(replace_policy(self._owner.policy, growth_factor=new_factor))
 
     def get_backoff_factor(self) -> float:
@@ -383,15 +433,27 @@ class GradScaler:
         return 1.0 / policy.multiplier if policy.backoff_factor is None else policy.backoff_factor
 
     def set_backoff_factor(self, new_factor: float) -> None:
+        """Backs the scale off by ``new_factor`` from the next ``update()`` on (validated as the constructor's).
+
+        Args:
+            new_factor: a number in (0, 1).
+        """
         self._owner.set_policy(replace_policy(self._owner.policy, backoff_factor=new_factor))
 
     def get_growth_interval(self) -> int:
+        """Finite iterations it takes to grow the scale."""
         return self._owner.policy.increment_period
 
     def set_growth_interval(self, new_interval: int) -> None:
+        """Grows the scale after ``new_interval`` finite iterations from the next ``update()`` on.
+
+        Args:
+            new_interval: an int >= 1 (saturated at 2**31 - 1).
+        """
         self._owner.set_policy(replace_policy(self._owner.policy, growth_interval=new_interval))
 
     def is_enabled(self) -> bool:
+        """Whether this scaler scales (False: every method passes through)."""
         return self._enabled
 
     @property

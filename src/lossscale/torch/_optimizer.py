@@ -77,6 +77,11 @@ class LossScaleOptimizer(torch.optim.Optimizer):
         stats_every: measure the *scaled* gradients every ``N``-th step (default None; 16 with
             ``loss_scale="auto"``): :attr:`gradient_stats` (``docs/gradient_stats.md``), which ``AutoLossScale``
             sets the scale from. Cost: about 8 kernels per gradient on a sampled step, no sync.
+        **removed: keywords of earlier versions, refused with a message naming the fix (``check``: every step
+            unscales and checks).
+
+    Raises:
+        TypeError, ValueError: a malformed argument, named, or an optimizer already wrapped.
 
     >>> import torch
     >>> w = torch.nn.Parameter(torch.tensor([1.0]))
@@ -123,30 +128,68 @@ class LossScaleOptimizer(torch.optim.Optimizer):
     defaults = property(lambda self: self._inner.defaults, lambda self, v: setattr(self._inner, "defaults", v))
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """The inner optimizer's ``add_param_group(param_group)``; the flag's process groups are found again (the new
+        parameters may be DTensors on another mesh).
+
+        Args:
+            param_group: as ``torch.optim.Optimizer.add_param_group`` takes it.
+        """
         self._inner.add_param_group(param_group)
         self._steps.agree.reset()  # type: ignore[union-attr]  # the new parameters may be DTensors on another mesh
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """The inner optimizer's ``zero_grad``; also forgets an ``unscale_()`` or clip not yet stepped."""
+        """The inner optimizer's ``zero_grad``; also forgets an ``unscale_()`` or clip not yet stepped.
+
+        Args:
+            set_to_none: as ``torch.optim.Optimizer.zero_grad`` (default True: the gradients become None).
+        """
         self._inner.zero_grad(set_to_none=set_to_none)
         self._steps.forget()
 
     def unscale_(self) -> None:
-        """Unscales the gradients in place now (to clip or inspect them); again before ``step()``, nothing. Cost:
-        one R+W pass; no sync."""
+        """Unscales the gradients in place now (to clip or inspect them); again before ``step()``, nothing.
+
+        Raises:
+            RuntimeError: after ``step()`` in the same iteration.
+            ValueError: float16 gradients (they would be unscaled in float16).
+
+        Cost: one R+W pass over the gradients; no sync.
+        """
         self._steps.unscale_(self._inner)
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
         """Clips the gradients' global norm to ``max_norm``, folding in the unscale; once per iteration.
 
-        Returns the *unscaled* gradients' norm (0-d, no sync); a non-finite one skips the step. Cost: one R pass,
-        plus an R+W unless fused. ``norm_type``: any p > 0 or ``inf``."""
+        Args:
+            max_norm: the largest norm kept (a number >= 0, or a 0-d tensor, not read on the host).
+            norm_type: the p of the p-norm: any p > 0 or ``inf`` (default 2.0).
+
+        Returns:
+            The *unscaled* gradients' norm, a 0-d float32 tensor (no sync); a non-finite one skips the step.
+
+        Raises:
+            TypeError, ValueError: a malformed ``max_norm`` or ``norm_type``.
+            RuntimeError: a second clip, or a clip after ``step()``, in the same iteration.
+
+        Cost: one R pass over the gradients, plus an R+W unless the inner optimizer is fused; no sync.
+        """
         return self._steps.clip_grad_norm_(self._inner, max_norm, norm_type)
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
         """Unscales and checks the gradients, steps or skips, and updates the scale (costs: the class docstring).
-        A closure (LBFGS) calls ``opt.get_scaled_loss(loss).backward()`` and returns ``loss``; an overflow in any
-        evaluation restores weights and inner state."""
+
+        Args:
+            closure: None, or (LBFGS) a callable that calls ``opt.get_scaled_loss(loss).backward()`` and returns
+                ``loss``; every evaluation is unscaled and checked, and an overflow in any restores the weights and
+                inner state (cost: copies of both, one host sync).
+
+        Returns:
+            None, or the closure's loss.
+
+        Raises:
+            RuntimeError: ``step()`` twice before a shared scale's ``update()``.
+            LossScaleError: ``max_consecutive_skips`` skipped steps in a row.
+        """
         if closure is not None:
             return self._steps.step_with_closure(self._inner, closure, self._named_grads)
         self._steps.step(self._inner, named_grads=self._named_grads)
@@ -156,8 +199,17 @@ class LossScaleOptimizer(torch.optim.Optimizer):
         return self._steps.diagnostics.named_grads(self._inner.param_groups)
 
     def check_replicas_agree(self, process_group: Any = None) -> None:
-        """Raises :class:`lossscale.LossScaleError` unless every rank of ``process_group`` (default: the flag's,
-        else the world) holds the same scale, counters and policy. One all-gather, one sync."""
+        """Checks that every rank holds the same scale, counters and policy.
+
+        Args:
+            process_group: the ranks to compare (default: the flag's process group, else the world).
+
+        Raises:
+            LossScaleError: the ranks differ (the message names what differs on which rank).
+            RuntimeError: ``torch.distributed`` is not initialized.
+
+        Cost: one all-gather of 6 float64 per group, one sync.
+        """
         agree = self._steps.agree
         group = agree.process_group if process_group is None else validate_process_group(process_group)  # type: ignore[union-attr]
         owner = self._steps.owner
@@ -169,8 +221,18 @@ class LossScaleOptimizer(torch.optim.Optimizer):
         return [p for g in self.param_groups for p in g["params"]]
 
     def get_scaled_loss(self, loss: Any) -> Any:
-        """``loss * loss_scale``, keeping ``loss``'s dtype; a callable gives a callable. With ``stats_every``, each
-        call since the last step or ``zero_grad()`` counts as a micro-batch (``AutoLossScale`` reads them)."""
+        """``loss * loss_scale``, keeping ``loss``'s dtype. With ``stats_every``, each call since the last step or
+        ``zero_grad()`` counts as a micro-batch (``AutoLossScale`` reads them).
+
+        Args:
+            loss: a floating-point tensor, or a zero-argument callable returning one.
+
+        Returns:
+            The scaled loss (a callable for a callable). One operator, no sync.
+
+        Raises:
+            TypeError: ``loss`` is not a floating-point tensor (or a callable).
+        """
         steps = self._steps
         if isinstance(loss, torch.Tensor):
             if steps.diagnostics.recorder is not None:
@@ -183,15 +245,36 @@ class LossScaleOptimizer(torch.optim.Optimizer):
         return scaled
 
     def get_unscaled_gradients(self, grads: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:
-        """A new list: each gradient times ``1/loss_scale`` in its own dtype, None stays None. One R and one W pass
-        (+R+W for half types, computed in float32); no sync."""
+        """Unscaled copies of ``grads``.
+
+        Args:
+            grads: gradients of the scaled loss (tensors, or None for a variable without one); not modified.
+
+        Returns:
+            A new list: each gradient times ``1/loss_scale`` in its own dtype, None staying None.
+
+        Cost: one R and one W pass over the gradients (+R+W for half types, computed in float32); no sync.
+        """
         return unscaled_copies(list(grads), self._steps.owner.inv_scale())
 
     def compute_gradients(
         self, loss: Any, var_list: Iterable[torch.Tensor] | None = None, grad_loss: torch.Tensor | None = None
     ) -> list[tuple[torch.Tensor | None, torch.Tensor]]:
-        """Unscaled ``(gradient, variable)`` pairs of ``loss`` (a tensor or a zero-argument callable), not
-        accumulated into ``.grad``; ``var_list`` defaults to the parameters that require grad. No sync."""
+        """Unscaled gradients of ``loss``, not accumulated into ``.grad``.
+
+        Args:
+            loss: the unscaled loss, a tensor or a zero-argument callable returning one.
+            var_list: the tensors to differentiate by (default: the parameters that require grad).
+            grad_loss: the gradient of the final result with respect to ``loss`` (default: ones).
+
+        Returns:
+            ``(gradient, variable)`` pairs; a gradient is None where ``loss`` does not depend on the variable.
+
+        Raises:
+            ValueError: a ``var_list`` entry that is not a tensor requiring grad.
+
+        Cost: one backward pass, then :meth:`get_unscaled_gradients`; no sync.
+        """
         if callable(loss) and not isinstance(loss, torch.Tensor):
             loss = loss()
         if var_list is None:
@@ -209,9 +292,23 @@ class LossScaleOptimizer(torch.optim.Optimizer):
 
     def apply_gradients(self, grads_and_vars: Iterable[tuple[torch.Tensor | None, torch.Tensor]],
                         global_step: torch.Tensor | None = None) -> torch.Tensor:
-        """Applies *unscaled* gradients if all are finite (else nothing, ``global_step`` included, a tensor
-        incremented in place); updates the scale either way; ``.grad`` stays. Returns a 0-d bool tensor, True if
-        applied. Cost: one R+W check, syncs as ``step()``."""
+        """Applies *unscaled* gradients if all are finite (else nothing, ``global_step`` included); updates the
+        scale either way; ``.grad`` stays as it was.
+
+        Args:
+            grads_and_vars: ``(gradient, variable)`` pairs, as :meth:`compute_gradients` returns; every variable a
+                parameter of the inner optimizer, a None gradient leaving its variable alone.
+            global_step: a tensor incremented in place on an applied step, or None.
+
+        Returns:
+            A 0-d bool tensor, True if applied.
+
+        Raises:
+            TypeError: ``global_step`` is not a tensor.
+            ValueError: a variable that is no parameter of the inner optimizer, or no gradient at all.
+
+        Cost: one R+W check over the gradients; syncs as ``step()``.
+        """
         pairs = list(grads_and_vars)
         if global_step is not None and not isinstance(global_step, torch.Tensor):
             raise TypeError("global_step must be a tensor to increment in place, e.g. torch.zeros((), "
@@ -251,11 +348,27 @@ class LossScaleOptimizer(torch.optim.Optimizer):
         self, loss: Any, var_list: Iterable[torch.Tensor] | None = None, global_step: torch.Tensor | None = None,
         grad_loss: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """``apply_gradients(compute_gradients(loss, var_list, grad_loss), global_step)``."""
+        """``apply_gradients(compute_gradients(loss, var_list, grad_loss), global_step)``.
+
+        Args:
+            loss, var_list, grad_loss: as :meth:`compute_gradients`.
+            global_step: as :meth:`apply_gradients`.
+
+        Returns:
+            A 0-d bool tensor, True if the step was applied.
+        """
         return self.apply_gradients(self.compute_gradients(loss, var_list, grad_loss), global_step)
 
     def get_slot(self, var: torch.Tensor, name: str) -> torch.Tensor | None:
-        """The inner optimizer's state ``name`` for ``var`` (e.g. ``"exp_avg"``), or None."""
+        """The inner optimizer's state ``name`` for ``var``.
+
+        Args:
+            var: a parameter of the inner optimizer.
+            name: a state name, e.g. ``"exp_avg"`` (see :meth:`get_slot_names`).
+
+        Returns:
+            The state tensor, or None where there is none.
+        """
         return self.state.get(var, {}).get(name)
 
     def get_slot_names(self) -> list[str]:
@@ -281,8 +394,20 @@ class LossScaleOptimizer(torch.optim.Optimizer):
     def from_config(
         cls, config: Mapping[str, Any], params: Iterable[Any], custom_objects: Mapping[str, type] | None = None,
     ) -> Any:
-        """Rebuilds from :meth:`get_config` and ``params``; the inner class and a policy class of your own come from
-        ``custom_objects``, else ``torch.optim``: no module a config names is imported."""
+        """Rebuilds an optimizer from :meth:`get_config`'s output.
+
+        Args:
+            config: what :meth:`get_config` returned.
+            params: the parameters (or parameter groups) for the new inner optimizer.
+            custom_objects: ``{class name: class}`` for an inner optimizer class or policy class of your own; else
+                ``torch.optim``'s classes only: no module a config names is imported.
+
+        Returns:
+            A new ``LossScaleOptimizer``.
+
+        Raises:
+            ValueError: an inner class neither in ``custom_objects`` nor in ``torch.optim``.
+        """
         spec = config["inner_optimizer"]
         opt_cls = optimizer_class(spec, custom_objects)
         inner = opt_cls(params, **_constructor_kwargs(opt_cls, spec["config"]))
@@ -387,7 +512,8 @@ class LossScaleOptimizer(torch.optim.Optimizer):
         return None if reporter is None else reporter.last
 
     def state_dict(self) -> dict[str, Any]:
-        """The inner optimizer's state dict plus a ``"lossscale"`` entry: the policy, the scale and the counters."""
+        """The inner optimizer's state dict plus a ``"lossscale"`` entry: the policy, the scale and the counters
+        (copies; no sync), and with ``stats_every`` a ``"lossscale_stats"`` entry."""
         inner = dict(self._inner.state_dict())
         steps = self._steps
         state = Checkpoint(inner, steps.owner.to_record(), steps.counters.to_record()).to_state_dict()
@@ -396,10 +522,18 @@ class LossScaleOptimizer(torch.optim.Optimizer):
         return state
 
     def load_state_dict(self, state_dict: Any, custom_objects: Mapping[str, type] | None = None) -> None:
-        """Restores :meth:`state_dict`'s output, saved policy included; a malformed ``"lossscale"`` entry raises
-        ``ValueError`` and changes nothing, a plain inner state dict keeps the current scale, a history is cut back
-        to the restored step. A policy class of your own comes from ``custom_objects``, else it is the current one's
-        (nothing is imported by name)."""
+        """Restores :meth:`state_dict`'s output, saved policy included; a plain inner state dict keeps the current
+        scale; a history is cut back to the restored step.
+
+        Args:
+            state_dict: what :meth:`state_dict` returned (or a plain inner optimizer's state dict).
+            custom_objects: ``{class name: class}`` for a policy class of your own; else it is the current
+                policy's class (nothing is imported by name).
+
+        Raises:
+            TypeError: ``state_dict`` is not a mapping.
+            ValueError: a malformed ``"lossscale"`` entry, or another optimizer's state dict; nothing changes.
+        """
         record = None
         if isinstance(state_dict, Mapping) and "lossscale_stats" in state_dict:
             record = state_dict["lossscale_stats"]
