@@ -93,7 +93,7 @@ def reciprocal(scale: torch.Tensor) -> torch.Tensor:
 
 def advance_scale_(form: KernelForm, state: LossScaleState, found_inf: torch.Tensor, *, above_floor: bool) -> None:
     """``state <- next_state(policy, state, found_inf == 0)`` in place, by :func:`lossscale._rule.kernel_form`'s
-    fused form: 5 operators for a dynamic policy (GradScaler's update kernel, the floor, the skip counters in
+    kernel form: 5 operators for a dynamic policy (GradScaler's update kernel, the floor, the skip counters in
     three), 3 for a fixed one; no host sync.
 
     Args:
@@ -120,7 +120,10 @@ def advance_scale_(form: KernelForm, state: LossScaleState, found_inf: torch.Ten
 
 
 def combine_flags(flags: list[torch.Tensor], device: torch.device) -> torch.Tensor:
-    """The per-group found-inf flags as one on ``device``, exactly 0.0 or 1.0 (as a fused kernel needs)."""
+    """The per-group found-inf flags as one on ``device``, exactly 0.0 or 1.0 (a MAX, not a sum).
+
+    Exactly 1.0 matters: torch's fused kernels skip only when the flag equals 1.0, and subtract it from their step
+    counters."""
     if not flags:
         return torch.zeros((), dtype=torch.float32, device=device)
     total = move(flags[0], device)
@@ -184,8 +187,28 @@ def check_finite(grads: GradGroups, *, out_device: torch.device) -> torch.Tensor
 def unscaled_copies(
     grads: Sequence[torch.Tensor | None], inv_scale: torch.Tensor, found_inf: list[torch.Tensor] | None = None
 ) -> list[torch.Tensor | None]:
-    """New tensors ``g * inv_scale`` in their gradient's dtype (None stays None), half types in float32 and rounded
-    once: one R and one W pass (+R+W for half types). ``found_inf``: a list to append each group's flag to (+R+W)."""
+    """New tensors ``g * inv_scale`` in their gradient's dtype; None stays None. The inputs are not modified.
+
+    What it is for: unscaling gradients that are *values*, not ``.grad`` (TF's ``get_unscaled_gradients``, and Keras
+    on torch's eager step, whose gradients are a list it must not write into).
+
+    The product is formed in float32 for float16/bfloat16 gradients and rounded once, so a value that ``1/S`` brings
+    into float16's subnormal range survives (``4 * 2**-26 = 2**-24``; in float16 ``2**-26`` itself is 0): a
+    float16 multiplication by ``1/S`` would flush what loss scaling exists to keep.
+
+    Args:
+        grads: the gradients (dense or sparse COO tensors, or None).
+        inv_scale: ``1 / S``, a 0-d float32 tensor.
+        found_inf: a list to append one found-inf flag per (device, dtype) group (and per sparse gradient) to, so
+            that the copies are also checked: half types get it from their unscale kernel, the others from one more
+            R+W check pass over their copies. None: not checked.
+
+    Returns:
+        The new list.
+
+    Cost: float32/float64 gradients, one R pass and one W pass into new memory; half types, one more R+W (a copy,
+    then the unscale kernel on it). No sync.
+    """
     out: list[torch.Tensor | None] = list(grads)
     present = [i for i, g in enumerate(grads) if g is not None]
     dense = [i for i in present if grads[i].layout == torch.strided]  # type: ignore[union-attr]

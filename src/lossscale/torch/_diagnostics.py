@@ -82,8 +82,8 @@ class SkipGuard:
             return
         values = torch.stack([consecutive_skips.double(), loss_scale.double()])
         if device.type != "cuda":  # no event to wait on: read it now (one sync)
-            host_values = values.cpu()
-            self._guard.check(int(host_values[0]), float(host_values[1]))
+            streak, scale = values.cpu().tolist()
+            self._guard.check(int(streak), scale)
             return
         previous, self._in_flight = self._in_flight, None
         host = torch.empty(2, dtype=torch.float64, pin_memory=True)
@@ -96,7 +96,8 @@ class SkipGuard:
         if previous is not None:
             copied, done = previous
             done.synchronize()  # recorded a step ago: long finished
-            self._guard.check(int(copied[0]), float(copied[1]))
+            streak, scale = copied.tolist()
+            self._guard.check(int(streak), scale)
 
 
 @dataclass

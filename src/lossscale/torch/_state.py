@@ -6,7 +6,7 @@
 - :class:`SkipCounters`: one optimizer's own skip counters beside a shared scale.
 - "Advance one step" happens here only: :meth:`ScaleState.advance` and :meth:`SkipCounters.advance` call the core's
   :func:`~lossscale._advance.advance` (or its host twin :func:`~lossscale._advance.advance_in_place`), or the
-  fused torch form :func:`~lossscale._torch._kernels.advance_scale_` where :func:`~lossscale._rule.kernel_form`
+  torch kernel form :func:`~lossscale._torch._kernels.advance_scale_` where :func:`~lossscale._rule.kernel_form`
   proves it gives the same bits. The sampler's state (``stats_every``) moves with them.
 """
 
@@ -43,12 +43,12 @@ class ScaleState:
 
     - on the CPU, :func:`~lossscale._advance.advance_in_place` on numpy views of the tensors' memory: no operator
       at all, a few microseconds of Python;
-    - elsewhere, where :func:`~lossscale._rule.kernel_form` covers the policy, its fused form
+    - elsewhere, where :func:`~lossscale._rule.kernel_form` covers the policy, its kernel form
       (:func:`~lossscale._torch._kernels.advance_scale_`): 5 operators, one of them GradScaler's update kernel (6
       after a scale was set by hand, 3 for a fixed scale);
     - otherwise :func:`~lossscale._advance.advance` on the tensors: about 33 operators.
 
-    None reads the device. What the fused form needs known of the state is kept here as plain Python, known at
+    None reads the device. What the kernel form needs known of the state is kept here as plain Python, known at
     construction and read once at a load (one host read off the CPU):
 
     - ``_room``: how many more steps cannot carry a skip counter past ``COUNTER_MAX`` (the form does not saturate);
@@ -146,7 +146,7 @@ class ScaleState:
                 ``AutoLossScale`` its rule moves the scale (on the tensors); otherwise it is counted beside.
             recorder: where a taken sample's statistics are noted for the history row; or None.
 
-        Cost: on the CPU no operator; elsewhere 5 operators by the fused form, else about 33 (an ``AutoLossScale``
+        Cost: on the CPU no operator; elsewhere 5 operators by the kernel form, else about 33 (an ``AutoLossScale``
         about 110, 200 on a sampled step).
         """
         if found_inf.device != self.device:
@@ -253,7 +253,7 @@ class ScaleState:
     def _set_tensors(self, tensors: LossScaleState, room: int | None = None) -> None:
         """Takes ``tensors`` as the live state. ``room`` None: a state from a load, whose counters and scale are
         read once for the class docstring's host knowledge (one host read off the CPU; on ``meta``, where nothing
-        can be read, the fused form is not used)."""
+        can be read, the kernel form is not used)."""
         self.tensors = tensors
         self._host_views: LossScaleState | None = None
         self._host_pointers: tuple[int, ...] = ()
@@ -261,9 +261,9 @@ class ScaleState:
             if tensors.loss_scale.device.type == "meta":
                 room, self._above_floor = 0, False
             else:
-                values = torch.stack([t.detach().double() for t in tensors]).tolist()
-                room = COUNTER_MAX - 1 - int(max(values[3], values[4]))
-                self._above_floor = values[0] >= self._params.min_scale
+                values = LossScaleState(*torch.stack([t.detach().double() for t in tensors]).tolist())
+                room = COUNTER_MAX - 1 - int(max(values.skipped_steps, values.consecutive_skips))
+                self._above_floor = values.loss_scale >= self._params.min_scale
         self._room = max(room, 0)
 
     def _host_views_now(self) -> LossScaleState | None:
@@ -407,7 +407,7 @@ class SharedLossScale(ScaleState):
 
     def update(self) -> None:
         """Advances the scale once from the flags since the last update (none: nothing). No sync; on the CPU no
-        operator, elsewhere 5 (the fused form) or about 33."""
+        operator, elsewhere 5 (the kernel form) or about 33."""
         pending = self._close()
         if pending is not None:
             self.advance(pending)
@@ -589,12 +589,12 @@ class SkipCounters:
 
     def skipped_steps(self, device: torch.device) -> torch.Tensor:
         """A copy of this optimizer's skipped-step count (0 on ``device`` before any)."""
-        skipped = self._live()[0]
+        skipped, _ = self._live()
         return torch.zeros((), dtype=torch.int32, device=device) if skipped is None else skipped.clone()
 
     def consecutive_skips(self, device: torch.device) -> torch.Tensor:
         """A copy of this optimizer's skip streak (0 on ``device`` before any)."""
-        streak = self._live()[1]
+        _, streak = self._live()
         return torch.zeros((), dtype=torch.int32, device=device) if streak is None else streak.clone()
 
     def to_record(self) -> CounterRecord:

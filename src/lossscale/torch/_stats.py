@@ -20,6 +20,16 @@ check_stats_every = core.check_stats_every
 Triples = list[tuple[Any, torch.Tensor, torch.Tensor]]  # (where, parameter, gradient); ``where`` gives the name
 
 
+class _Measured(NamedTuple):
+    """One optimizer's measurement of a sampled step: the four ``(T,)`` columns, the gradients' names and sizes, and
+    the micro-batches summed into them."""
+
+    columns: list[torch.Tensor]
+    names: tuple[str, ...]
+    sizes: Sizes
+    micro_batches: int
+
+
 class Taken(NamedTuple):
     """One step's sample for the core's ``advance``: ``sample`` (summarized, or None where no rule reads it),
     ``sampled`` (a Python bool: the step is known on the host) and ``micro_batches`` (backward passes summed)."""
@@ -39,7 +49,7 @@ class StatsSampler:
         self.state = core.initial_sampler_state(policy, 0, torch, count=count)
         if auto is not None:  # a checkpoint's (numpy, from read_sampler_record)
             self.state = self.state._replace(auto=AutoState(*(torch.as_tensor(v).clone() for v in auto)))
-        self._sums: dict[int, tuple] = {}  # optimizer slot -> (columns, names, sizes, micro-batches) of this step
+        self._sums: dict[int, _Measured] = {}  # optimizer slot -> its measurement of this step
         self._columns: tuple | None = None  # (columns, sizes, count) of a sample not summarized yet (see take)
         self._sets: dict[Any, tuple[tuple[str, ...], Sizes]] = {}  # parameter set -> (names, sizes)
 
@@ -68,7 +78,7 @@ class StatsSampler:
             self._sets = dict(list(self._sets.items())[-7:])
             sizes = sizes_of([g.numel() for _, _, g in grads], torch, device=key[1])
             known = self._sets[key] = (tuple(name_of(where) for where, _, _ in grads), sizes)
-        self._sums[slot] = (sample_columns([g for _, _, g in grads], factor), *known, max(1, self.backwards))
+        self._sums[slot] = _Measured(sample_columns([g for _, _, g in grads], factor), *known, max(1, self.backwards))
 
     def forget(self) -> None:
         """``zero_grad()``: this step's measurements and backward count are dropped (the kept sample stays)."""
@@ -90,17 +100,17 @@ class StatsSampler:
         if not parts:
             return Taken(None, False, 1)
         if len(parts) == 1:
-            columns, sizes = parts[0][0], parts[0][2]
+            columns, sizes = parts[0].columns, parts[0].sizes
         else:
-            columns = [torch.cat([p[0][k] for p in parts]) for k in range(4)]
-            sizes = Sizes(torch.cat([p[2].safe for p in parts]), sum(p[2].total for p in parts))
-        self.names = tuple(n for p in parts for n in p[1])
+            columns = [torch.cat([p.columns[k] for p in parts]) for k in range(4)]
+            sizes = Sizes(torch.cat([p.sizes.safe for p in parts]), sum(p.sizes.total for p in parts))
+        self.names = tuple(n for p in parts for n in p.names)
         self._columns = (columns, sizes, self.state.count)
         if recorder is not None:
             latest = self._summarized().sample
             recorder.note_stats(torch.stack([latest.headroom_bits, latest.zero_fraction, latest.subnormal_fraction]))
         reads = self.state.auto is not None and isinstance(self.policy, AutoLossScale)
-        return Taken(self._summarized().sample if reads else None, True, parts[0][3])
+        return Taken(self._summarized().sample if reads else None, True, parts[0].micro_batches)
 
     def _summarized(self) -> core.SamplerState:
         """:attr:`state` with the latest sample summarized (about 20 kernels on ``(T,)`` columns, once per sample).
