@@ -271,17 +271,18 @@ class OptimizerStep:
         saved_params = [p.detach().clone() for p in params]
         saved_state = copy.deepcopy(inner.state_dict())
         found_total = torch.zeros((), dtype=torch.float32, device=self.owner.device)
-        seen = [False]
+        seen = False  # whether an evaluation had gradients
 
         def unscaled_closure() -> Any:
+            nonlocal seen
             with torch.enable_grad():
                 loss = closure()
             grads = self._collect(inner)
             if grads.tensors:
                 require_unscalable(grads, "step(closure)")
-                if not seen[0]:  # the sample: the first evaluation's gradients, at the step's weights
+                if not seen:  # the sample: the first evaluation's gradients, at the step's weights
                     self.measure_if_due(inner)
-                seen[0] = True
+                seen = True
                 found_total.add_(self._unscale_and_check(grads).to(found_total.device))
             return loss
 
@@ -293,7 +294,7 @@ class OptimizerStep:
             loss = inner.step(unscaled_closure)
         finally:
             self._in_closure = False
-        if not seen[0]:
+        if not seen:
             if self.sampler is not None:
                 self.sampler.forget()
             return loss
