@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterable
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
 from .._torch._kernels import GradGroups, check_finite, unscale_and_check_
 from ._compat import AMP_SCALING, step_with_scale, takes_grad_scaler
+
+if TYPE_CHECKING:
+    from ._state import ScaleState
 
 __all__ = ["CheckedGrads", "FusedStateTracker", "check_fused_kernels", "check_step_grads",
            "fused_sgd_skips_half_on_cpu", "hands_scale", "is_fused", "kernel_unscales", "require_unscalable",
@@ -166,7 +169,7 @@ class CheckedGrads(NamedTuple):
     fused: bool | None
 
 
-def check_step_grads(inner: torch.optim.Optimizer, scale: Any, unscaled: Any = None) -> CheckedGrads | None:
+def check_step_grads(inner: torch.optim.Optimizer, scale: ScaleState, unscaled: Any = None) -> CheckedGrads | None:
     """Checks the ``.grad`` of ``inner``'s parameters for a step: a fused ``inner`` gets a check only and the
     scaled gradients with ``grad_scale = S``, as ``torch.amp.GradScaler`` gives (its kernel unscales in float32),
     except float32 gradients where :func:`hands_scale` says no (torch's own fused optimizers) or with
@@ -198,15 +201,14 @@ def check_step_grads(inner: torch.optim.Optimizer, scale: Any, unscaled: Any = N
     grads = GradGroups.of(inner.param_groups)
     if not grads.tensors:
         return None
-    at = scale.for_step(grads.device)  # the scale follows the gradients
-    unscales = kernel_unscales(grads, fused=fused, recheck=at.can_go_below_one, contract=contract)
+    unscales = kernel_unscales(grads, fused=fused, recheck=scale.can_go_below_one, contract=contract)
     if not unscales:
         require_unscalable(grads, "step()")
+    at = scale.for_step(grads.device)  # the scale follows the gradients
     if unscales:  # the kernel unscales in float32: a check only
         return CheckedGrads(check_finite(grads, out_device=at.device), at.loss_scale, fused)
     return CheckedGrads(unscale_and_check_(grads, at.inv_scale, out_device=at.device, recheck=at.can_go_below_one),
                         None, fused)
-
 
 def run_inner_step(inner: torch.optim.Optimizer, found_inf: torch.Tensor, grad_scale: torch.Tensor | None,
                    tracker: FusedStateTracker, *, fused: bool | None, on_host: bool, args: tuple = (),

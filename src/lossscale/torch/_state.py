@@ -453,7 +453,7 @@ def require_own_scale(policy: LossScale, owner: ScaleState, fix: str) -> None:
 _SCALE_KEYWORDS = ("dynamic", "initial_scale", "dynamic_growth_steps", "min_loss_scale", "max_loss_scale", "hysteresis")
 
 
-def scale_owner_for(optimizer: torch.optim.Optimizer, loss_scale: Any, **stable: Any) -> ScaleState:
+def scale_owner_for(optimizer: torch.optim.Optimizer, loss_scale: Any, **stable: Any) -> PrivateLossScale | SharedLossScale:
     """The given :class:`SharedLossScale`, or a private scale on the device of ``optimizer``'s parameters."""
     if isinstance(loss_scale, SharedLossScale):
         given = [k for k in _SCALE_KEYWORDS if stable.get(k) is not None]

@@ -107,7 +107,7 @@ class OptimizerStep:
             GradScaler's optimizers keep them only for a stall guard).
     """
 
-    def __init__(self, owner: Any, agree: FlagAgreement | None = None, diagnostics: Diagnostics | None = None,
+    def __init__(self, owner: PrivateLossScale | SharedLossScale, agree: FlagAgreement | None = None, diagnostics: Diagnostics | None = None,
                  sampler: StatsSampler | None = None, slot: int | None = None, *, own_counters: bool = True) -> None:
         self.owner = owner
         self.agree = agree
