@@ -24,7 +24,7 @@ CONCERNS = {
     "statistics + auto": ["_stats", "_auto", "_sampler", "torch/_sampler", "torch/_stats", "keras/_stats",
                           "keras/_xp", "jax/_stats"],
     "validated loads": ["_validate", "_checkpoint", "torch/_validated", "torch/_checkpoint", "torch/_inner_load",
-                        "torch/_legacy_pickles", "torch/_state", "torch/_gradscaler_scale", "keras/_loaded",
+                        "torch/_legacy_pickles", "torch/_scale", "torch/_gradscaler_scale", "keras/_loaded",
                         "keras/_checkpoint", "jax/_check", "jax/_checkpoint"],
     "kernels and compat": ["_torch/_kernels", "_torch/_compat", "_jax/_kernels", "torch/_grads", "torch/_compat", "torch/_fused",
                            "keras/_grads", "keras/_compat", "jax/_grads", "jax/_compat"],

@@ -267,7 +267,7 @@ def test_history_flushes_in_batches():
 
     recorder = StepRecorder(flush_every=3)
     for step in range(7):
-        recorder.record(step, torch.tensor(2.0), torch.tensor(step == 4))
+        recorder.append(step, torch.tensor(2.0), torch.tensor(step == 4))
     assert len(recorder.history) == 6  # two transfers of three rows; one row still queued
     recorder.flush()
     assert recorder.history.skipped.tolist() == [False] * 4 + [True] + [False] * 2

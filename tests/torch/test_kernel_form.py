@@ -25,7 +25,7 @@ from lossscale import (
 from lossscale._rule import COUNTER_MAX, kernel_form
 from lossscale._torch._kernels import advance_scale_, reciprocal
 from lossscale.torch._checkpoint import ScaleRecord
-from lossscale.torch._scale import PrivateLossScale
+from lossscale.torch._state import PrivateLossScale
 from tests.reference import POLICIES, as_numbers
 
 F32_MAX = float(np.finfo(np.float32).max)
@@ -122,7 +122,7 @@ def test_owner_near_the_counters_limit_saturates_as_the_rule(policy, monkeypatch
 def test_owner_after_a_shorter_growth_interval_grows_as_the_rule(monkeypatch):
     """GradScaler's set_growth_interval: good_steps may already be past the new interval; the kernel would wait
     for ``==`` forever, the rule grows at ``>=``."""
-    from lossscale.torch._scale import IterationScale
+    from lossscale.torch._state import IterationScale
 
     long, short = DynamicLossScale(8.0, 10), DynamicLossScale(8.0, 3)
     owner = IterationScale(long)
@@ -139,7 +139,7 @@ def test_owner_after_a_shorter_growth_interval_grows_as_the_rule(monkeypatch):
 
 
 def test_owner_after_a_scale_set_below_the_floor_keeps_it_until_a_backoff(monkeypatch):
-    from lossscale.torch._scale import IterationScale
+    from lossscale.torch._state import IterationScale
 
     policy = DynamicLossScale(16.0, 2, min_loss_scale=4.0)
     owner = IterationScale(policy)

@@ -12,6 +12,7 @@ import lossscale
 from lossscale._auto import initial_auto_state, next_auto_state
 from lossscale._stats import gradient_stats as numpy_stats
 from lossscale._torch._kernels import gradient_stats
+from lossscale.torch._state import PrivateLossScale, count_sampler
 from lossscale.torch._stats import StatsSampler, check_stats_every
 from tests.torch.op_counter import count_ops
 
@@ -72,7 +73,8 @@ def test_stats_stay_on_the_gradients_device():
 def test_sampler_runs_the_core_auto_rule():
     policy = lossscale.AutoLossScale(1.0)
     sampler = StatsSampler(2, policy)
-    live = lossscale.initial_state(policy, torch)
+    owner = PrivateLossScale(policy)
+    live = owner.state
     ref, ref_auto = lossscale.initial_state(policy, np), initial_auto_state(policy, np)
     g = torch.Generator().manual_seed(1)
     true = [torch.randn(256, generator=g) * 2.0**-20, torch.randn(16, generator=g) * 2.0**-8]
@@ -84,7 +86,7 @@ def test_sampler_runs_the_core_auto_rule():
         if sampler.due:
             sampler.measure(0, [("w", None, grads[0]), ("b", None, grads[1])], str)
         found_inf = torch.tensor(float(not all(torch.isfinite(x).all() for x in grads)))
-        live = sampler.advance(live, found_inf)
+        owner.advance(found_inf, sampler)
         with np.errstate(all="ignore"):
             ref, ref_auto = next_auto_state(
                 policy, ref, ref_auto, np.bool_(float(found_inf) == 0),
@@ -100,9 +102,8 @@ def test_sampler_runs_the_core_auto_rule():
 def test_sampler_checkpoint_round_trip():
     policy = lossscale.AutoLossScale(2.0**4, window=4)
     a = StatsSampler(1, policy)
-    state = lossscale.initial_state(policy, torch)
     a.measure(0, [(0, None, torch.full((8,), 2.0**-3))], str)
-    a.advance(state, torch.tensor(0.0))
+    PrivateLossScale(policy).advance(torch.tensor(0.0), a)
     b = StatsSampler(1, policy).restored(a.state_dict(), policy)
     assert b.state.count == 1 and all(torch.equal(x, y) for x, y in zip(a.state.auto, b.state.auto))
     with pytest.raises(ValueError, match="window"):
@@ -391,7 +392,7 @@ def test_a_step_that_reads_no_sample_leaves_its_summary_to_the_first_read():
              [torch.tensor([0.0, 0.0, 8.0]), torch.full((2, 2), 2.0**-3)]]
     for grads in steps:
         sampler.measure(0, [((0, i), None, g) for i, g in enumerate(grads)], str)
-        assert count_ops(lambda: sampler.advance(None, None)) == 0
+        assert count_ops(lambda: count_sampler(sampler)) == 0
     got, ref = sampler.gradient_stats, numpy_stats([g.numpy() for g in steps[-1]], np)
     assert int(got["step"]) == 1 and sampler.state.count == 2
     for field in ("amax", "headroom_bits", "zero_fraction", "subnormal_fraction", "rms_min"):
@@ -422,7 +423,7 @@ def test_fractions_over_several_optimizers_count_each_element_once():
     first, second = torch.zeros(0), torch.tensor([0.0, 1.0, 0.0, 2.0**-20])
     sampler.measure(0, [("a", None, first)], str)
     sampler.measure(1, [("b", None, second)], str)
-    sampler.advance(None, None)
+    count_sampler(sampler)
     ref = numpy_stats([first.numpy(), second.numpy()], np)
     for field in ("zero_fraction", "subnormal_fraction", "tensor_zero_fraction", "tensor_subnormal_fraction"):
         np.testing.assert_array_equal(getattr(sampler._summarized().sample, field).numpy(), getattr(ref, field),

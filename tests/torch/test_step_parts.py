@@ -13,16 +13,10 @@ import torch
 
 from lossscale import DynamicLossScale
 from lossscale.torch import SharedLossScale
-from lossscale.torch._scale import PrivateLossScale
-from lossscale.torch._step import (
-    FusedStateTracker,
-    OptimizerStep,
-    Stage,
-    StepRecord,
-    check_fused_kernels,
-    fused_sgd_skips_half_on_cpu,
-    misuse,
-)
+from lossscale.torch._grads import FusedStateTracker, check_fused_kernels, fused_sgd_skips_half_on_cpu
+from lossscale.torch._state import PrivateLossScale
+from lossscale.torch._step import OptimizerStep, Stage, misuse
+from lossscale.torch._step import StepProgress as StepRecord
 
 # ------------------------------------------------------------ FusedStateTracker
 
@@ -130,11 +124,11 @@ def test_two_plain_optimizers_share_one_scale_through_the_step_functions(fused):
             steps[0].clip_grad_norm_(inners[0], 1e9)
         for inner, ref_opt, step, ref_ok in zip(inners, ref_opts, steps, (True, not bad_b)):
             _facade_step(inner, step)
-            assert step.record.stage is Stage.STEPPED
+            assert step.progress.stage is Stage.STEPPED
             if ref_ok:
                 ref_opt.step()
         owner.update()
-        assert all(step.record.stage is Stage.READY for step in steps)
+        assert all(step.progress.stage is Stage.READY for step in steps)
     for p, ref in zip((a, b), refs):
         torch.testing.assert_close(p.detach(), ref.detach(), rtol=1e-6, atol=1e-7)
     assert [int(step.counters.skipped_steps(owner.device)) for step in steps] == [0, 1]
@@ -146,7 +140,7 @@ def test_private_scale_advances_at_once_and_reports_readiness():
     inner = torch.optim.SGD([w], lr=0.5)
     owner = PrivateLossScale(DynamicLossScale(4.0, 1))
     step = OptimizerStep(owner)
-    record, counters = step.record, step.counters
+    record, counters = step.progress, step.counters
     assert _facade_step(inner, step) is None  # no gradient
     w.grad = torch.full((2,), 4.0)
     assert _facade_step(inner, step) is False

@@ -28,8 +28,8 @@ from ._compat import (
     update_scale_,
 )
 
-__all__ = ["GradGroups", "advance_scale_", "check_finite", "check_param_grads_", "combine_flags", "dtensor_type",
-           "gradient_stats", "kernel_unscales", "move", "reciprocal", "sample_columns", "scaled_norm", "tensor_sums",
+__all__ = ["GradGroups", "advance_scale_", "check_finite", "combine_flags", "dtensor_type",
+           "gradient_stats", "move", "reciprocal", "sample_columns", "scaled_norm", "tensor_sums",
            "unscale_and_check_", "unscale_grads_per_device", "unscaled_copies"]
 
 
@@ -93,7 +93,7 @@ def reciprocal(scale: torch.Tensor) -> torch.Tensor:
 
 def advance_scale_(form: KernelForm, state: LossScaleState, found_inf: torch.Tensor, *, above_floor: bool) -> None:
     """``state <- next_state(policy, state, found_inf == 0)`` in place, by :func:`lossscale._rule.kernel_form`'s
-    fused form: 5 operators for a dynamic policy (GradScaler's update kernel, the floor, the skip counters in
+    kernel form: 5 operators for a dynamic policy (GradScaler's update kernel, the floor, the skip counters in
     three), 3 for a fixed one; no host sync.
 
     Args:
@@ -120,7 +120,10 @@ def advance_scale_(form: KernelForm, state: LossScaleState, found_inf: torch.Ten
 
 
 def combine_flags(flags: list[torch.Tensor], device: torch.device) -> torch.Tensor:
-    """The per-group found-inf flags as one on ``device``, exactly 0.0 or 1.0 (as a fused kernel needs)."""
+    """The per-group found-inf flags as one on ``device``, exactly 0.0 or 1.0 (a MAX, not a sum).
+
+    Exactly 1.0 matters: torch's fused kernels skip only when the flag equals 1.0, and subtract it from their step
+    counters."""
     if not flags:
         return torch.zeros((), dtype=torch.float32, device=device)
     total = move(flags[0], device)
@@ -146,30 +149,6 @@ def unscale_and_check_(grads: GradGroups, inv_scale: torch.Tensor, *, out_device
     if recheck:
         found_inf = torch.maximum(found_inf, check_finite(grads, out_device=out_device))
     return found_inf
-
-
-def kernel_unscales(grads: GradGroups, *, fused: bool, recheck: bool, contract: bool = True) -> bool:
-    """Whether a step leaves the gradients scaled and hands ``grad_scale = S`` to a fused kernel, as
-    ``torch.amp.GradScaler`` does: always for float16 gradients (unscaled in float32 inside the kernel); for the
-    others with ``contract`` (an optimizer that may rely on torch's contract), unless ``recheck`` (``S`` may be
-    below 1, where ``g / S`` can overflow after the check)."""
-    return fused and (grads.has_float16 or (contract and not recheck))
-
-
-def check_param_grads_(param_groups: Iterable[dict], inv_scale: torch.Tensor, *, fused: bool,
-                       recheck: bool, contract: bool = True) -> tuple[GradGroups, torch.Tensor | None]:
-    """The ``.grad`` of ``param_groups``, grouped, and their flag (None: no gradient): only checked where
-    :func:`kernel_unscales` (one R+W pass either way), else unscaled and checked; float16 gradients without
-    ``fused`` are left for the caller to refuse (flag None)."""
-    grads = GradGroups.of(param_groups)
-    device = grads.device
-    if device is None:
-        return grads, None
-    if kernel_unscales(grads, fused=fused, recheck=recheck, contract=contract):
-        return grads, check_finite(grads, out_device=device)
-    if grads.has_float16:
-        return grads, None
-    return grads, unscale_and_check_(grads, inv_scale, out_device=device, recheck=recheck)
 
 
 def unscale_grads_per_device(param_groups: Iterable[dict], inv_scale: torch.Tensor, found_inf: torch.Tensor,
@@ -208,8 +187,28 @@ def check_finite(grads: GradGroups, *, out_device: torch.device) -> torch.Tensor
 def unscaled_copies(
     grads: Sequence[torch.Tensor | None], inv_scale: torch.Tensor, found_inf: list[torch.Tensor] | None = None
 ) -> list[torch.Tensor | None]:
-    """New tensors ``g * inv_scale`` in their gradient's dtype (None stays None), half types in float32 and rounded
-    once: one R and one W pass (+R+W for half types). ``found_inf``: a list to append each group's flag to (+R+W)."""
+    """New tensors ``g * inv_scale`` in their gradient's dtype; None stays None. The inputs are not modified.
+
+    What it is for: unscaling gradients that are *values*, not ``.grad`` (TF's ``get_unscaled_gradients``, and Keras
+    on torch's eager step, whose gradients are a list it must not write into).
+
+    The product is formed in float32 for float16/bfloat16 gradients and rounded once, so a value that ``1/S`` brings
+    into float16's subnormal range survives (``4 * 2**-26 = 2**-24``; in float16 ``2**-26`` itself is 0): a
+    float16 multiplication by ``1/S`` would flush what loss scaling exists to keep.
+
+    Args:
+        grads: the gradients (dense or sparse COO tensors, or None).
+        inv_scale: ``1 / S``, a 0-d float32 tensor.
+        found_inf: a list to append one found-inf flag per (device, dtype) group (and per sparse gradient) to, so
+            that the copies are also checked: half types get it from their unscale kernel, the others from one more
+            R+W check pass over their copies. None: not checked.
+
+    Returns:
+        The new list.
+
+    Cost: float32/float64 gradients, one R pass and one W pass into new memory; half types, one more R+W (a copy,
+    then the unscale kernel on it). No sync.
+    """
     out: list[torch.Tensor | None] = list(grads)
     present = [i for i, g in enumerate(grads) if g is not None]
     dense = [i for i in present if grads[i].layout == torch.strided]  # type: ignore[union-attr]
@@ -339,7 +338,7 @@ def tensor_sums(g: torch.Tensor, factor: torch.Tensor | None = None) -> Sums:
     n = g.numel()
     g = g.detach()
     if g.layout == torch.sparse_coo:
-        g = g.coalesce()._values()  # the stored values; the other n - nnz entries are zeros
+        g = g.coalesce().values()  # the stored values; the other n - nnz entries are zeros (public once coalesced)
     a = g.reshape(-1).float().abs()  # the one copy of |g|
     if factor is not None:
         a.mul_(factor)

@@ -25,7 +25,7 @@ from .._policy import (
 from ._diagnostics import HostSyncCounter
 from ._gradscaler import GradScaler
 from ._optimizer import LossScaleOptimizer
-from ._scale import SharedLossScale
+from ._state import SharedLossScale
 
 __all__ = ["DynamicLossScale", "ExponentialUpdateLossScaleManager", "FixedLossScale", "FixedLossScaleManager",
            "GradScaler", "HostSyncCounter", "LossScale", "LossScaleError", "LossScaleOptimizer", "SharedLossScale"]

@@ -1,4 +1,6 @@
-"""Opt-in diagnostics of a step, each free when off: stall guard, overflow report, history; and HostSyncCounter."""
+"""Opt-in diagnostics of a step, each free when off: stall guard, overflow report, history; and HostSyncCounter.
+Recording only: what is done with the numbers is the core's (:mod:`lossscale._diagnostics`: ``StallGuard``,
+``HistoryRecorder``); this room decides how they reach the host from torch's devices."""
 
 from __future__ import annotations
 
@@ -10,9 +12,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .._errors import check_skip_limit, stall_error
+from .._diagnostics import HistoryRecorder, StallGuard, check_history
 from .._history import STATS_COLUMNS, History
-from .._torch._compat import TorchDispatchMode, sparse_values
+from ._compat import SCALAR_READ, TorchDispatchMode, sparse_values
 
 if TYPE_CHECKING:
     from typing import Self
@@ -27,14 +29,41 @@ def _host_int(t: torch.Tensor) -> int:
     return int(t.detach().numpy())
 
 
+_CAUSES = (
+    "  * a model pretrained in bfloat16 and run in float16, whose activations overflow 65504: "
+    "run it in bfloat16 with FixedLossScale(1), or keep the overflowing layers in float32;\n"
+    "  * stale gradients: zero_grad() not called between steps, or gradients accumulated over skipped steps.\n"
+)
+_REPORT_CAUSE = "  * which gradients held Inf or NaN: last_overflow_report (logged at each skipped step);\n"
+
+
 class SkipGuard:
-    """Raises :class:`lossscale.LossScaleError` after too many skipped steps in a row. Reads the streak: on CPU
-    free; on CUDA a non-blocking copy read a step later (no sync, it raises one step late); elsewhere one sync."""
+    """The stall guard (the core's :class:`~lossscale._diagnostics.StallGuard`) fed from torch's devices: it reads
+    the streak on CPU for free; on CUDA by a non-blocking copy into pinned memory read a step later (no sync, it
+    raises one step late); elsewhere with one sync.
+
+    Args:
+        max_consecutive_skips: the limit, an int >= 1.
+        overflow_report: whether the optimizer already reports overflows,
+        named: and names their gradients: the error then points at the report instead of asking for options that
+            are already set.
+
+    Raises:
+        TypeError, ValueError: ``max_consecutive_skips`` is not an int >= 1.
+    """
 
     def __init__(self, max_consecutive_skips: int, overflow_report: bool = False, named: bool = False) -> None:
-        """``overflow_report``/``named``: whether the optimizer already reports overflows and names their gradients,
-        so the error points at the report instead of asking for options that are already set."""
-        self.limit = check_skip_limit(max_consecutive_skips)
+        # Only options not already set: with overflow_report on, the report already says which gradients overflowed.
+        if not overflow_report:
+            causes, see = _CAUSES, ("overflow_report=True (with named_parameters=model.named_parameters()) to see "
+                                    "which gradients overflow, or ")
+        elif not named:
+            causes = _CAUSES + _REPORT_CAUSE
+            see = "named_parameters=model.named_parameters() to name them in that report, or "
+        else:
+            causes, see = _CAUSES + _REPORT_CAUSE, ""
+        self._guard = StallGuard(max_consecutive_skips, loss_check="torch.isfinite(loss)", causes=causes, see=see)
+        self.limit = self._guard.limit
         self.overflow_report, self.named = overflow_report, named
         self._in_flight: tuple[torch.Tensor, Any] | None = None  # (pinned copy, CUDA event): never pickled
 
@@ -42,18 +71,19 @@ class SkipGuard:
         return {"limit": self.limit, "overflow_report": self.overflow_report, "named": self.named}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.limit, self._in_flight = state["limit"], None
-        self.overflow_report, self.named = state.get("overflow_report", False), state.get("named", False)
+        self.__init__(state["limit"], state.get("overflow_report", False), state.get("named", False))  # type: ignore[misc]
 
     def check(self, consecutive_skips: torch.Tensor, loss_scale: torch.Tensor) -> None:
+        """Raises :class:`~lossscale.LossScaleError` once ``consecutive_skips`` reaches the limit (on CUDA, one
+        step late); ``loss_scale`` is the scale after the step (in the message)."""
         device = consecutive_skips.device
         if device.type == "cpu":
-            self._raise_if_stalled(_host_int(consecutive_skips), float(loss_scale.detach().numpy()))
+            self._guard.check(_host_int(consecutive_skips), float(loss_scale.detach().numpy()))
             return
         values = torch.stack([consecutive_skips.double(), loss_scale.double()])
         if device.type != "cuda":  # no event to wait on: read it now (one sync)
-            host_values = values.cpu()
-            self._raise_if_stalled(int(host_values[0]), float(host_values[1]))
+            streak, scale = values.cpu().tolist()
+            self._guard.check(int(streak), scale)
             return
         previous, self._in_flight = self._in_flight, None
         host = torch.empty(2, dtype=torch.float64, pin_memory=True)
@@ -66,27 +96,8 @@ class SkipGuard:
         if previous is not None:
             copied, done = previous
             done.synchronize()  # recorded a step ago: long finished
-            self._raise_if_stalled(int(copied[0]), float(copied[1]))
-
-    def _raise_if_stalled(self, streak: int, scale: float) -> None:
-        if streak < self.limit:
-            return
-        causes = (
-            "  * a model pretrained in bfloat16 and run in float16, whose activations overflow 65504: "
-            "run it in bfloat16 with FixedLossScale(1), or keep the overflowing layers in float32;\n"
-            "  * stale gradients: zero_grad() not called between steps, or gradients accumulated over skipped steps.\n"
-        )
-        # Only options not already set: with overflow_report on, the report already says which gradients overflowed.
-        if not self.overflow_report:
-            see = ("overflow_report=True (with named_parameters=model.named_parameters()) to see which gradients "
-                   "overflow, or ")
-        elif not self.named:
-            causes += "  * which gradients held Inf or NaN: last_overflow_report (logged at each skipped step);\n"
-            see = "named_parameters=model.named_parameters() to name them in that report, or "
-        else:
-            causes += "  * which gradients held Inf or NaN: last_overflow_report (logged at each skipped step);\n"
-            see = ""
-        raise stall_error(streak, scale, self.limit, "torch.isfinite(loss)", causes, see)
+            streak, scale = copied.tolist()
+            self._guard.check(int(streak), scale)
 
 
 @dataclass
@@ -149,14 +160,26 @@ class OverflowReporter:
 
 
 class StepRecorder:
-    """Per-step scale, skip flag and loss, kept on the device; moved to the History every ``flush_every`` rows."""
+    """Per-step scale, skip flag and loss, kept on the device as rows and moved to the History (through the core's
+    :class:`~lossscale._diagnostics.HistoryRecorder`) every ``flush_every`` rows: one copy to the host per
+    ``flush_every`` steps instead of a sync per step.
+
+    Args:
+        history: a :class:`lossscale.History` to append to, or True/None for a new one.
+        flush_every: rows kept on the device before they are copied to the host (default 100).
+
+    Raises:
+        TypeError: ``history`` is not a History (or True/None).
+        ValueError: ``flush_every`` is not a positive int.
+    """
 
     def __init__(self, history: Any = None, flush_every: int = 100) -> None:
         if isinstance(flush_every, bool) or not isinstance(flush_every, int) or flush_every < 1:
             raise ValueError(f"flush_every must be a positive int, got {flush_every!r}.")
-        self.history = History() if history is None or history is True else history
-        if not isinstance(self.history, History):
-            raise TypeError(f"history must be True or a lossscale.History, got {type(history).__name__}.")
+        checked = check_history(True if history is None else history)
+        if checked is None:
+            raise TypeError("history=False records nothing: build no StepRecorder.")
+        self._host = HistoryRecorder(checked)
         self.flush_every = flush_every
         self._rows: list[torch.Tensor] = []
         self._steps: list[int] = []
@@ -165,13 +188,28 @@ class StepRecorder:
         self._stats: torch.Tensor | None = None  # headroom_bits, zero_fraction, subnormal_fraction (stats_every)
         self._has_stats = False
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        if "_host" not in state:  # 0.1 pickled its __dict__, the History under "history"
+            self.__init__(state.get("history"), state.get("flush_every", 100))  # type: ignore[misc]
+            return
+        self.__dict__.update(state)
+
+    @property
+    def history(self) -> History:
+        """The :class:`lossscale.History` appended to (rows still on the device are not in it until :meth:`flush`)."""
+        return self._host.history
+
     def note_loss(self, loss: torch.Tensor) -> None:
+        """Keeps ``loss`` (detached) for the next row."""
         self._loss = loss.detach()
 
     def note_stats(self, stats: torch.Tensor) -> None:
+        """Keeps a sample's ``(headroom_bits, zero_fraction, subnormal_fraction)`` for the next row."""
         self._stats = stats.detach()
 
-    def record(self, step: int, loss_scale: torch.Tensor, skipped: torch.Tensor) -> None:
+    def append(self, step: int, loss_scale: torch.Tensor, skipped: torch.Tensor) -> None:
+        """Appends one step's row on the device (no sync): ``loss_scale`` (the scale the gradients were computed
+        with), ``skipped`` (0-d bool) and the loss and statistics noted since the last row."""
         loss, stats, device = self._loss, self._stats, loss_scale.device
         self._loss = self._stats = None
         nan = lambda *shape: torch.full(shape, float("nan"), dtype=torch.float64, device=device)
@@ -186,19 +224,38 @@ class StepRecorder:
             self.flush()
 
     def flush(self) -> None:
+        """Copies the rows to the host and appends them to the History (one copy; nothing when empty)."""
         if not self._rows:
             return
-        rows = torch.stack(self._rows).cpu().numpy()
+        rows = _Rows(torch.stack(self._rows).cpu().numpy())
         steps, self._steps, self._rows = self._steps, [], []
-        losses = rows[:, 2] if self._has_loss else None
         stats = None
         if self._has_stats:
-            stats = {name: rows[:, 3 + i] for i, name in enumerate(STATS_COLUMNS)}
-        self.history.extend(steps, rows[:, 0], rows[:, 1].astype(bool), losses, stats)
+            stats = {name: rows.stats[:, i] for i, name in enumerate(STATS_COLUMNS)}
+        self._host.extend(rows.loss_scale, rows.skipped.astype(bool), rows.loss if self._has_loss else None, stats,
+                          steps=steps)
+
+
+class _Rows:
+    """The columns of :class:`StepRecorder`'s device rows, by name: ``loss_scale``, ``skipped``, ``loss``, then the
+    three ``stats``."""
+
+    def __init__(self, rows: Any) -> None:
+        self.loss_scale, self.skipped, self.loss, self.stats = rows[:, 0], rows[:, 1], rows[:, 2], rows[:, 3:]
 
 
 class Diagnostics:
-    """One optimizer's guard, reporter and recorder (None: off), run when its step finishes."""
+    """One optimizer's guard, reporter and recorder (None: off), run when its step finishes.
+
+    Args:
+        max_consecutive_skips: the stall guard's limit, or None (off).
+        overflow_report: whether skipped steps are reported.
+        named_parameters: ``(name, parameter)`` pairs naming the report's gradients, or None.
+        history: ``history=`` as :func:`lossscale._diagnostics.check_history` takes it.
+
+    Raises:
+        TypeError, ValueError: a malformed argument, named.
+    """
 
     def __init__(self, max_consecutive_skips: int | None, overflow_report: bool, named_parameters: Any, history: Any):
         if not isinstance(overflow_report, bool):
@@ -209,7 +266,8 @@ class Diagnostics:
         self.guard = None if max_consecutive_skips is None else SkipGuard(
             max_consecutive_skips, overflow_report, named_parameters is not None)
         self.reporter = OverflowReporter(named_parameters) if overflow_report else None
-        self.recorder = None if history is None or history is False else StepRecorder(history)
+        checked = check_history(history)
+        self.recorder = None if checked is None else StepRecorder(checked)
         self.wants_scale = self.reporter is not None or self.recorder is not None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -285,6 +343,6 @@ class HostSyncCounter(TorchDispatchMode):
             self._syncs = [w for w in self._syncs if "synchroniz" in str(w.message)]
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        if func is torch.ops.aten._local_scalar_dense.default:
+        if func is SCALAR_READ:
             self.scalar_reads += 1
         return func(*args, **(kwargs or {}))

@@ -17,7 +17,7 @@ from .._resolve import serialize
 from .._rule import LossScaleState
 from .._torch._kernels import dtensor_type
 
-__all__ = ["FlagAgreement", "agreement_groups", "all_reduce_max", "check_replicas_agree", "validate_process_group"]
+__all__ = ["FlagAgreement", "agree_flag", "agreement_groups", "all_reduce_max", "check_replicas_agree", "validate_process_group"]
 
 
 def device_mesh_type() -> type | None:
@@ -96,8 +96,22 @@ def all_reduce_max(flag: torch.Tensor, groups: Sequence[Any]) -> torch.Tensor:
     return agreed
 
 
+def agree_flag(agree: FlagAgreement | None, found_inf: torch.Tensor) -> torch.Tensor:
+    """``found_inf`` agreed across the ranks of ``agree`` (None: one process, the flag itself): one scalar
+    all-reduce per group, the groups resolved once (again after :meth:`FlagAgreement.reset`)."""
+    if agree is None:
+        return found_inf
+    groups = agree.groups if agree.groups is not None else agree.resolve()
+    return all_reduce_max(found_inf, groups) if groups else found_inf
+
+
 class FlagAgreement:
-    """The groups one optimizer's flag is reduced over; ``groups``: None until :meth:`resolve`, after :meth:`reset`."""
+    """The groups one optimizer's flag is reduced over; ``groups``: None until :meth:`resolve`, after :meth:`reset`.
+
+    Args:
+        process_group: a ``ProcessGroup``, a ``DeviceMesh``, or None (the parameters' DTensor meshes, if any).
+        params: a zero-argument callable returning the optimizer's parameters.
+    """
 
     def __init__(self, process_group: Any, params: Any) -> None:
         self.process_group = validate_process_group(process_group)

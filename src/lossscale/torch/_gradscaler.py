@@ -10,42 +10,42 @@ from typing import Any
 import torch
 
 from .._policy import DynamicLossScale
-from .._torch._compat import AMP_SCALING, GRAD_SCALER_WARNING, OptState, takes_grad_scaler
 from .._torch._kernels import unscale_grads_per_device
 from ._checkpoint import gradscaler_record, gradscaler_state_dict, replace_policy, with_torch_names
 from ._checkpoint import growth_interval as checked_interval
+from ._compat import AMP_SCALING, GRAD_SCALER_WARNING, OptState, takes_grad_scaler
 from ._diagnostics import Diagnostics, OverflowReport, StepRecorder
 from ._distributed import FlagAgreement
-from ._scale import IterationScale
+from ._state import IterationScale
 from ._stats import StatsSampler, check_stats_every
-from ._step import OptimizerStep, Stage, StepRecord
+from ._step import OptimizerStep, Stage, StepProgress
 
 __all__ = ["GradScaler"]
 
 
 class _OptimizerStateView(MutableMapping):
     """torch's ``_per_optimizer_states[id(optimizer)]``: ``{"stage": OptState, "found_inf_per_device": {device:
-    flag}}`` read from and written to the optimizer's live :class:`StepRecord`; ``step()`` and ``update()`` read what
+    flag}}`` read from and written to the optimizer's live :class:`StepProgress`; ``step()`` and ``update()`` read what
     client code writes (a stage and flags after its own unscale, e.g. Megatron's and apex's)."""
 
     _KEYS = ("stage", "found_inf_per_device")
 
-    def __init__(self, record: StepRecord) -> None:
-        self._record = record
+    def __init__(self, progress: StepProgress) -> None:
+        self._progress = progress
 
     def __getitem__(self, key: str) -> Any:
-        record = self._record
+        progress = self._progress
         if key == "stage":
-            return OptState[record.stage.name]
+            return OptState[progress.stage.name]
         if key == "found_inf_per_device":
-            return {} if record.found_inf is None else {record.found_inf.device: record.found_inf}
+            return {} if progress.found_inf is None else {progress.found_inf.device: progress.found_inf}
         raise KeyError(key)
 
     def __setitem__(self, key: str, value: Any) -> None:
-        record = self._record
+        progress = self._progress
         if key == "stage":
             try:
-                record.stage = Stage[OptState(value).name]
+                progress.stage = Stage[OptState(value).name]
             except ValueError:
                 raise ValueError(f"stage must be a torch.amp.grad_scaler.OptState (READY, UNSCALED, STEPPED) or its "
                                  f"value, got {value!r}.") from None
@@ -57,12 +57,12 @@ class _OptimizerStateView(MutableMapping):
                             f"returns), got {type(value).__name__}.")
         flags = list(value.values())
         if not flags:
-            record.found_inf = None
+            progress.found_inf = None
         elif len(flags) == 1 and flags[0].dim() == 0 and flags[0].dtype == torch.float32:
-            record.found_inf = flags[0]  # the tensor itself: an in-place all-reduce of it still decides the step
+            progress.found_inf = flags[0]  # the tensor itself: an in-place all-reduce of it still decides the step
         else:
             device = flags[0].device
-            record.found_inf = torch.clamp(sum(f.to(device).reshape(()).float() for f in flags), max=1.0)
+            progress.found_inf = torch.clamp(sum(f.to(device).reshape(()).float() for f in flags), max=1.0)
 
     def __delitem__(self, key: str) -> None:
         raise TypeError("An optimizer's state in a GradScaler always has its two keys; assign them instead.")
@@ -85,26 +85,26 @@ class _PerOptimizerStates(Mapping):
     def __init__(self, scaler: GradScaler) -> None:
         self._scaler = scaler
 
-    def _records(self) -> dict[int, StepRecord]:
+    def _progresses(self) -> dict[int, StepProgress]:
         scaler = self._scaler
-        records = {id(opt): step.record for opt, step in scaler._steps.items()}
-        records.update(scaler._pending_records)
-        return records
+        progresses = {id(opt): step.progress for opt, step in scaler._steps.items()}
+        progresses.update(scaler._pending_progress)
+        return progresses
 
     def __getitem__(self, key: int) -> _OptimizerStateView:
-        record = self._records().get(key)
-        if record is None:
-            record = self._scaler._pending_records[key] = StepRecord()
-        return _OptimizerStateView(record)
+        progress = self._progresses().get(key)
+        if progress is None:
+            progress = self._scaler._pending_progress[key] = StepProgress()
+        return _OptimizerStateView(progress)
 
     def __contains__(self, key: object) -> bool:
-        return key in self._records()
+        return key in self._progresses()
 
     def __iter__(self) -> Iterator[int]:
-        return iter(self._records())
+        return iter(self._progresses())
 
     def __len__(self) -> int:
-        return len(self._records())
+        return len(self._progresses())
 
 
 class GradScaler:
@@ -165,10 +165,22 @@ class GradScaler:
         self._recorder = None if history is None or history is False else StepRecorder(history)
         self.sync_skips = bool(sync_skips)
         self._updates = self._slots = 0
-        self._pending_records: dict[int, StepRecord] = {}  # written through _per_optimizer_states before a step
+        self._pending_progress: dict[int, StepProgress] = {}  # written through _per_optimizer_states before a step
 
     def scale(self, outputs: Any) -> Any:
-        """``outputs * S``: a tensor, or nested lists/tuples (other iterables: a lazy ``map``) of them. No sync."""
+        """``outputs * S``; with ``history`` a one-element tensor is noted as the iteration's loss, with
+        ``stats_every`` each call counts as a micro-batch.
+
+        Args:
+            outputs: a floating-point tensor, or nested lists/tuples (other iterables: a lazy ``map``) of them.
+
+        Returns:
+            ``outputs`` scaled, in the same structure (as they are when disabled). One operator per tensor, no sync.
+
+        Raises:
+            TypeError: a tensor that is not floating-point.
+            ValueError: something that is neither a tensor nor an iterable of them.
+        """
         if not self._enabled:
             return outputs
         if self._sampler is not None:  # a backward pass summed into the gradients (micro-batches, for the sample)
@@ -196,21 +208,44 @@ class GradScaler:
         self._placed = True
 
     def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
-        """Divides ``optimizer``'s gradients by ``S`` in place and checks them, once per iteration: one R+W pass."""
+        """Divides ``optimizer``'s gradients by ``S`` in place and checks them, once per iteration.
+
+        Args:
+            optimizer: the ``torch.optim.Optimizer`` whose gradients to unscale.
+
+        Raises:
+            RuntimeError: before ``scale()``, twice in an iteration, or after ``step()`` (torch's messages).
+            ValueError: float16 gradients.
+
+        Cost: one R+W pass over the gradients; no sync.
+        """
         if not self._enabled:
             return
         self._require_scaled("unscale_")
-        slot = self._step_of(optimizer)
-        if slot.record.stage is Stage.UNSCALED:
+        step = self._step_of(optimizer)
+        if step.progress.stage is Stage.UNSCALED:
             raise RuntimeError("unscale_() has already been called on this optimizer since the last update(). "
                                "Unscale once per iteration, between backward() and step().")
-        if slot.record.stage is Stage.STEPPED:
+        if step.progress.stage is Stage.STEPPED:
             raise RuntimeError("unscale_() is being called after step(). Call it before step(), or after update().")
-        slot.unscale_(optimizer)
+        step.unscale_(optimizer)
 
     def step(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
-        """Unscales and checks ``optimizer``'s gradients (unless ``unscale_`` did), then steps or skips; returns
-        ``optimizer.step(*args, **kwargs)``'s result, None on a skip decided on the host."""
+        """Unscales and checks ``optimizer``'s gradients (unless ``unscale_`` did), then steps or skips.
+
+        Args:
+            optimizer: the ``torch.optim.Optimizer`` to step.
+            *args, **kwargs: ``optimizer.step``'s arguments (no ``closure``).
+
+        Returns:
+            ``optimizer.step(*args, **kwargs)``'s result, None on a skip decided on the host.
+
+        Raises:
+            RuntimeError: a ``closure``, before ``scale()``, or twice before ``update()`` (torch's messages).
+
+        Cost: as ``LossScaleOptimizer.step()``: one R+W pass (a check only for a fused optimizer's float16
+        gradients); host syncs: fused 0 (1 with ``sync_skips``), else 1.
+        """
         if not self._enabled:
             return optimizer.step(*args, **kwargs)
         if "closure" in kwargs:
@@ -218,8 +253,8 @@ class GradScaler:
                                "optimizers (LBFGS) wrap them in lossscale.torch.LossScaleOptimizer, whose "
                                "step(closure) checks every evaluation.")
         self._require_scaled("step")
-        slot = self._step_of(optimizer)
-        if slot.record.stage is Stage.STEPPED:
+        step = self._step_of(optimizer)
+        if step.progress.stage is Stage.STEPPED:
             raise RuntimeError("step() has already been called since the last update(). Call update() once per "
                                "iteration, after every optimizer's step().")
         named = (lambda: self._diagnostics.named_grads(optimizer.param_groups)) if self._diagnostics.reporter else ()
@@ -227,9 +262,9 @@ class GradScaler:
             # torch's older contract: the optimizer gets this scaler and unscales, checks and skips by itself
             warnings.warn(GRAD_SCALER_WARNING, FutureWarning, stacklevel=2)
             result = optimizer.step(*args, **{**kwargs, "grad_scaler": self})
-            slot.stepped_by_itself(named)
+            step.stepped_by_itself(named)
             return result
-        done = slot.step(optimizer, args, kwargs, on_host=self.sync_skips, named_grads=named)
+        done = step.step(optimizer, args, kwargs, on_host=self.sync_skips, named_grads=named)
         return None if done is None else done[2]
 
     def _require_scaled(self, what: str) -> None:
@@ -249,9 +284,9 @@ class GradScaler:
             params = lambda: [p for g in ref().param_groups for p in g["params"]]  # type: ignore[union-attr]
             step = OptimizerStep(self._owner, FlagAgreement(None, params), self._diagnostics, self._sampler,
                                  self._slots, own_counters=False)
-            pending = self._pending_records.pop(id(optimizer), None)
+            pending = self._pending_progress.pop(id(optimizer), None)
             if pending is not None:  # what client code wrote through _per_optimizer_states
-                step.record = pending
+                step.progress = pending
             self._slots += 1
             self._steps[optimizer] = step
         step.number = self._updates  # the overflow report's step: update() calls so far (pickled, as History's rows)
@@ -260,7 +295,7 @@ class GradScaler:
     @property
     def _per_optimizer_states(self) -> _PerOptimizerStates:
         """torch's attribute: ``{id(optimizer): {"stage": OptState, "found_inf_per_device": {device: flag}}}``,
-        live views of each optimizer's record this iteration; what client code writes there, ``step()`` and
+        live views of each optimizer's progress this iteration; what client code writes there, ``step()`` and
         ``update()`` read (a flag written with the stage ``UNSCALED`` decides the step)."""
         return _PerOptimizerStates(self)
 
@@ -284,26 +319,31 @@ class GradScaler:
         return states[id(optimizer)]["found_inf_per_device"]
 
     def update(self, new_scale: float | torch.Tensor | None = None) -> None:
-        """Advances the scale once for this iteration from every optimizer's flag (an unscaled one not stepped
-        too); ``new_scale`` (a float or a 1-element tensor) sets it instead, keeping the growth counter. No sync."""
+        """Closes the iteration: advances the scale once from every optimizer's flag (an unscaled one not stepped
+        too), or sets ``new_scale`` instead, keeping the growth counter. No sync.
+
+        Args:
+            new_scale: None, or a positive finite float or a 1-element tensor with ``requires_grad=False``.
+
+        Raises:
+            ValueError: a malformed ``new_scale`` (torch's message).
+        """
         if not self._enabled:
             return
         recorder, owner = self._recorder, self._owner
         scale_used = owner.loss_scale if recorder is not None else None
-        records = [step.record for step in self._steps.values()] + list(self._pending_records.values())
-        for record in records:  # a flag not yet counted (unscaled but not stepped; one a client wrote) counts too
-            if record.found_inf is not None and not owner.counts(record):
-                owner.add_step(record.found_inf, record)
+        progresses = [step.progress for step in self._steps.values()] + list(self._pending_progress.values())
+        for progress in progresses:  # a flag not yet counted (unscaled but not stepped; one a client wrote) counts too
+            if progress.found_inf is not None and not owner.counts(progress):
+                owner.add_step(progress.found_inf, progress)
         pending = owner.pending
-        owner.update(new_scale)
-        if self._sampler is not None and pending is not None:  # one sample of every optimizer measured
-            self._sampler.advance(None, None, recorder)
+        owner.update(new_scale, self._sampler, recorder)  # one sample of every optimizer measured
         if recorder is not None and pending is not None:
-            recorder.record(self._updates, scale_used, pending > 0)  # type: ignore[arg-type]
+            recorder.append(self._updates, scale_used, pending > 0)  # type: ignore[arg-type]
         self._updates += 1
-        for record in records:  # every optimizer READY again, as torch's fresh per-optimizer states
-            record.reset()
-        self._pending_records.clear()
+        for progress in progresses:  # every optimizer READY again, as torch's fresh per-optimizer states
+            progress.reset()
+        self._pending_progress.clear()
 
     @property
     def gradient_stats(self) -> dict[str, Any] | None:
@@ -315,18 +355,27 @@ class GradScaler:
         return None if self._sampler is None else (self._sampler.every, self._sampler.state.count)
 
     def state_dict(self) -> dict[str, Any]:
-        """torch's five keys plus a ``"lossscale"`` entry, plain values only (``{}`` when disabled); one sync."""
+        """torch's five keys plus a ``"lossscale"`` entry, plain values only (``{}`` when disabled); one host sync."""
         return gradscaler_state_dict(self._owner.policy, self._owner.state) if self._enabled else {}
 
     def load_state_dict(self, state_dict: dict[str, Any], custom_objects: Mapping[str, type] | None = None) -> None:
-        """Restores ours or ``torch.amp.GradScaler``'s state dict, validated first; a policy class of your own comes
-        from ``custom_objects``."""
+        """Restores ours or ``torch.amp.GradScaler``'s state dict, validated first (nothing changes on error).
+
+        Args:
+            state_dict: what ``state_dict()`` of this class or of ``torch.amp.GradScaler`` returned.
+            custom_objects: ``{class name: class}`` for a policy class of your own (nothing is imported by name).
+
+        Raises:
+            TypeError: ``state_dict`` is not a mapping.
+            RuntimeError: an empty state dict (torch's message: saved from a disabled scaler).
+            ValueError: a missing or malformed key, named.
+        """
         if not self._enabled:
             return
         self._owner.load(gradscaler_record(state_dict, self._owner.policy, self._owner.state, custom_objects))
         for step in self._steps.values():
             step.reset()
-        self._pending_records.clear()
+        self._pending_progress.clear()
         if self._sampler is not None:  # the iteration's measurements go with it
             self._sampler.forget()
 
@@ -359,7 +408,7 @@ class GradScaler:
         """torch's method: ``{device: found_inf}`` of ``optimizer``'s check this iteration (after ``unscale_``;
         empty before). The tensor is the one ``step()`` reads: an in-place all-reduce of it decides the step."""
         step = self._steps.get(optimizer)
-        found = None if step is None else step.record.found_inf
+        found = None if step is None else step.progress.found_inf
         return {} if found is None else {found.device: found}
 
     def _get_growth_tracker(self) -> int:
@@ -367,9 +416,15 @@ class GradScaler:
         return int(self._owner.state.good_steps) if self._enabled else 0
 
     def get_growth_factor(self) -> float:
+        """The factor the scale grows by after ``growth_interval`` finite iterations."""
         return self._owner.policy.multiplier
 
     def set_growth_factor(self, new_factor: float) -> None:
+        """Grows the scale by ``new_factor`` from the next ``update()`` on (validated as the constructor's).
+
+        Args:
+            new_factor: a number > 1.
+        """
         self._owner.set_policy(replace_policy(self._owner.policy, growth_factor=new_factor))
 
     def get_backoff_factor(self) -> float:
@@ -378,15 +433,27 @@ class GradScaler:
         return 1.0 / policy.multiplier if policy.backoff_factor is None else policy.backoff_factor
 
     def set_backoff_factor(self, new_factor: float) -> None:
+        """Backs the scale off by ``new_factor`` from the next ``update()`` on (validated as the constructor's).
+
+        Args:
+            new_factor: a number in (0, 1).
+        """
         self._owner.set_policy(replace_policy(self._owner.policy, backoff_factor=new_factor))
 
     def get_growth_interval(self) -> int:
+        """Finite iterations it takes to grow the scale."""
         return self._owner.policy.increment_period
 
     def set_growth_interval(self, new_interval: int) -> None:
+        """Grows the scale after ``new_interval`` finite iterations from the next ``update()`` on.
+
+        Args:
+            new_interval: an int >= 1 (saturated at 2**31 - 1).
+        """
         self._owner.set_policy(replace_policy(self._owner.policy, growth_interval=new_interval))
 
     def is_enabled(self) -> bool:
+        """Whether this scaler scales (False: every method passes through)."""
         return self._enabled
 
     @property
@@ -430,7 +497,7 @@ class GradScaler:
 
     def __getstate__(self) -> dict[str, Any]:
         """The scale and the settings; no live object (CUDA event, per-optimizer records, parameter names)."""
-        if any(step.record.stage is not Stage.READY for step in self._steps.values()):
+        if any(step.progress.stage is not Stage.READY for step in self._steps.values()):
             raise RuntimeError("A GradScaler may be pickled only between iterations "
                                "(before scale() or after update()).")
         history = None if self._recorder is None else self._recorder.history
@@ -453,7 +520,7 @@ class GradScaler:
         self._owner, self._diagnostics = state["scale"], state["diagnostics"]
         self._sampler = state.get("sampler")
         self._steps, self._slots = weakref.WeakKeyDictionary(), 0
-        self._pending_records = {}
+        self._pending_progress = {}
         self._recorder = None if state["history"] is None else StepRecorder(state["history"])
         self.sync_skips, self._updates = bool(state["sync_skips"]), int(state["updates"])
 

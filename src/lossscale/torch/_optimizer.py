@@ -2,25 +2,27 @@
 
 from __future__ import annotations
 
+import inspect
 import weakref
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
 
 from .._policy import LossScale
-from .._resolve import stable_form
-from .._torch._compat import init_step_hooks
-from ._checkpoint import Checkpoint, load_inner
+from .._resolve import serialize, stable_form
+from .._torch._kernels import GradGroups, check_finite, unscaled_copies
+from ._checkpoint import Checkpoint, load_inner, read_policy
+from ._compat import init_step_hooks
 from ._diagnostics import Diagnostics, OverflowReport
 from ._distributed import FlagAgreement, agreement_groups, validate_process_group
 from ._distributed import check_replicas_agree as _check_replicas_agree
-from ._scale import ScaleOwner, require_own_scale, scale_owner_for
+from ._grads import CheckedGrads
+from ._state import ScaleState, require_own_scale, scale_owner_for
 from ._stats import StatsSampler, check_stats_every
 from ._step import OptimizerStep
-from ._tf_methods import TFv1Methods
 
-__all__ = ["LossScaleOptimizer"]
+__all__ = ["LossScaleOptimizer", "optimizer_class"]
 
 
 # inner optimizer -> the LossScaleOptimizer wrapping it (weakly, both ways): two wrappers would unscale twice.
@@ -41,7 +43,7 @@ def _check_wrappable(optimizer: Any) -> None:
                          "its gradients twice. Reuse the existing wrapper, or share one scale with SharedLossScale.")
 
 
-class LossScaleOptimizer(TFv1Methods, torch.optim.Optimizer):
+class LossScaleOptimizer(torch.optim.Optimizer):
     """An optimizer that applies loss scaling; TF's ``LossScaleOptimizer`` for torch (usage: ``docs/torch.md``).
 
     Loss scaling multiplies the loss by ``S`` before backprop and the gradients by ``1/S`` before the update,
@@ -75,6 +77,11 @@ class LossScaleOptimizer(TFv1Methods, torch.optim.Optimizer):
         stats_every: measure the *scaled* gradients every ``N``-th step (default None; 16 with
             ``loss_scale="auto"``): :attr:`gradient_stats` (``docs/gradient_stats.md``), which ``AutoLossScale``
             sets the scale from. Cost: about 8 kernels per gradient on a sampled step, no sync.
+        **removed: keywords of earlier versions, refused with a message naming the fix (``check``: every step
+            unscales and checks).
+
+    Raises:
+        TypeError, ValueError: a malformed argument, named, or an optimizer already wrapped.
 
     >>> import torch
     >>> w = torch.nn.Parameter(torch.tensor([1.0]))
@@ -121,30 +128,68 @@ class LossScaleOptimizer(TFv1Methods, torch.optim.Optimizer):
     defaults = property(lambda self: self._inner.defaults, lambda self, v: setattr(self._inner, "defaults", v))
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """The inner optimizer's ``add_param_group(param_group)``; the flag's process groups are found again (the new
+        parameters may be DTensors on another mesh).
+
+        Args:
+            param_group: as ``torch.optim.Optimizer.add_param_group`` takes it.
+        """
         self._inner.add_param_group(param_group)
         self._steps.agree.reset()  # type: ignore[union-attr]  # the new parameters may be DTensors on another mesh
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """The inner optimizer's ``zero_grad``; also forgets an ``unscale_()`` or clip not yet stepped."""
+        """The inner optimizer's ``zero_grad``; also forgets an ``unscale_()`` or clip not yet stepped.
+
+        Args:
+            set_to_none: as ``torch.optim.Optimizer.zero_grad`` (default True: the gradients become None).
+        """
         self._inner.zero_grad(set_to_none=set_to_none)
         self._steps.forget()
 
     def unscale_(self) -> None:
-        """Unscales the gradients in place now (to clip or inspect them); again before ``step()``, nothing. Cost:
-        one R+W pass; no sync."""
+        """Unscales the gradients in place now (to clip or inspect them); again before ``step()``, nothing.
+
+        Raises:
+            RuntimeError: after ``step()`` in the same iteration.
+            ValueError: float16 gradients (they would be unscaled in float16).
+
+        Cost: one R+W pass over the gradients; no sync.
+        """
         self._steps.unscale_(self._inner)
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
         """Clips the gradients' global norm to ``max_norm``, folding in the unscale; once per iteration.
 
-        Returns the *unscaled* gradients' norm (0-d, no sync); a non-finite one skips the step. Cost: one R pass,
-        plus an R+W unless fused. ``norm_type``: any p > 0 or ``inf``."""
+        Args:
+            max_norm: the largest norm kept (a number >= 0, or a 0-d tensor, not read on the host).
+            norm_type: the p of the p-norm: any p > 0 or ``inf`` (default 2.0).
+
+        Returns:
+            The *unscaled* gradients' norm, a 0-d float32 tensor (no sync); a non-finite one skips the step.
+
+        Raises:
+            TypeError, ValueError: a malformed ``max_norm`` or ``norm_type``.
+            RuntimeError: a second clip, or a clip after ``step()``, in the same iteration.
+
+        Cost: one R pass over the gradients, plus an R+W unless the inner optimizer is fused; no sync.
+        """
         return self._steps.clip_grad_norm_(self._inner, max_norm, norm_type)
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
         """Unscales and checks the gradients, steps or skips, and updates the scale (costs: the class docstring).
-        A closure (LBFGS) calls ``opt.get_scaled_loss(loss).backward()`` and returns ``loss``; an overflow in any
-        evaluation restores weights and inner state."""
+
+        Args:
+            closure: None, or (LBFGS) a callable that calls ``opt.get_scaled_loss(loss).backward()`` and returns
+                ``loss``; every evaluation is unscaled and checked, and an overflow in any restores the weights and
+                inner state (cost: copies of both, one host sync).
+
+        Returns:
+            None, or the closure's loss.
+
+        Raises:
+            RuntimeError: ``step()`` twice before a shared scale's ``update()``.
+            LossScaleError: ``max_consecutive_skips`` skipped steps in a row.
+        """
         if closure is not None:
             return self._steps.step_with_closure(self._inner, closure, self._named_grads)
         self._steps.step(self._inner, named_grads=self._named_grads)
@@ -154,12 +199,222 @@ class LossScaleOptimizer(TFv1Methods, torch.optim.Optimizer):
         return self._steps.diagnostics.named_grads(self._inner.param_groups)
 
     def check_replicas_agree(self, process_group: Any = None) -> None:
-        """Raises :class:`lossscale.LossScaleError` unless every rank of ``process_group`` (default: the flag's,
-        else the world) holds the same scale, counters and policy. One all-gather, one sync."""
+        """Checks that every rank holds the same scale, counters and policy.
+
+        Args:
+            process_group: the ranks to compare (default: the flag's process group, else the world).
+
+        Raises:
+            LossScaleError: the ranks differ (the message names what differs on which rank).
+            RuntimeError: ``torch.distributed`` is not initialized.
+
+        Cost: one all-gather of 6 float64 per group, one sync.
+        """
         agree = self._steps.agree
         group = agree.process_group if process_group is None else validate_process_group(process_group)  # type: ignore[union-attr]
         owner = self._steps.owner
         _check_replicas_agree(owner.state, owner.policy, agreement_groups(group, self._params()))
+
+    # TF v1's optimizer methods (gradients as values, slots, variables, config)
+
+    def _params(self) -> list[torch.Tensor]:
+        return [p for g in self.param_groups for p in g["params"]]
+
+    def get_scaled_loss(self, loss: Any) -> Any:
+        """``loss * loss_scale``, keeping ``loss``'s dtype. With ``stats_every``, each call since the last step or
+        ``zero_grad()`` counts as a micro-batch (``AutoLossScale`` reads them).
+
+        Args:
+            loss: a floating-point tensor, or a zero-argument callable returning one.
+
+        Returns:
+            The scaled loss (a callable for a callable). One operator, no sync.
+
+        Raises:
+            TypeError: ``loss`` is not a floating-point tensor (or a callable).
+        """
+        steps = self._steps
+        if isinstance(loss, torch.Tensor):
+            if steps.diagnostics.recorder is not None:
+                steps.diagnostics.recorder.note_loss(loss)
+        elif callable(loss) and (steps.diagnostics.recorder is not None or steps.sampler is not None):
+            return lambda: self.get_scaled_loss(loss())
+        scaled = steps.owner.get_scaled_loss(loss)
+        if steps.sampler is not None:
+            steps.sampler.backwards += 1
+        return scaled
+
+    def get_unscaled_gradients(self, grads: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:
+        """Unscaled copies of ``grads``.
+
+        Args:
+            grads: gradients of the scaled loss (tensors, or None for a variable without one); not modified.
+
+        Returns:
+            A new list: each gradient times ``1/loss_scale`` in its own dtype, None staying None.
+
+        Cost: one R and one W pass over the gradients (+R+W for half types, computed in float32); no sync.
+        """
+        return unscaled_copies(list(grads), self._steps.owner.inv_scale())
+
+    def compute_gradients(
+        self, loss: Any, var_list: Iterable[torch.Tensor] | None = None, grad_loss: torch.Tensor | None = None
+    ) -> list[tuple[torch.Tensor | None, torch.Tensor]]:
+        """Unscaled gradients of ``loss``, not accumulated into ``.grad``.
+
+        Args:
+            loss: the unscaled loss, a tensor or a zero-argument callable returning one.
+            var_list: the tensors to differentiate by (default: the parameters that require grad).
+            grad_loss: the gradient of the final result with respect to ``loss`` (default: ones).
+
+        Returns:
+            ``(gradient, variable)`` pairs; a gradient is None where ``loss`` does not depend on the variable.
+
+        Raises:
+            ValueError: a ``var_list`` entry that is not a tensor requiring grad.
+
+        Cost: one backward pass, then :meth:`get_unscaled_gradients`; no sync.
+        """
+        if callable(loss) and not isinstance(loss, torch.Tensor):
+            loss = loss()
+        if var_list is None:
+            variables = [p for p in self._params() if p.requires_grad]
+        else:
+            variables = list(var_list)
+            bad = [type(v).__name__ for v in variables if not (isinstance(v, torch.Tensor) and v.requires_grad)]
+            if bad:
+                raise ValueError(f"var_list must hold tensors that require grad; got {', '.join(bad)}.")
+        scaled = self.get_scaled_loss(loss)
+        if grad_loss is not None:
+            grad_loss = grad_loss.to(scaled.dtype)
+        grads = torch.autograd.grad(scaled, variables, grad_outputs=grad_loss, allow_unused=True)
+        return list(zip(self.get_unscaled_gradients(grads), variables))
+
+    def apply_gradients(self, grads_and_vars: Iterable[tuple[torch.Tensor | None, torch.Tensor]],
+                        global_step: torch.Tensor | None = None) -> torch.Tensor:
+        """Applies *unscaled* gradients if all are finite (else nothing, ``global_step`` included); updates the
+        scale either way; ``.grad`` stays as it was.
+
+        Args:
+            grads_and_vars: ``(gradient, variable)`` pairs, as :meth:`compute_gradients` returns; every variable a
+                parameter of the inner optimizer, a None gradient leaving its variable alone.
+            global_step: a tensor incremented in place on an applied step, or None.
+
+        Returns:
+            A 0-d bool tensor, True if applied.
+
+        Raises:
+            TypeError: ``global_step`` is not a tensor.
+            ValueError: a variable that is no parameter of the inner optimizer, or no gradient at all.
+
+        Cost: one R+W check over the gradients; syncs as ``step()``.
+        """
+        pairs = list(grads_and_vars)
+        if global_step is not None and not isinstance(global_step, torch.Tensor):
+            raise TypeError("global_step must be a tensor to increment in place, e.g. torch.zeros((), "
+                            f"dtype=torch.int64); got {type(global_step).__name__}.")
+        params = self._params()
+        index = {id(p): (g, i) for g, group in enumerate(self.param_groups) for i, p in enumerate(group["params"])}
+        for _, var in pairs:
+            if id(var) not in index:
+                raise ValueError(f"A variable of shape {tuple(var.shape)} is not a parameter of the inner optimizer; "
+                                 "add it with add_param_group() first.")
+        given = [(index[id(v)], v, g) for g, v in pairs if g is not None]
+        if not given:
+            raise ValueError("No gradients provided for any variable: every gradient in grads_and_vars is None.")
+        owner = self._steps.owner
+        owner.to_(given[0][2].device)
+        # sampled as the scaled gradients: times S
+        self._steps.measure_if_due(self._inner, given, owner.state.loss_scale)
+        found_inf = check_finite(GradGroups([g for _, _, g in given]), out_device=owner.device)
+        reporter = self._steps.diagnostics.reporter
+        named = () if reporter is None else [(reporter.name_of(v, *w), g) for w, v, g in given]
+        saved = [p.grad for p in params]
+        try:
+            for p in params:
+                p.grad = None
+            for _, var, g in given:
+                var.grad = g
+            found_inf = self._steps.step(self._inner, named_grads=named, checked=CheckedGrads(found_inf, None, None))[0]  # type: ignore[index]
+        finally:
+            for p, grad in zip(params, saved):
+                p.grad = grad
+        applied = found_inf == 0
+        if global_step is not None:
+            global_step.add_(applied.to(device=global_step.device, dtype=global_step.dtype))
+        return applied
+
+    def minimize(
+        self, loss: Any, var_list: Iterable[torch.Tensor] | None = None, global_step: torch.Tensor | None = None,
+        grad_loss: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """``apply_gradients(compute_gradients(loss, var_list, grad_loss), global_step)``.
+
+        Args:
+            loss, var_list, grad_loss: as :meth:`compute_gradients`.
+            global_step: as :meth:`apply_gradients`.
+
+        Returns:
+            A 0-d bool tensor, True if the step was applied.
+        """
+        return self.apply_gradients(self.compute_gradients(loss, var_list, grad_loss), global_step)
+
+    def get_slot(self, var: torch.Tensor, name: str) -> torch.Tensor | None:
+        """The inner optimizer's state ``name`` for ``var``.
+
+        Args:
+            var: a parameter of the inner optimizer.
+            name: a state name, e.g. ``"exp_avg"`` (see :meth:`get_slot_names`).
+
+        Returns:
+            The state tensor, or None where there is none.
+        """
+        return self.state.get(var, {}).get(name)
+
+    def get_slot_names(self) -> list[str]:
+        """Names of the per-parameter state of the inner optimizer (``"step"`` excluded)."""
+        return sorted({name for s in self.state.values() for name in s if name != "step"})
+
+    def variables(self) -> list[torch.Tensor]:
+        """The loss-scale state tensors, then every tensor of the inner optimizer's state."""
+        inner = [v for s in self.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
+        return list(self.shared_loss_scale.state) + inner
+
+    def get_config(self) -> dict[str, Any]:
+        """Keras's keys (``dynamic``, ``initial_scale``, ``dynamic_growth_steps``), the inner config, the policy."""
+        inner = type(self.inner_optimizer)
+        policy = self.shared_loss_scale.policy
+        return {
+            "inner_optimizer": {"class_name": inner.__name__, "module": inner.__module__, "config": dict(self.defaults)},
+            **stable_form(policy),
+            "loss_scale": serialize(policy),
+        }
+
+    @classmethod
+    def from_config(
+        cls, config: Mapping[str, Any], params: Iterable[Any], custom_objects: Mapping[str, type] | None = None,
+    ) -> Any:
+        """Rebuilds an optimizer from :meth:`get_config`'s output.
+
+        Args:
+            config: what :meth:`get_config` returned.
+            params: the parameters (or parameter groups) for the new inner optimizer.
+            custom_objects: ``{class name: class}`` for an inner optimizer class or policy class of your own; else
+                ``torch.optim``'s classes only: no module a config names is imported.
+
+        Returns:
+            A new ``LossScaleOptimizer``.
+
+        Raises:
+            ValueError: an inner class neither in ``custom_objects`` nor in ``torch.optim``.
+        """
+        spec = config["inner_optimizer"]
+        opt_cls = optimizer_class(spec, custom_objects)
+        inner = opt_cls(params, **_constructor_kwargs(opt_cls, spec["config"]))
+        if config.get("loss_scale") is not None:
+            return cls(inner, loss_scale=read_policy(config["loss_scale"], custom_objects, None))
+        stable = {k: config.get(k) for k in ("dynamic", "initial_scale", "dynamic_growth_steps")}
+        return cls(inner, **stable)  # type: ignore[arg-type]
 
     @property
     def dynamic(self) -> bool:
@@ -213,7 +468,7 @@ class LossScaleOptimizer(TFv1Methods, torch.optim.Optimizer):
         return self._steps.owner.policy
 
     @property
-    def shared_loss_scale(self) -> ScaleOwner:
+    def shared_loss_scale(self) -> ScaleState:
         """The scale owner: the :class:`SharedLossScale` you passed, or this optimizer's private one."""
         return self._steps.owner
 
@@ -257,19 +512,28 @@ class LossScaleOptimizer(TFv1Methods, torch.optim.Optimizer):
         return None if reporter is None else reporter.last
 
     def state_dict(self) -> dict[str, Any]:
-        """The inner optimizer's state dict plus a ``"lossscale"`` entry: the policy, the scale and the counters."""
+        """The inner optimizer's state dict plus a ``"lossscale"`` entry: the policy, the scale and the counters
+        (copies; no sync), and with ``stats_every`` a ``"lossscale_stats"`` entry."""
         inner = dict(self._inner.state_dict())
         steps = self._steps
-        state = Checkpoint(inner, steps.owner.record(), steps.counters.record()).to_state_dict()
+        state = Checkpoint(inner, steps.owner.to_record(), steps.counters.to_record()).to_state_dict()
         if self._sampler is not None:  # stats_every's step count and AutoLossScale's state
             state["lossscale_stats"] = self._sampler.state_dict()
         return state
 
     def load_state_dict(self, state_dict: Any, custom_objects: Mapping[str, type] | None = None) -> None:
-        """Restores :meth:`state_dict`'s output, saved policy included; a malformed ``"lossscale"`` entry raises
-        ``ValueError`` and changes nothing, a plain inner state dict keeps the current scale, a history is cut back
-        to the restored step. A policy class of your own comes from ``custom_objects``, else it is the current one's
-        (nothing is imported by name)."""
+        """Restores :meth:`state_dict`'s output, saved policy included; a plain inner state dict keeps the current
+        scale; a history is cut back to the restored step.
+
+        Args:
+            state_dict: what :meth:`state_dict` returned (or a plain inner optimizer's state dict).
+            custom_objects: ``{class name: class}`` for a policy class of your own; else it is the current
+                policy's class (nothing is imported by name).
+
+        Raises:
+            TypeError: ``state_dict`` is not a mapping.
+            ValueError: a malformed ``"lossscale"`` entry, or another optimizer's state dict; nothing changes.
+        """
         record = None
         if isinstance(state_dict, Mapping) and "lossscale_stats" in state_dict:
             record = state_dict["lossscale_stats"]
@@ -313,3 +577,26 @@ class LossScaleOptimizer(TFv1Methods, torch.optim.Optimizer):
 
     def __repr__(self) -> str:
         return f"LossScaleOptimizer({self._inner!r}, loss_scale={self._steps.owner.policy!r})"
+
+
+def optimizer_class(spec: Mapping[str, Any], custom_objects: Mapping[str, type] | None = None) -> type:
+    """The class a config names: from ``custom_objects``, else a ``torch.optim`` optimizer; never an import."""
+    name = spec.get("class_name")
+    if custom_objects and name in custom_objects:
+        return custom_objects[name]  # type: ignore[index]
+    module = spec.get("module", "torch.optim")
+    candidate = getattr(torch.optim, name, None) if isinstance(name, str) else None
+    from_torch = isinstance(module, str) and (module == "torch.optim" or module.startswith("torch.optim."))
+    if from_torch and isinstance(candidate, type) and issubclass(candidate, torch.optim.Optimizer):
+        return candidate
+    raise ValueError(f"Unknown optimizer class {name!r} (module {module!r}): from_config builds torch.optim's "
+                     "optimizers only, and imports no module a config names (a config from an untrusted checkpoint "
+                     f"could name any). Pass the class itself: custom_objects={{{name!r}: {name}}}.")
+
+
+def _constructor_kwargs(opt_cls: type, defaults: Mapping[str, Any]) -> dict[str, Any]:
+    """The entries of ``defaults`` the constructor takes (a constructor with ``**kwargs`` takes all)."""
+    parameters = inspect.signature(opt_cls).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return dict(defaults)
+    return {k: v for k, v in defaults.items() if k in parameters}

@@ -3,22 +3,40 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 from .. import _sampler as core
 from .._auto import AutoLossScale, AutoState
 from .._policy import LossScale
-from .._rule import LossScaleState
-from .._stats import Sizes, as_mapping, sizes_of, summarize_columns
+from .._stats import GradientStats, Sizes, as_mapping, sizes_of, summarize_columns
 from .._torch._kernels import sample_columns
 
-__all__ = ["StatsSampler", "check_stats_every"]
+__all__ = ["StatsSampler", "Taken", "check_stats_every"]
 
 check_stats_every = core.check_stats_every
 
 Triples = list[tuple[Any, torch.Tensor, torch.Tensor]]  # (where, parameter, gradient); ``where`` gives the name
+
+
+class _Measured(NamedTuple):
+    """One optimizer's measurement of a sampled step: the four ``(T,)`` columns, the gradients' names and sizes, and
+    the micro-batches summed into them."""
+
+    columns: list[torch.Tensor]
+    names: tuple[str, ...]
+    sizes: Sizes
+    micro_batches: int
+
+
+class Taken(NamedTuple):
+    """One step's sample for the core's ``advance``: ``sample`` (summarized, or None where no rule reads it),
+    ``sampled`` (a Python bool: the step is known on the host) and ``micro_batches`` (backward passes summed)."""
+
+    sample: GradientStats | None
+    sampled: bool
+    micro_batches: int
 
 
 class StatsSampler:
@@ -31,8 +49,8 @@ class StatsSampler:
         self.state = core.initial_sampler_state(policy, 0, torch, count=count)
         if auto is not None:  # a checkpoint's (numpy, from read_sampler_record)
             self.state = self.state._replace(auto=AutoState(*(torch.as_tensor(v).clone() for v in auto)))
-        self._sums: dict[int, tuple] = {}  # optimizer slot -> (columns, names, sizes, micro-batches) of this step
-        self._columns: tuple | None = None  # (columns, sizes, count) of a sample not summarized yet (see advance)
+        self._sums: dict[int, _Measured] = {}  # optimizer slot -> its measurement of this step
+        self._columns: tuple | None = None  # (columns, sizes, count) of a sample not summarized yet (see take)
         self._sets: dict[Any, tuple[tuple[str, ...], Sizes]] = {}  # parameter set -> (names, sizes)
 
     @property
@@ -41,7 +59,17 @@ class StatsSampler:
         return core.is_due(self.every, self.state.count)
 
     def measure(self, slot: int, grads: Triples, name_of: Callable[[Any], str], factor: Any = None) -> None:
-        """Keeps the sums of optimizer ``slot``'s scaled gradients (times ``factor``); call it when :attr:`due`."""
+        """Keeps the sums of one optimizer's scaled gradients for this step's sample; call it when :attr:`due`.
+
+        Args:
+            slot: the optimizer's index among those sharing this sampler (a GradScaler's; 0 for one optimizer).
+            grads: ``(where, parameter, gradient)`` triples; ``where`` is handed to ``name_of``.
+            name_of: gives a gradient's name in :attr:`gradient_stats` (called once per parameter set).
+            factor: a 0-d tensor the gradients are multiplied by first (None: 1).
+
+        Cost: one read of the gradients and about 12 multi-tensor launches per chunk (about 9 kernels per tensor
+        on the CPU); no sync.
+        """
         if not grads:
             return
         key = (slot, grads[0][2].device, tuple((where, id(p), g.numel()) for where, p, g in grads))
@@ -50,38 +78,39 @@ class StatsSampler:
             self._sets = dict(list(self._sets.items())[-7:])
             sizes = sizes_of([g.numel() for _, _, g in grads], torch, device=key[1])
             known = self._sets[key] = (tuple(name_of(where) for where, _, _ in grads), sizes)
-        self._sums[slot] = (sample_columns([g for _, _, g in grads], factor), *known, max(1, self.backwards))
+        self._sums[slot] = _Measured(sample_columns([g for _, _, g in grads], factor), *known, max(1, self.backwards))
 
     def forget(self) -> None:
         """``zero_grad()``: this step's measurements and backward count are dropped (the kept sample stays)."""
         self._sums, self.backwards = {}, 0
 
-    def advance(self, scale: LossScaleState | None, found_inf: torch.Tensor | None, recorder: Any = None) -> Any:
-        """Ends a step: the auto rule's new scale state for the caller to write (None: the caller's rule moves it)."""
+    def take(self, recorder: Any = None) -> Taken:
+        """Ends a step's measuring: what :meth:`measure` kept becomes the sample (kept unsummarized until something
+        reads it), its statistics are noted to ``recorder`` (a history row's), and the measurements and backward
+        count start afresh. The caller (``_state``) then advances :attr:`state` with what this returns.
+
+        Args:
+            recorder: the optimizer's history recorder, or None.
+
+        Returns:
+            A :class:`Taken`: the summarized sample where an ``AutoLossScale``'s rule reads it (None otherwise or
+            on an unsampled step), whether this step was sampled, and its micro-batches.
+        """
         parts, self._sums, self.backwards = [self._sums[k] for k in sorted(self._sums)], {}, 0
-        if parts:  # kept unsummarized (in place of the kept sample) until something reads it
-            if len(parts) == 1:
-                columns, sizes = parts[0][0], parts[0][2]
-            else:
-                columns = [torch.cat([p[0][k] for p in parts]) for k in range(4)]
-                sizes = Sizes(torch.cat([p[2].safe for p in parts]), sum(p[2].total for p in parts))
-            self.names = tuple(n for p in parts for n in p[1])
-            self._columns = (columns, sizes, self.state.count)
-            if recorder is not None:
-                latest = self._summarized().sample
-                recorder.note_stats(torch.stack([latest.headroom_bits, latest.zero_fraction, latest.subnormal_fraction]))
-        auto = self.state.auto
-        if scale is None or found_inf is None or auto is None or not isinstance(self.policy, AutoLossScale):
-            self.state = core.counted_sampler_state(self.state, None, False, torch)  # the new sample is kept already
-            return None
-        device = scale.loss_scale.device
-        if auto.margin.device != device:  # once, after the scale moved
-            self.state = self.state._replace(auto=AutoState(*(t.to(device) for t in auto)))
-        finite, micro = found_inf.to(device) == 0, parts[0][3] if parts else 1
-        sample = self._summarized().sample if parts else None  # the rule reads it
-        new, self.state = core.next_sampler_state(self.policy, scale, self.state, finite, sample, bool(parts),
-                                                  torch, micro_batches=micro)
-        return new
+        if not parts:
+            return Taken(None, False, 1)
+        if len(parts) == 1:
+            columns, sizes = parts[0].columns, parts[0].sizes
+        else:
+            columns = [torch.cat([p.columns[k] for p in parts]) for k in range(4)]
+            sizes = Sizes(torch.cat([p.sizes.safe for p in parts]), sum(p.sizes.total for p in parts))
+        self.names = tuple(n for p in parts for n in p.names)
+        self._columns = (columns, sizes, self.state.count)
+        if recorder is not None:
+            latest = self._summarized().sample
+            recorder.note_stats(torch.stack([latest.headroom_bits, latest.zero_fraction, latest.subnormal_fraction]))
+        reads = self.state.auto is not None and isinstance(self.policy, AutoLossScale)
+        return Taken(self._summarized().sample if reads else None, True, parts[0].micro_batches)
 
     def _summarized(self) -> core.SamplerState:
         """:attr:`state` with the latest sample summarized (about 20 kernels on ``(T,)`` columns, once per sample).

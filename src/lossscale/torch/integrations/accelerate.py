@@ -14,7 +14,7 @@ try:
     from accelerate.optimizer import AcceleratedOptimizer
     from accelerate.utils import DistributedType
 
-    from ._compat import prepared_models, prepared_optimizers, track_step_calls
+    from .._compat import prepared_models, prepared_optimizers, track_step_calls
 except ImportError as error:  # pragma: no cover - exercised only without accelerate
     raise ImportError("lossscale.torch.integrations.accelerate needs accelerate: pip install accelerate") from error
 
