@@ -280,6 +280,7 @@ def _extensions(policy: Any) -> dict[str, Any]:
 
 def _fixed_value(name: str, value: Any, cls: str = "FixedLossScale") -> float:
     """A fixed scale, checked under the name the caller passed it as (``loss_scale_value`` or ``loss_scale``)."""
+    name = caller_name(name)
     value = scale(name, value)
     if value < 1:
         raise ValueError(

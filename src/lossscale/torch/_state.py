@@ -132,9 +132,11 @@ class ScaleState:
 
     def for_step(self, device: torch.device | None) -> StepScale:
         """Moves the state to ``device`` (None: stays), then what a step's check needs of it."""
-        if device is not None:
+        here = self.tensors.loss_scale.device  # read once: a step's hot path (no property calls)
+        if device is not None and device != here:
             self.to_(device)
-        return StepScale(self.tensors.loss_scale, self.inv_scale(), self.device, self.can_go_below_one)
+            here = device
+        return StepScale(self.tensors.loss_scale, self.inv_scale(), here, self.can_go_below_one)
 
     def advance(self, found_inf: torch.Tensor, sampler: Any = None, recorder: Any = None) -> None:
         """Moves the state (and ``sampler``'s) by one step whose gradients overflowed iff ``found_inf != 0``, in
