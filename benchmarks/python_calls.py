@@ -57,7 +57,7 @@ def measure(kind: str, tensors: int, steps: int) -> dict[str, float]:
     def runner(setup: str) -> Any:
         params = _params(tensors)
         inner = _inner(kind, params)
-        loss_of = lambda: sum((p * p).sum() for p in params)  # noqa: E731
+        loss_of = lambda: sum((p * p).sum() for p in params)
         if setup == "plain":
             def step() -> None:
                 inner.zero_grad()
