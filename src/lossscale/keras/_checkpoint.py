@@ -9,9 +9,9 @@ import keras
 import numpy as np
 
 from .._checkpoint import FIELDS, check_scale, read_record
-from .._rule import initial_state
+from .._rule import LossScaleState, initial_state
 from ._compat import before_tf_restore
-from ._step import STATE_NAMES
+from ._state import STATE_NAMES
 
 __all__ = ["check_store", "guard_restores", "keras3_store"]
 
@@ -62,7 +62,7 @@ def keras3_store(optimizer: Any, store: Any) -> dict[str, Any] | None:
     Cost: one read of each saved value (host copies, as Keras' own load)."""
     if not optimizer.built:
         return None
-    scale_variables, stats = optimizer._scale.variables, optimizer._scale.stats
+    scale_variables, stats = optimizer._state.variables, optimizer._state.stats
     stats_variables = [] if stats is None else stats.variables
     ours = {id(v) for v in [*scale_variables, *stats_variables]}
     variables, inner = list(optimizer.variables), list(optimizer.inner_optimizer.variables)
@@ -85,8 +85,9 @@ def keras3_store(optimizer: Any, store: Any) -> dict[str, Any] | None:
     clamped = np.float32(check_scale(where, scale.item(), optimizer.loss_scale_policy, clamp=True))  # finite: clamps
     values: dict[int, Any] = {id(v): value for v, value in zip(base, saved)}
     values |= {id(v): value for v, value in zip(inner, saved[len(base) + 2:])}
-    values |= {id(v): value for v, value in zip(scale_variables, initial_state(optimizer._scale.params, np))}
-    values |= {id(scale_variables[0]): clamped, id(scale_variables[1]): counter.astype(np.int32)}
+    values |= {id(v): value for v, value in zip(scale_variables, initial_state(optimizer._state.params, np))}
+    fields = LossScaleState(*scale_variables)
+    values |= {id(fields.loss_scale): clamped, id(fields.good_steps): counter.astype(np.int32)}
     values |= {id(v): value for v, value in zip(stats_variables, [] if stats is None else stats.initial)}
     return {str(i): values[id(v)] for i, v in enumerate(variables)}
 

@@ -4,13 +4,23 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import keras
 
 __all__ = [
-    "HIDDEN_FROM_DIR", "LegacyCheckpoint", "before_tf_restore", "checkpoint_children", "checkpoint_node",
-    "in_xla_trace", "inner_aggregation_off", "no_automatic_dependency_tracking", "not_inlined", "version_counter",
+    "HIDDEN_FROM_DIR",
+    "CheckpointParts",
+    "LegacyCheckpoint",
+    "before_tf_restore",
+    "checkpoint_node",
+    "in_xla_trace",
+    "inner_aggregation_off",
+    "install_checkpoint_hooks",
+    "is_jax_tracer",
+    "no_automatic_dependency_tracking",
+    "not_inlined",
+    "version_counter",
 ]
 
 
@@ -99,9 +109,50 @@ def checkpoint_node() -> Any:
     return tf.__internal__.tracking.AutoTrackable()
 
 
-def checkpoint_children(inner: Any, node: Any, save_type: str, **kwargs: Any) -> dict[str, Any]:
-    """The wrapper's checkpoint children (private ``_trackable_children``): the inner's own, plus ``loss_scale``."""
-    return {**inner._trackable_children(save_type, **kwargs), "loss_scale": node}
+class CheckpointParts(NamedTuple):
+    """What the checkpoint hooks of :func:`install_checkpoint_hooks` read from the optimizer."""
+
+    inner: Any  # the inner optimizer
+    node: Any  # checkpoint_node(): the scale variables' node (None off TensorFlow)
+    legacy: LegacyCheckpoint  # restores of 0.1's and Keras 3's layouts
+    scale_variables: list[Any]  # the five scale variables (empty before build)
+
+
+def install_checkpoint_hooks(cls: Any) -> None:
+    """Gives ``cls`` (the wrapper) TensorFlow's three private ``tf.train.Checkpoint`` hooks. Public replacement: none
+    (``tf.train.Checkpoint`` takes an object's children and its restore lookups only from these methods).
+
+    - ``_trackable_children``: the inner optimizer's children as the wrapper's own, so that plain checkpoints
+      restore into the wrapper and back (as tf-keras), plus ``loss_scale`` (the node of the scale variables).
+    - ``_checkpoint_adapter``: TensorFlow's restore asks it first: a checkpoint of 0.1, or of Keras 3's class?
+      (:meth:`LegacyCheckpoint.adapter`).
+    - ``_lookup_dependency``: restores pass the node's children (``cached_dependencies``); TF's own tracking (a name
+      already taken?) passes none, and is left to the base class.
+
+    The hooks read the optimizer through its ``_checkpoint_parts()`` (a :class:`CheckpointParts`, or None while its
+    ``__init__`` runs: Keras tracks attributes as they are set).
+    """
+
+    def _trackable_children(self: Any, save_type: str = "checkpoint", **kwargs: Any) -> dict[str, Any]:
+        parts = self._checkpoint_parts()
+        return {**parts.inner._trackable_children(save_type, **kwargs), "loss_scale": parts.node}
+
+    def _checkpoint_adapter(self: Any, path: str) -> Any:
+        if (parts := self._checkpoint_parts()) is not None:
+            parts.legacy.adapter(path)
+        return super(cls, self)._checkpoint_adapter(path)
+
+    def _lookup_dependency(self: Any, name: str, cached_dependencies: Any = None) -> Any:
+        parts = self._checkpoint_parts()
+        if parts is not None and cached_dependencies is not None:
+            handled, found = parts.legacy.lookup(name, parts.inner, parts.scale_variables, self)
+            if handled:
+                return found
+        return super(cls, self)._lookup_dependency(name, cached_dependencies)
+
+    cls._trackable_children = _trackable_children  # type: ignore[attr-defined]
+    cls._checkpoint_adapter = _checkpoint_adapter  # type: ignore[attr-defined]
+    cls._lookup_dependency = _lookup_dependency  # type: ignore[attr-defined]
 
 
 #: Hidden from ``dir()``: TF's checkpoint writer takes an object listing ``get_slot_names`` for a tf-keras optimizer
@@ -248,6 +299,15 @@ class LegacyCheckpoint:
                 optimizer._handle_deferred_dependencies(name=name, trackable=variable)
         if self.keras3_counter is not None and "_variables" in waiting:
             optimizer._handle_deferred_dependencies(name="_variables", trackable=self._keras3_list(optimizer, scale_variables))
+
+
+def is_jax_tracer(x: Any) -> bool:
+    """Whether ``x`` is a JAX tracer (a value being traced, not readable on the host): ``jax.core.Tracer``, which JAX
+    is retiring from its public API. Public replacement: none without a cost (converting ``x`` to numpy raises
+    ``jax.errors.TracerArrayConversionError`` for a tracer, at the price of a host copy of a concrete array)."""
+    import jax
+
+    return isinstance(x, jax.core.Tracer)
 
 
 def trace_of(tensor: Any) -> Any:

@@ -144,7 +144,17 @@ def _merged(custom_objects: Any) -> dict[str, Any]:
 
 
 def restore(cls: Any, config: dict[str, Any], custom: dict[str, Any], values: Any, history: Any) -> Any:
-    """The optimizer of a pickled record: ``from_config``; ``values`` wait for :meth:`build` (the model's variables)."""
-    opt = cls.from_config(dict(config), custom_objects=custom)
-    opt._pending, opt._scale.observer.history = values, history
-    return opt
+    """The optimizer of a pickled record (what ``LossScaleOptimizer.__reduce__`` returns, and every pickle names:
+    this function stays here, with this signature, for the pickles of older versions to load).
+
+    Args:
+        cls: the optimizer's class.
+        config: its :meth:`get_config`.
+        custom: the custom objects the config needs (the policy's class).
+        values: the variables' values (numpy, in ``optimizer.variables``' order), or None before build.
+        history: the :class:`lossscale.History` being recorded, or None.
+
+    Returns:
+        The optimizer; ``values`` are assigned when it is built (by the model's variables).
+    """
+    return cls._unpickled(config, custom, values, history)

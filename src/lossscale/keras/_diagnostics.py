@@ -13,6 +13,7 @@ from keras import ops
 from .. import History, LossScaleError
 from .._errors import check_skip_limit, stall_error
 from .._history import STATS_COLUMNS
+from ._compat import is_jax_tracer
 
 __all__ = ["StepObserver", "is_symbolic", "on_host"]
 
@@ -25,9 +26,7 @@ def is_symbolic(x: Any) -> bool:
 
         return not tf.executing_eagerly()
     if backend == "jax":
-        import jax
-
-        return isinstance(x, jax.core.Tracer)
+        return is_jax_tracer(x)
     return False
 
 
@@ -104,10 +103,24 @@ class StepObserver:
             self._loss = ops.stop_gradient(loss)
 
     def observe(
-        self, scale_used: Any, finite: Any, consecutive_skips: Any, new_scale: Any, stats: tuple[Any, ...] = ()
+        self, scale_used: Any, finite: Any, consecutive_skips: Any, new_scale: Any, measured: Any = None,
+        kept: Any = None,
     ) -> None:
-        """Once per step (when :attr:`active`): the record, and the guard (stateless: every JAX device raises)."""
+        """Once per step (when :attr:`active`): the record, and the guard (stateless: every JAX device raises).
+
+        Args:
+            scale_used: the scale the step's gradients were computed with.
+            finite: whether they were all finite (the step was applied).
+            consecutive_skips: the skips in a row after the step.
+            new_scale: the scale after the step.
+            measured: the step's :class:`._stats.Measurement` with ``stats_every``, else None.
+            kept: the sample kept after the step (with ``measured``): its columns go to the History on a sampled step.
+
+        Cost: one transfer of these scalars to the host per step (traced: a callback from the compiled step).
+        """
         if self.history is not None:
+            stats = () if measured is None else (measured.sampled, kept.headroom_bits, kept.zero_fraction,
+                                                 kept.subnormal_fraction)
             on_host(self._record, scale_used, finite, *stats)
         if self.max_consecutive_skips is not None:
             on_host(self._guard, consecutive_skips, new_scale, every_device=True)
