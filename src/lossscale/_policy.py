@@ -5,9 +5,11 @@ framework are accepted (one host read), bools and numbers the float32 rule canno
 from __future__ import annotations
 
 import abc
+import contextlib
 import math
 import operator
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextvars import ContextVar
 from dataclasses import KW_ONLY, dataclass, fields
 from numbers import Integral, Real
 from typing import Any
@@ -23,6 +25,31 @@ COUNTER_MAX = 2**31 - 1
 FLOAT32_MAX = 3.4028234663852886e38
 #: The smallest positive normal float32: a smaller scale rounds to 0 or loses precision.
 FLOAT32_TINY = 1.1754943508222875e-38
+
+#: The caller's names for the policies' arguments while a policy is built on its behalf (the stable form's
+#: ``initial_scale``, torch GradScaler's ``init_scale``...). Every validation message names an argument through
+#: :func:`caller_name`, so each message is written once and speaks the caller's words.
+_CALLER_NAMES: ContextVar[Mapping[str, str] | None] = ContextVar("lossscale_caller_names", default=None)
+
+
+def caller_name(name: str) -> str:
+    """``name`` as the caller spells it (itself outside :func:`caller_names`)."""
+    names = _CALLER_NAMES.get()
+    return name if names is None else names.get(name, name)
+
+
+@contextlib.contextmanager
+def caller_names(names: Mapping[str, str]) -> Iterator[None]:
+    """Within the block, validation messages name a policy's argument ``k`` as ``names[k]``.
+
+    Args:
+        names: the policy's argument name -> the caller's.
+    """
+    token = _CALLER_NAMES.set(dict(names))
+    try:
+        yield
+    finally:
+        _CALLER_NAMES.reset(token)
 
 def float32(value: float) -> float:
     """``value`` rounded to float32, as the rule's arithmetic sees it (inf beyond float32's range)."""
@@ -41,6 +68,7 @@ def _kind(value: Any) -> str:
 
 def _scalar(name: str, value: Any, fix: str, what: str) -> Any:
     """``value`` if it is a real scalar or a 0-d int/float array, else a TypeError naming ``fix``."""
+    name = caller_name(name)
     if isinstance(value, bool) or _kind(value) == "bool":
         raise TypeError(f"{name} must be {what}, got the bool {value!r}. {fix}")
     if isinstance(value, Real):
@@ -59,6 +87,7 @@ def _scalar(name: str, value: Any, fix: str, what: str) -> Any:
 
 
 def _concrete(name: str, value: Any, convert: Any, fix: str) -> Any:
+    name = caller_name(name)
     try:
         return convert(value)
     except OverflowError as error:  # an int beyond float64 (10**400): a value error, not a tracer
@@ -72,6 +101,7 @@ def _concrete(name: str, value: Any, convert: Any, fix: str) -> Any:
 
 def number(name: str, value: Any, fix: str) -> float:
     """``value`` as a finite Python float."""
+    name = caller_name(name)
     value = _concrete(name, _scalar(name, value, fix, "a real number"), float, fix)
     if not math.isfinite(value):
         raise ValueError(f"{name} must be finite, got {value!r}. {fix}")
@@ -80,6 +110,7 @@ def number(name: str, value: Any, fix: str) -> float:
 
 def scale(name: str, value: Any, *, at_least: float | None = None, example: str = "2**15") -> float:
     """A loss scale: positive, and a normal float32 number (between about 1.2e-38 and 3.4e38)."""
+    name = caller_name(name)
     fix = f"Pass a positive finite number, for example {name}={example}."
     value = number(name, value, fix)
     if value <= 0:
@@ -98,6 +129,7 @@ def scale(name: str, value: Any, *, at_least: float | None = None, example: str 
 
 def count(name: str, value: Any, *, at_least: int = 1) -> int:
     """A step count: a whole number in ``[at_least, 2**31 - 1]`` (the counters are int32)."""
+    name = caller_name(name)
     example = max(at_least, 2)
     fix = f"Pass a whole number, for example {name}={example}."
     value = _scalar(name, value, fix, "an int")
@@ -116,6 +148,7 @@ def count(name: str, value: Any, *, at_least: int = 1) -> int:
 
 def factor(name: str, value: Any, *, grows: bool) -> float:
     """A growth factor (``grows``: above 1) or a backoff factor (in (0, 1)), that stays one once rounded to float32."""
+    name = caller_name(name)
     example = "2.0" if grows else "0.5"
     fix = f"Use for example {name}={example}."
     what = "a finite number above 1" if grows else "a number in (0, 1)"
@@ -140,15 +173,16 @@ def scale_bounds(initial: Any, min_loss_scale: Any, max_loss_scale: Any) -> tupl
     if max_loss_scale is not None:
         max_scale = scale("max_loss_scale", max_loss_scale, at_least=min_scale, example="2**24")
     initial_scale = scale("initial_loss_scale", initial)
+    initial_name, min_name, max_name = map(caller_name, ("initial_loss_scale", "min_loss_scale", "max_loss_scale"))
     if initial_scale < min_scale:
         raise ValueError(
-            f"initial_loss_scale={initial_scale!r} is below min_loss_scale={min_scale!r}; "
-            "raise initial_loss_scale or lower min_loss_scale."
+            f"{initial_name}={initial_scale!r} is below {min_name}={min_scale!r}; "
+            f"raise {initial_name} or lower {min_name}."
         )
     if max_scale is not None and initial_scale > max_scale:
         raise ValueError(
-            f"initial_loss_scale={initial_scale!r} is above max_loss_scale={max_scale!r}; "
-            "lower initial_loss_scale or raise max_loss_scale."
+            f"{initial_name}={initial_scale!r} is above {max_name}={max_scale!r}; "
+            f"lower {initial_name} or raise {max_name}."
         )
     return initial_scale, min_scale, max_scale
 
@@ -156,7 +190,22 @@ def scale_bounds(initial: Any, min_loss_scale: Any, max_loss_scale: Any) -> tupl
 @dataclass(frozen=True)
 class RuleParams:
     """What the update rule (:func:`lossscale.next_state`) reads of a policy, as plain Python numbers; two backoff
-    constants keep TF's ``scale / multiplier`` and contrib's ``scale * decr_ratio`` exact (the other is 1)."""
+    constants keep TF's ``scale / multiplier`` and contrib's ``scale * decr_ratio`` exact (the other is 1).
+
+    Built by :meth:`LossScale.rule_params`; a frozen dataclass, so it can key a cache and be a static argument of
+    ``jax.jit``.
+
+    Args:
+        dynamic: False: the scale and ``good_steps``/``bad_steps`` never move (only the skip counters do).
+        initial_scale: the scale at step 0.
+        growth_interval: finite steps in a row before the scale grows.
+        growth_factor: what the scale is multiplied by when it grows (a growth to a non-finite scale is refused).
+        backoff_multiplier: a backoff multiplies the scale by this (contrib's ``decr_ratio``; else 1).
+        backoff_divisor: and divides it by this (TF's ``multiplier``; else 1).
+        hysteresis: non-finite steps, counted since the scale last changed, before it backs off.
+        min_scale: the floor a backoff stops at.
+        max_scale: the ceiling a growth stops at, or None for none.
+    """
 
     dynamic: bool
     initial_scale: float
@@ -342,7 +391,11 @@ class DynamicLossScale(LossScale):
 
 @dataclass(frozen=True, repr=False)
 class FixedLossScaleManager(LossScale):
-    """contrib's fixed manager: the same as ``FixedLossScale(loss_scale)``."""
+    """contrib's fixed manager: the same as ``FixedLossScale(loss_scale)``.
+
+    Args:
+        loss_scale: the scale, a finite number >= 1.
+    """
 
     dynamic = False
     loss_scale: float
@@ -362,7 +415,15 @@ class ExponentialUpdateLossScaleManager(LossScale):
     """contrib's dynamic manager, with contrib's exact rule (:class:`DynamicLossScale` with ``hysteresis`` and
     ``backoff_factor`` set): the scale is multiplied by ``incr_ratio`` (if the product is finite) after
     ``incr_every_n_steps`` finite steps in a row, and by ``decr_ratio`` (floored at 1) after
-    ``decr_every_n_nan_or_inf`` non-finite steps counted since the scale last changed."""
+    ``decr_every_n_nan_or_inf`` non-finite steps counted since the scale last changed.
+
+    Args:
+        init_loss_scale: the scale at step 0, a finite number > 0.
+        incr_every_n_steps: finite steps in a row before the scale grows, an int >= 1.
+        decr_every_n_nan_or_inf: non-finite steps (since the scale last changed) before it backs off (default 2).
+        incr_ratio: the growth factor, > 1 (default 2.0).
+        decr_ratio: the backoff factor, in (0, 1) (default 0.8); the scale never goes under 1.
+    """
 
     dynamic = True
     init_loss_scale: float

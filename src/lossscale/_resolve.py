@@ -9,7 +9,7 @@ from numbers import Real
 from typing import Any, cast
 
 from ._auto import AutoLossScale
-from ._policy import _PICKLED_BY_NAME, DynamicLossScale, FixedLossScale, LossScale, _fixed_value
+from ._policy import _PICKLED_BY_NAME, DynamicLossScale, FixedLossScale, LossScale, _fixed_value, caller_names
 
 __all__ = ["built_in_names", "get", "resolve_loss_scale", "serialize", "stable_form"]
 
@@ -24,9 +24,21 @@ def resolve_loss_scale(
     """The policy that TF's experimental ``LossScaleOptimizer(opt, loss_scale)`` or stable
     ``LossScaleOptimizer(opt, dynamic, initial_scale, dynamic_growth_steps)`` form describes.
 
-    ``min_loss_scale``, ``max_loss_scale`` and ``hysteresis`` (None: the :class:`DynamicLossScale` defaults)
-    refine the dynamic scale of the stable form or of ``loss_scale="dynamic"``. ``TypeError`` for a wrong type,
-    ``ValueError`` for a wrong value or a conflicting pair, each naming the keyword and the fix.
+    Args:
+        loss_scale: the experimental form: a number (fixed), ``"dynamic"``, ``"auto"``, a :class:`LossScale`, a
+            :func:`serialize` dict, or None (then the stable form decides; all None: ``DynamicLossScale()``).
+        dynamic: the stable form: True (default) for a dynamic scale, False for a fixed one.
+        initial_scale: the stable form's initial (or fixed) scale; default 2**15.
+        dynamic_growth_steps: the stable form's finite steps before the scale grows; default 2000.
+        min_loss_scale, max_loss_scale, hysteresis: refine the dynamic scale of the stable form or of
+            ``loss_scale="dynamic"`` (None: the :class:`DynamicLossScale` defaults 1, none, 1).
+
+    Returns:
+        The policy, a :class:`LossScale`.
+
+    Raises:
+        TypeError: a wrong type; ValueError: a wrong value or a conflicting pair. Each names the keyword and the
+            fix.
 
     >>> refined = resolve_loss_scale(dynamic_growth_steps=500, min_loss_scale=0.5)
     >>> refined == DynamicLossScale(2**15, 500, min_loss_scale=0.5)
@@ -74,15 +86,11 @@ _STABLE_NAMES = (("initial_loss_scale", "initial_scale"), ("loss_scale_value", "
 
 
 def built_in_names(names: tuple[tuple[str, str], ...], build: Any, *args: Any, **kwargs: Any) -> Any:
-    """``build(*args, **kwargs)``, a validation error re-raised in the caller's argument names: ``names`` pairs a
-    policy's name with the caller's (the stable form here, ``torch.amp.GradScaler``'s in the torch binding)."""
-    try:
+    """``build(*args, **kwargs)`` with validation errors in the caller's argument names: ``names`` pairs a policy's
+    name with the caller's (the stable form here, ``torch.amp.GradScaler``'s in the torch binding); the messages
+    are written with them (:func:`lossscale._policy.caller_names`), not rewritten afterwards."""
+    with caller_names(dict(names)):
         return build(*args, **kwargs)
-    except (TypeError, ValueError) as error:
-        message = str(error)
-        for ours, theirs in names:
-            message = message.replace(ours, theirs)
-        raise type(error)(message) from None
 
 
 def stable_form(policy: LossScale) -> dict[str, Any]:
@@ -97,7 +105,14 @@ _BUILTINS: dict[str, type[LossScale]] = {**_PICKLED_BY_NAME, AutoLossScale.__nam
 
 
 def serialize(loss_scale: LossScale) -> dict[str, Any]:
-    """``{"class_name": ..., "config": ...}``, the form :func:`get` reads back."""
+    """``{"class_name": ..., "config": ...}``, the form :func:`get` reads back.
+
+    Args:
+        loss_scale: the :class:`LossScale` to serialize.
+
+    Raises:
+        TypeError: ``loss_scale`` is not a :class:`LossScale`.
+    """
     if not isinstance(loss_scale, LossScale):
         raise TypeError(f"serialize() takes a LossScale, got {type(loss_scale).__name__}.")
     return {"class_name": type(loss_scale).__name__, "config": loss_scale.get_config()}
@@ -138,6 +153,16 @@ def get(identifier: Any, custom_objects: Mapping[str, Any] | None = None) -> Los
     * ``{"class_name": ..., "config": {...}}`` (:func:`serialize`) -> that policy: a built-in class, or one of
       yours given in ``custom_objects`` (``{"MyLossScale": MyLossScale}``, first); no other class is found by name;
     * anything else raises ``ValueError``.
+
+    Args:
+        identifier: the value to turn into a policy, as listed above.
+        custom_objects: ``{class name: class}`` for your own :class:`LossScale` subclasses in a serialized dict.
+
+    Returns:
+        The policy, or None for None.
+
+    Raises:
+        TypeError: ``custom_objects`` is not a mapping; ValueError: ``identifier`` names no policy.
 
     >>> get({"class_name": "DynamicLossScale", "config": {"initial_loss_scale": 1024}})
     DynamicLossScale(initial_loss_scale=1024.0, increment_period=2000, multiplier=2.0)

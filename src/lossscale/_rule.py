@@ -35,7 +35,16 @@ class LossScaleState(NamedTuple):
 
 
 def initial_state(policy: LossScale | RuleParams, xp: Any, **array_kwargs: Any) -> LossScaleState:
-    """The state at step 0, as ``xp`` arrays (``array_kwargs`` go to ``xp.asarray``, e.g. ``device=``)."""
+    """The state at step 0, as ``xp`` arrays: the policy's initial scale, every counter 0.
+
+    Args:
+        policy: a :class:`LossScale` or its :class:`RuleParams`.
+        xp: the array namespace (numpy, torch, jax.numpy, ``keras.ops``).
+        **array_kwargs: passed to ``xp.asarray``, e.g. ``device=``.
+
+    Returns:
+        A :class:`LossScaleState` of five 0-d arrays.
+    """
     params = policy if isinstance(policy, RuleParams) else policy.rule_params()
     scale = xp.asarray(params.initial_scale, dtype=xp.float32, **array_kwargs)
     return LossScaleState(scale, *(xp.asarray(0, dtype=xp.int32, **array_kwargs) for _ in range(4)))

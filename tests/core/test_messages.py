@@ -107,3 +107,16 @@ def test_underflow_report_takes_the_optimizer_once_sampled():
     stats = as_mapping(gradient_stats([np.array([0.0, 1.0], np.float16)], np, step=3), ["w"])
     report = underflow_report(_Holder(stats, (4, 4)))
     assert report.step == 3 and report.rows[0][0] == "w" and report.rows[0][1] == 0.5
+
+
+def test_a_policy_built_for_a_caller_speaks_its_names_and_only_inside():
+    """The stable form's names in a validation message (written with them, not rewritten), then the policy's again."""
+    from lossscale._policy import caller_names
+
+    with pytest.raises(ValueError, match=r"^initial_scale=0.5 is below min_loss_scale=1.0; raise initial_scale or"):
+        lossscale.resolve_loss_scale(initial_scale=0.5)
+    growth = pytest.raises(ValueError, match=r"^growth_interval must be an int in \[1, 2\*\*31 - 1\]")
+    with caller_names({"increment_period": "growth_interval"}), growth:
+        lossscale.DynamicLossScale(increment_period=0)
+    with pytest.raises(ValueError, match=r"^increment_period must be an int in \[1, 2\*\*31 - 1\]"):
+        lossscale.DynamicLossScale(increment_period=0)

@@ -10,7 +10,7 @@ Three layers:
   in float64 and rounded once to float32, which is correctly rounded for
   + - * / since 53 >= 2 * 24 + 2);
 * long random finite/non-finite sequences, run through ``next_state`` with
-  numpy as the namespace and through ``advance_in_place`` (the host path),
+  numpy as the namespace and through ``lossscale._advance.advance_in_place`` (the host path),
   compared with the transcription bit for bit.
 
 numpy only: torch and JAX run the same rule against this numpy reference in
@@ -36,7 +36,7 @@ from lossscale import (
     initial_state,
     next_state,
 )
-from lossscale._rule import advance_in_place
+from lossscale._advance import advance_in_place
 from tests.reference import POLICIES, trajectory
 
 INT32_MAX = 2**31 - 1

@@ -6,17 +6,21 @@ import numpy as np
 import pytest
 
 import lossscale
+from lossscale._advance import advance, advance_in_place
 from lossscale._auto import initial_auto_state, next_auto_state
 from lossscale._rule import COUNTER_MAX
 from lossscale._sampler import (
     SamplerState,
-    advance_sampler_in_place,
     initial_sampler_state,
     is_due,
-    next_sampler_state,
     read_sampler_record,
     sampler_record,
 )
+
+
+def next_sampler_state(policy, scale, sampler, finite, sample, sampled, xp, **kwargs):
+    """The sampler's step, as every binding takes it: :func:`lossscale._advance.advance` with a sampler."""
+    return advance(policy, scale, finite, xp, sampler=sampler, sample=sample, sampled=sampled, **kwargs)
 from lossscale._stats import gradient_stats
 
 
@@ -92,7 +96,7 @@ def test_the_count_saturates_at_int32_max(host_count):
 
 @pytest.mark.parametrize("policy", [lossscale.DynamicLossScale(2.0**4, 2), lossscale.AutoLossScale(2.0**20, window=4)])
 def test_advancing_in_place_matches_the_array_sampler_bit_for_bit(policy):
-    """The host path of an unsampled step (numpy views, a Python count) against next_sampler_state on arrays."""
+    """The host path of an unsampled step (numpy views, a Python count) against advance on arrays."""
     sampler = initial_sampler_state(policy, 2, np, count=np.asarray(COUNTER_MAX - 4, np.int32))
     scale = lossscale.initial_state(policy, np)
     # A first sampled step gives auto its bounds; then unsampled steps, overflows among them.
@@ -102,7 +106,7 @@ def test_advancing_in_place_matches_the_array_sampler_bit_for_bit(policy):
     count = int(sampler.count)
     for finite in [True, False, True, True, False, False, True, True]:
         scale, sampler = next_sampler_state(policy, scale, sampler, np.bool_(finite), None, np.bool_(False), np)
-        count = advance_sampler_in_place(policy, views, count, auto, finite)
+        count = advance_in_place(policy, views, finite, count=count, auto=auto)
         assert count == int(sampler.count)
         for got, want in zip([*views, *(auto or ())], [*scale, *(sampler.auto or ())]):
             np.testing.assert_array_equal(got, want)
