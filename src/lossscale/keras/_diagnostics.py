@@ -11,7 +11,8 @@ import numpy as np
 from keras import ops
 
 from .. import History, LossScaleError
-from .._errors import check_skip_limit, stall_error
+from .._diagnostics import HistoryRecorder, StallGuard, check_history
+from .._errors import check_skip_limit
 from .._history import STATS_COLUMNS
 from ._compat import is_jax_tracer
 
@@ -54,32 +55,54 @@ def on_host(fn: Callable[..., None], *args: Any, every_device: bool = False) -> 
         jax.debug.callback(fn, *args)
 
 
+#: Keras's words in the stall guard's message (the core's :func:`lossscale._errors.stall_error`).
+_LOSS_CHECK = "keras.ops.isfinite(loss)"
+_CAUSES = (
+    "  * activations that overflow float16's 65504: keep those layers in float32 (dtype='float32'), "
+    "or train in mixed_bfloat16 with loss_scale=1;\n"
+    "  * gradients of the unscaled loss applied as if scaled, or the reverse (see docs/keras.md, "
+    "'Two gradient contracts').\n"
+)
+
+
 class StepObserver:
-    """Records each step in a History and/or raises after too many skips in a row; compiled steps record loss NaN."""
+    """Hands each step's numbers to the core's :class:`~lossscale._diagnostics.HistoryRecorder` and
+    :class:`~lossscale._diagnostics.StallGuard` on the host (:func:`on_host`); the logic is theirs.
+
+    Losses are recorded where the step runs eagerly; a compiled step records NaN.
+
+    Args:
+        history: ``history=`` as the core's :func:`~lossscale._diagnostics.check_history` takes it (True, a
+            :class:`lossscale.History`, False/None).
+        max_consecutive_skips: the stall guard's limit, or None (off).
+
+    Raises:
+        TypeError, ValueError: a ``history`` or ``max_consecutive_skips`` the core refuses.
+    """
 
     def __init__(self, history: Any = None, max_consecutive_skips: int | None = None) -> None:
-        if history is True:
-            history = History()
-        elif history is False:
-            history = None
-        elif history is not None and not isinstance(history, History):
-            raise TypeError(f"history must be True, False/None or a lossscale.History, got {type(history).__name__}.")
-        self.max_consecutive_skips = check_skip_limit(max_consecutive_skips)
+        history = check_history(history)
+        limit = check_skip_limit(max_consecutive_skips)
+        self.guard = None if limit is None else StallGuard(limit, loss_check=_LOSS_CHECK, causes=_CAUSES)
         self.history = history
-        self._step = 0
         self._loss: Any = None
         self._defer = False
         self._pending: LossScaleError | None = None
 
     @property
+    def max_consecutive_skips(self) -> int | None:
+        """The stall guard's limit (None: off)."""
+        return None if self.guard is None else self.guard.limit
+
+    @property
     def history(self) -> History | None:
         """The record (None: off); setting it also sets ``active``, which the step reads."""
-        return self._history
+        return None if self._recorder is None else self._recorder.history
 
     @history.setter
     def history(self, history: History | None) -> None:
-        self._history = history
-        self.active = history is not None or self.max_consecutive_skips is not None
+        self._recorder = None if history is None else HistoryRecorder(history)
+        self.active = history is not None or self.guard is not None
 
     @contextlib.contextmanager
     def deferred(self) -> Iterator[None]:
@@ -122,27 +145,22 @@ class StepObserver:
             stats = () if measured is None else (measured.sampled, kept.headroom_bits, kept.zero_fraction,
                                                  kept.subnormal_fraction)
             on_host(self._record, scale_used, finite, *stats)
-        if self.max_consecutive_skips is not None:
+        if self.guard is not None:
             on_host(self._guard, consecutive_skips, new_scale, every_device=True)
 
     def _record(self, scale_used: Any, finite: Any, sampled: Any = False, *stats: Any) -> None:
-        step, self._step = self._step, self._step + 1
         loss, self._loss = self._loss, None
         loss_value = None if loss is None else float(np.asarray(ops.convert_to_numpy(loss), np.float64).reshape(()))
-        if self.history is not None:
+        if self._recorder is not None:
             columns = dict(zip(STATS_COLUMNS, map(float, stats)))
-            self.history.append(step, float(scale_used), not bool(finite), loss_value, columns if sampled else None)
+            self._recorder.append(float(scale_used), not bool(finite), loss_value, columns if sampled else None)
 
     def _guard(self, consecutive_skips: Any, new_scale: Any) -> None:
-        limit = self.max_consecutive_skips
-        if limit is not None and int(consecutive_skips) >= limit:
-            error = stall_error(
-                int(consecutive_skips), float(new_scale), limit, "keras.ops.isfinite(loss)",
-                "  * activations that overflow float16's 65504: keep those layers in float32 (dtype='float32'), "
-                "or train in mixed_bfloat16 with loss_scale=1;\n"
-                "  * gradients of the unscaled loss applied as if scaled, or the reverse (see docs/keras.md, "
-                "'Two gradient contracts').\n",
-            )
+        if self.guard is None:
+            return
+        try:
+            self.guard.check(int(consecutive_skips), float(new_scale))
+        except LossScaleError as error:
             if not self._defer:
-                raise error
+                raise
             self._pending = self._pending or error

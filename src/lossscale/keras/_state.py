@@ -16,12 +16,13 @@ import keras
 import numpy as np
 from keras import ops
 
+from .._advance import advance, advance_in_place
 from .._policy import LossScale
-from .._rule import LossScaleState, advance_in_place, initial_state, next_state
-from .._sampler import advance_sampler_in_place, next_sampler_state
+from .._rule import LossScaleState, initial_state
 from .._stats import GradientStats
 
 if TYPE_CHECKING:
+    from .._sampler import SamplerState
     from ._stats import Measurement, StatsVariables
 
 __all__ = ["STATE_NAMES", "XP", "ScaleVariables"]
@@ -129,7 +130,7 @@ class ScaleVariables:
             current: the state before the step (:meth:`read`).
             finite: whether the step's gradients were all finite (a 0-d bool tensor or a Python bool).
         """
-        return next_state(self.params, current, finite, XP)
+        return advance(self.params, current, finite, XP)[0]
 
     def advance(
         self, current: LossScaleState, finite: Any, measured: Measurement | None = None
@@ -152,9 +153,9 @@ class ScaleVariables:
             new, kept = self.after(current, finite), None
         else:
             stats = cast("StatsVariables", self.stats)  # a measurement comes only from the sampler
-            new, after = next_sampler_state(
-                self.policy, current, stats.sampler_state(measured), finite, measured.sample, measured.sampled, XP
-            )
+            new, after = advance(self.policy, current, finite, XP, sampler=stats.sampler_state(measured),
+                                 sample=measured.sample, sampled=measured.sampled)
+            after = cast("SamplerState", after)  # given a sampler, advance returns its state
             stats.store(measured, after)
             kept = after.sample
         self.write(new)
@@ -189,6 +190,6 @@ class ScaleVariables:
             advance_in_place(self.params, views, finite)
         else:
             stats = cast("StatsVariables", self.stats)  # a measurement comes only from the sampler
-            stats.store_on_host(advance_sampler_in_place(self.policy, views, stats.host_count(), stats.auto_views(),
-                                                         finite))
+            count = advance_in_place(self.policy, views, finite, count=stats.host_count(), auto=stats.auto_views())
+            stats.store_on_host(cast(int, count))  # given a count, advance_in_place returns the new one
         return old, views
