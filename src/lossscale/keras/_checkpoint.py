@@ -11,7 +11,7 @@ import numpy as np
 from .._checkpoint import FIELDS, check_scale, read_record
 from .._rule import LossScaleState, initial_state
 from ._compat import before_tf_restore
-from ._state import STATE_NAMES
+from ._state import STATE_NAMES, ScaleVariables
 
 __all__ = ["check_store", "guard_restores", "keras3_store"]
 
@@ -48,7 +48,7 @@ def _float_scalar(value: Any) -> bool:
     return value.shape == () and np.issubdtype(value.dtype, np.floating)
 
 
-def keras3_store(optimizer: Any, store: Any) -> dict[str, Any] | None:
+def keras3_store(optimizer: Any, state: ScaleVariables, store: Any) -> dict[str, Any] | None:
     """A weights ``store`` written by Keras 3's own ``LossScaleOptimizer``, as this optimizer's layout; else None.
 
     Keras 3's optimizer saves its base variables (``iteration``, ``learning_rate``), then ``step_counter`` (an int)
@@ -59,10 +59,22 @@ def keras3_store(optimizer: Any, store: Any) -> dict[str, Any] | None:
     over, the scale clamped into the policy's bounds (Keras 3's has no floor: it can fall below 1, or to 0; one not
     finite raises ``ValueError``), and the variables Keras 3 does not have take their initial values (the skip
     counters 0, the statistics empty).
+
+    Args:
+        optimizer: the optimizer loading (its variables' order is the store's).
+        state: its scale variables (and ``stats_every``'s).
+        store: Keras' weights store (``"0"``, ``"1"``, ... -> arrays).
+
+    Returns:
+        The store in this optimizer's layout, or None when ``store`` is not Keras 3's layout (or not built yet).
+
+    Raises:
+        ValueError: Keras 3's saved scale is not finite.
+
     Cost: one read of each saved value (host copies, as Keras' own load)."""
     if not optimizer.built:
         return None
-    scale_variables, stats = optimizer._state.variables, optimizer._state.stats
+    scale_variables, stats = state.variables, state.stats
     stats_variables = [] if stats is None else stats.variables
     ours = {id(v) for v in [*scale_variables, *stats_variables]}
     variables, inner = list(optimizer.variables), list(optimizer.inner_optimizer.variables)
@@ -85,7 +97,7 @@ def keras3_store(optimizer: Any, store: Any) -> dict[str, Any] | None:
     clamped = np.float32(check_scale(where, scale.item(), optimizer.loss_scale_policy, clamp=True))  # finite: clamps
     values: dict[int, Any] = {id(v): value for v, value in zip(base, saved)}
     values |= {id(v): value for v, value in zip(inner, saved[len(base) + 2:])}
-    values |= {id(v): value for v, value in zip(scale_variables, initial_state(optimizer._state.params, np))}
+    values |= {id(v): value for v, value in zip(scale_variables, initial_state(state.params, np))}
     fields = LossScaleState(*scale_variables)
     values |= {id(fields.loss_scale): clamped, id(fields.good_steps): counter.astype(np.int32)}
     values |= {id(v): value for v, value in zip(stats_variables, [] if stats is None else stats.initial)}

@@ -125,17 +125,15 @@ class StepObserver:
         if self.history is not None and not is_symbolic(loss) and int(np.prod(getattr(loss, "shape", ()))) == 1:
             self._loss = ops.stop_gradient(loss)
 
-    def observe(
-        self, scale_used: Any, finite: Any, consecutive_skips: Any, new_scale: Any, measured: Any = None,
-        kept: Any = None,
-    ) -> None:
-        """Once per step (when :attr:`active`): the record, and the guard (stateless: every JAX device raises).
+    def observe(self, scale_used: Any, finite: Any, new: Any, measured: Any = None, kept: Any = None) -> None:
+        """Once per step: the record, and the guard (stateless: every JAX device raises); nothing when neither is
+        on (no op added to a traced step).
 
         Args:
             scale_used: the scale the step's gradients were computed with.
             finite: whether they were all finite (the step was applied).
-            consecutive_skips: the skips in a row after the step.
-            new_scale: the scale after the step.
+            new: the :class:`~lossscale.LossScaleState` after the step (its ``consecutive_skips`` and
+                ``loss_scale`` go to the guard).
             measured: the step's :class:`._stats.Measurement` with ``stats_every``, else None.
             kept: the sample kept after the step (with ``measured``): its columns go to the History on a sampled step.
 
@@ -146,7 +144,7 @@ class StepObserver:
                                                  kept.subnormal_fraction)
             on_host(self._record, scale_used, finite, *stats)
         if self.guard is not None:
-            on_host(self._guard, consecutive_skips, new_scale, every_device=True)
+            on_host(self._guard, new.consecutive_skips, new.loss_scale, every_device=True)
 
     def _record(self, scale_used: Any, finite: Any, sampled: Any = False, *stats: Any) -> None:
         loss, self._loss = self._loss, None

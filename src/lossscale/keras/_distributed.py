@@ -22,9 +22,9 @@ from keras import ops
 from .._stats import GradientStats
 from ._compat import inner_aggregation_off
 from ._diagnostics import StepObserver
+from ._grads import unscale_and_check
 from ._state import ScaleVariables
 from ._stats import Measurement, StatsVariables
-from ._step import check
 
 __all__ = ["in_replica_of_strategy", "replica_apply"]
 
@@ -78,7 +78,7 @@ def replica_apply(
         sums, sizes = _replica_sums(stats, grads, variables, scale, already)
     if aggregate:
         grads = _all_reduce_sum(context, grads)
-    unscaled, finite = check(state, grads, variables, scale, already)
+    unscaled, finite = unscale_and_check(grads, variables, scale, already, state.at_least_one)
     if not aggregate:
         bad = context.all_reduce(tf.distribute.ReduceOp.SUM, tf.cast(tf.logical_not(finite), tf.float32))
         finite = tf.equal(bad, 0.0)
@@ -97,8 +97,7 @@ def replica_apply(
 
         ops.cond(flag, apply, lambda: None)
         new, kept = state.advance(current, flag, measured)
-        if observer.active:
-            observer.observe(current.loss_scale, flag, new.consecutive_skips, new.loss_scale, measured, kept)
+        observer.observe(current.loss_scale, flag, new, measured, kept)
 
     context.merge_call(cross_replica, args=(unscaled, finite, None if stats is None else sums))
 

@@ -9,7 +9,8 @@ from typing import Any
 import keras
 from keras import ops
 
-__all__ = ["all_finite", "by_platform", "reciprocal", "scale_loss", "unscale"]
+__all__ = ["all_finite", "by_platform", "overwritten", "reciprocal", "scale_loss", "unscale", "unscale_and_check"]
+
 
 def _times(x: Any, factor: Callable[[str], Any], round_back: bool = True) -> Any:
     """``x * factor(wide)`` in ``wide``, ``x``'s dtype widened to at least float32; rounded back to ``x``'s dtype
@@ -35,6 +36,29 @@ def unscale(grads: Sequence[Any], scale: Any, keep: Sequence[bool] | None = None
     """A new list: each gradient times ``1/scale`` in at least float32, in its dtype; None, ``keep[i]`` pass as is."""
     inverse = functools.cache(lambda wide: reciprocal(scale, wide))  # one reciprocal per dtype
     return [g if g is None or (keep is not None and keep[i]) else _times(g, inverse) for i, g in enumerate(grads)]
+
+
+def overwritten(variables: Sequence[Any]) -> list[bool]:
+    """Per variable, whether Keras overwrites it with its "gradient" (``overwrite_with_gradient``, e.g. a float8
+    layer's scale history): that value is not a gradient, so it is never unscaled."""
+    return [getattr(v, "overwrite_with_gradient", False) for v in variables]
+
+
+def unscale_and_check(grads: list[Any], variables: Sequence[Any], scale: Any, already: bool, check_scaled: bool) -> Any:
+    """``(unscaled, finite)``: the gradients times ``1/scale`` (as given when ``already``) and whether all are finite.
+
+    Args:
+        grads: one gradient per variable (None for none).
+        variables: their variables (:func:`overwritten` ones pass as is).
+        scale: the loss scale (a 0-d tensor).
+        already: the gradients are unscaled already (no multiply).
+        check_scaled: check ``grads`` as given, not waiting for the multiply (right when ``0 < 1/S <= 1``: the
+            scaled gradients are finite iff the unscaled ones are).
+
+    Cost: one multiply per gradient element, one read pass (:func:`all_finite`).
+    """
+    unscaled = grads if already else unscale(grads, scale, overwritten(variables))
+    return unscaled, all_finite(grads if check_scaled else unscaled)
 
 
 def _conjunction(flags: Sequence[Any]) -> Any:

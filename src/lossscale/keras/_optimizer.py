@@ -295,7 +295,7 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         A file of Keras 3's own ``LossScaleOptimizer`` (its layout: four variables before the inner optimizer's,
         ours seven or more) loads too: its scale and step counter carry over, the skip counters start at 0 and the
         statistics empty (:func:`._checkpoint.keras3_store`)."""
-        store = keras3_store(self, store) or store
+        store = keras3_store(self, self._scale_variables, store) or store
         check_store(self, self._scale_variables.variables, store)
         super().load_own_variables(store)
 

@@ -138,7 +138,7 @@ class StatsVariables:
 
     def measure(
         self, grads: Sequence[Any], variables: Sequence[Any], scale: Any, already: bool, *,
-        check: Callable[[], Any] | None = None, fused: bool = False,
+        check: Callable[[], Any] | None = None, fuse: bool = False,
         in_branch: Callable[[Any, Measurement], None] | None = None,
     ) -> tuple[Any, Measurement | None]:
         """This step's sample, in a ``cond`` on whether it is due (the kept sample otherwise), and the finite flag.
@@ -149,8 +149,9 @@ class StatsVariables:
             scale: the loss scale the gradients were computed with (a 0-d tensor).
             already: whether ``grads`` are already unscaled (then the sums are taken of ``grads * scale``).
             check: computes the finite flag (the step's own check); None on torch, whose step checks by itself.
-            fused: on a sampled step the flag is ``isfinite(amax)`` of the sample instead of ``check()`` (max
-                propagates NaN: one read pass for both; see ``fused`` in :mod:`._step`).
+            fuse: the scale is at least 1 on every step: then on a sampled step whose gradients are scaled and
+                float32 or narrower the flag is ``isfinite(amax)`` of the sample instead of ``check()`` (max
+                propagates NaN, and float32 holds their amax: one read pass for both).
             in_branch: TensorFlow with nothing recorded: called in each branch of the sample's ``cond`` with that
                 branch's flag and measurement (the step advances there), so that an unsampled step neither reads
                 nor writes the sample (for 8 gradients, 50 nodes more than without statistics; 215 when the kept
@@ -171,6 +172,9 @@ class StatsVariables:
             return None, Measurement(sample, flag, count)
         slots, sizes = self.slots(grads, variables)
         count, sampled = self.due()
+        fused = fuse and not already and all(
+            g is None or keras.backend.standardize_dtype(g.dtype) in ("float16", "bfloat16", "float32") for g in grads
+        )
 
         def branch(sample: GradientStats | None) -> Any:
             finite = ops.isfinite(sample.amax) if fused and sample is not None else check()  # type: ignore[misc]

@@ -4,7 +4,7 @@
 on JAX, :func:`stateless`); :func:`eager` is torch's ``apply``, decided by a Python ``if``. How the update is
 applied is the traced step's one difference between backends: :class:`Stateful` assigns the variables inside a
 ``cond``; :class:`Stateless` returns new values, by a ``cond`` or (JAX off the CPU) a ``where``. Under
-``tf.distribute``, :mod:`._distributed` runs the check (:func:`check`) per replica and the rest cross-replica.
+``tf.distribute``, :mod:`._distributed` runs the check per replica and the rest cross-replica.
 """
 
 from __future__ import annotations
@@ -20,52 +20,11 @@ from keras import ops
 from .._rule import LossScaleState
 from . import _grads
 from ._diagnostics import StepObserver
-from ._grads import all_finite, unscale
+from ._grads import all_finite, overwritten, unscale
 from ._state import ScaleVariables
 from ._stats import Measurement
 
-__all__ = ["Stateful", "Stateless", "check", "eager", "fused", "stateless", "traced"]
-
-
-def _keep(variables: Sequence[Any]) -> list[bool]:
-    """Per variable, whether Keras overwrites it with its "gradient" (``overwrite_with_gradient``): passed as is."""
-    return [getattr(v, "overwrite_with_gradient", False) for v in variables]
-
-
-def fused(state: ScaleVariables, grads: Sequence[Any], already: bool) -> bool:
-    """Whether a sampled step's ``isfinite(amax)`` is the finite check (one read pass for both): the gradients are
-    scaled, float32 or narrower (their amax is computed in float32 without overflowing), and ``S >= 1``."""
-    return not already and state.at_least_one and all(
-        g is None or keras.backend.standardize_dtype(g.dtype) in ("float16", "bfloat16", "float32") for g in grads
-    )
-
-
-def check(state: ScaleVariables, grads: list[Any], variables: Sequence[Any], scale: Any, already: bool) -> Any:
-    """``(unscaled, finite)``: the gradients times ``1/scale`` (as given when ``already``) and whether all are finite.
-
-    With ``0 < 1/S <= 1`` (:attr:`~._state.ScaleVariables.at_least_one`) the check reads ``grads``, not waiting
-    for the multiply. Cost: one multiply per gradient element, one read pass.
-    """
-    unscaled = grads if already else unscale(grads, scale, _keep(variables))
-    return unscaled, all_finite(grads if state.at_least_one else unscaled)
-
-
-def _measure(state: ScaleVariables, grads: list[Any], variables: Sequence[Any], checked: list[Any], scale: Any,
-             already: bool) -> tuple[Any, Measurement | None]:
-    """``(finite, measured)``: whether ``checked`` is finite, and ``stats_every``'s measurement (None when off)."""
-    if state.stats is None:
-        return all_finite(checked), None
-    finite, measured = state.stats.measure(grads, variables, scale, already, check=lambda: all_finite(checked),
-                                           fused=fused(state, grads, already))
-    return all_finite(checked) if finite is None else finite, measured
-
-
-def _advance(state: ScaleVariables, observer: StepObserver, current: LossScaleState, finite: Any,
-             measured: Measurement | None) -> None:
-    """Advances the state by the step, then hands the step to the observer (when on)."""
-    new, kept = state.advance(current, finite, measured)
-    if observer.active:
-        observer.observe(current.loss_scale, finite, new.consecutive_skips, new.loss_scale, measured, kept)
+__all__ = ["Stateful", "Stateless", "eager", "stateless", "traced"]
 
 
 class Stateful:
@@ -195,29 +154,33 @@ def traced(state: ScaleVariables, observer: StepObserver, grads: list[Any], vari
         What ``update.select`` returns (:class:`Stateless`: new weights and optimizer values).
 
     Cost: one multiply and one read pass over the gradients (a sampled step with ``stats_every``: one more read
-    pass, or none more when :func:`fused`), about 20 scalar ops for the rule. Host syncs: none when traced; two in
+    pass, or none more when the sample's amax is the check), about 20 scalar ops for the rule. Host syncs: none when traced; two in
     eager TensorFlow (three with ``stats_every``); the observer adds one transfer of three scalars.
     """
     with update.scope():
         current = state.read()
 
         def unscale_now() -> list[Any]:
-            return grads if already else unscale(grads, current.loss_scale, _keep(variables))
+            return grads if already else unscale(grads, current.loss_scale, overwritten(variables))
 
         ahead = None if state.at_least_one else unscale_now()  # the check reads the unscaled gradients
         checked = grads if ahead is None else ahead
-        per_branch = False
-        if state.stats is not None and not observer.active and update.writes_in_branches:
-            def in_branch(flag: Any, measured: Measurement) -> None:
-                state.advance(current, flag, measured)
-
-            finite = state.stats.measure(grads, variables, current.loss_scale, already, check=lambda: all_finite(checked),
-                                         fused=fused(state, grads, already), in_branch=in_branch)[0]
+        stats, in_branch = state.stats, None
+        if stats is None:
+            finite, measured = all_finite(checked), None
         else:
-            finite, measured = _measure(state, grads, variables, checked, current.loss_scale, already)
-            per_branch = measured is None and not observer.active
-            if not per_branch:
-                _advance(state, observer, current, finite, measured)
+            if not observer.active and update.writes_in_branches:
+                def in_branch(flag: Any, measured: Measurement) -> None:
+                    state.advance(current, flag, measured)
+
+            finite, measured = stats.measure(grads, variables, current.loss_scale, already,
+                                             check=lambda: all_finite(checked), fuse=state.at_least_one,
+                                             in_branch=in_branch)
+            finite = all_finite(checked) if finite is None else finite  # None: torch's sample is no check
+        per_branch = stats is None and not observer.active  # the rule runs in the update's branches
+        if not per_branch and in_branch is None:
+            new, kept = state.advance(current, finite, measured)
+            observer.observe(current.loss_scale, finite, new, measured, kept)
     if isinstance(update, Stateless):
         return update.select(state, finite, unscale_now, current if per_branch else None)
     return update.select(state, finite, unscale_now() if ahead is None else ahead, current if per_branch else None)
@@ -256,7 +219,7 @@ def eager(state: ScaleVariables, observer: StepObserver, inner: Any, grads: list
     with torch.no_grad():  # updates must not be recorded by autograd
         scale = state.fields().loss_scale.value
         measured = None if state.stats is None else state.stats.measure(grads, variables, scale, already)[1]
-        as_given = [already or k for k in _keep(variables)]
+        as_given = [already or k for k in overwritten(variables)]
         flags: list[Any] = []
         copies = unscaled_copies([None if a else g for g, a in zip(grads, as_given)], reciprocal(scale), flags)
         unscaled = [g if a else u for g, u, a in zip(grads, copies, as_given)]
@@ -266,7 +229,9 @@ def eager(state: ScaleVariables, observer: StepObserver, inner: Any, grads: list
             inner.apply(unscaled, variables)
         on_host = state.advance_on_host(finite, measured)
         if on_host is None:
-            _advance(state, observer, state.read(copy=observer.active), finite, measured)
+            current = state.read(copy=observer.active)
+            new, kept = state.advance(current, finite, measured)
+            observer.observe(current.loss_scale, finite, new, measured, kept)
         elif observer.active:
             old, views = on_host
-            observer.observe(old.loss_scale, np.bool_(finite), views.consecutive_skips[()], views.loss_scale[()])
+            observer.observe(old.loss_scale, np.bool_(finite), LossScaleState(*(view[()] for view in views)))
