@@ -213,7 +213,7 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         finite = all(isfinite(u))
         if finite: inner_optimizer.apply(u)     # iterations += 1
         else:      nothing: weights, inner slots and iterations untouched
-        S, counters = lossscale.next_state(policy, S, counters, finite)
+        S, counters = advance(policy, S, counters, finite)     # the core's rule, lossscale.next_state
 
     A non-finite step is skipped in every mode, fixed scales included. A subclass of Keras' own class; the state is
     five Keras variables, which ``.keras`` files save (a file of Keras 3's own class loads too: its scale and step
@@ -221,17 +221,33 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
     refused here off their defaults, read and written through as attributes. See docs/keras.md.
 
     Args:
-        inner_optimizer: the ``keras.optimizers.Optimizer`` instance to wrap.
-        loss_scale: a number (fixed), ``"dynamic"``, a :class:`lossscale.LossScale` or its serialized dict.
-        dynamic, initial_scale, dynamic_growth_steps: TF's stable form (default: dynamic, 2**15, 2000). A dynamic
-            ``initial_scale`` below 1 (which Keras 3 accepts) is also the floor unless ``min_loss_scale`` is given.
-        min_loss_scale, max_loss_scale, hysteresis: refine the dynamic scale (defaults: 1, none, 1).
-        max_consecutive_skips: raise :class:`lossscale.LossScaleError` after this many skips in a row (None: never).
-        history: True or a :class:`lossscale.History` recording each step's scale and skip flag.
-        stats_every: measure the scaled gradients every N-th apply (None: never; 16 with ``loss_scale="auto"``).
-        name: the optimizer's name.
+        inner_optimizer: the ``keras.optimizers.Optimizer`` instance to wrap (not already wrapped by another live
+            ``LossScaleOptimizer``: two wrappers would share its slots and ``iterations`` but keep two scales).
+        loss_scale: a number (fixed), ``"dynamic"``, ``"auto"``, a :class:`lossscale.LossScale` or its serialized
+            dict. Default None: the stable form's keywords below decide (dynamic).
+        dynamic: TF's stable form: whether the scale moves (default None: True). False needs ``initial_scale``.
+        initial_scale: the first scale (default None: 2**15 when dynamic). A dynamic ``initial_scale`` below 1
+            (which Keras 3 accepts) is also the floor unless ``min_loss_scale`` is given.
+        dynamic_growth_steps: finite steps in a row before the scale doubles (default None: 2000).
+        min_loss_scale: the dynamic scale's floor (default None: 1).
+        max_loss_scale: the dynamic scale's ceiling (default None: none).
+        hysteresis: non-finite steps before the scale halves (default None: 1, TF's).
+        max_consecutive_skips: raise :class:`lossscale.LossScaleError` after this many skips in a row (default
+            None: never). Costs one transfer of two scalars to the host per step.
+        history: True (a new :class:`lossscale.History`), a ``History`` to append to, or False/None (default: off):
+            each step's scale, skip flag and loss (eager steps; compiled ones record NaN). Costs one transfer of
+            three scalars to the host per step.
+        stats_every: measure the scaled gradients every N-th apply (default None: never; 16 with
+            ``loss_scale="auto"``). A sampled step costs one more read pass over the gradients.
+        name: the optimizer's name (default None: Keras picks one).
         **kwargs: base-optimizer settings (``clipnorm``, ``use_ema``, ...) at their defaults, as Keras 3's class
-            accepts them (its configs carry them); any other value, or any other keyword, raises ``ValueError``.
+            accepts them (its configs carry them).
+
+    Raises:
+        ValueError: a base-optimizer setting off its default, an unknown keyword, an inner optimizer with its own
+            ``loss_scale_factor`` or held by another wrapper, or a policy value the core refuses.
+        TypeError: ``inner_optimizer`` is not a Keras 3 optimizer or is a ``LossScaleOptimizer``; a ``history``
+            or ``max_consecutive_skips`` of the wrong type.
 
     Cost per step: one multiply per gradient element, one read pass for the check, about 20 scalar ops for the
     scale. Host syncs: none under ``tf.function`` and ``jit``; one in eager TensorFlow and on torch;
@@ -269,7 +285,14 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
 
     @no_automatic_dependency_tracking
     def build(self, var_list: Sequence[Any]) -> None:
-        # Keras' own class names its first two variables as attributes.
+        """Creates the scale's variables (and ``stats_every``'s) and builds the inner optimizer.
+
+        Args:
+            var_list: the trainable variables the optimizer will update (``model.trainable_variables``).
+
+        Values restored before build (an unpickled optimizer) are loaded here, through the same checks as a file.
+        """
+        # Keras' own class names its first two variables as attributes; kept for code that reads them.
         variables = self._scale_variables.build(self.add_variable)
         if self._checkpoint_node is not None:
             self._legacy_checkpoint.before_build(self)
@@ -277,7 +300,7 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         self.dynamic_scale, self.step_counter = fields.loss_scale, fields.good_steps
         if self._scale_variables.stats is not None and not self._scale_variables.stats.built:
             variables = variables + self._scale_variables.stats.build(self.add_variable, list(var_list))
-        if self._checkpoint_node is not None:
+        if self._checkpoint_node is not None:  # tf.train.Checkpoint: the inner's graph plus "loss_scale"
             for variable in variables:
                 setattr(self._checkpoint_node, variable.name, variable)
         if not self.inner_optimizer.built:
@@ -292,9 +315,18 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
 
     def load_own_variables(self, store: Any) -> None:
         """Keras' loader (``.keras``, ``load_weights``, pickle) after the core's check: a bad value assigns nothing.
+
         A file of Keras 3's own ``LossScaleOptimizer`` (its layout: four variables before the inner optimizer's,
         ours seven or more) loads too: its scale and step counter carry over, the skip counters start at 0 and the
-        statistics empty (:func:`._checkpoint.keras3_store`)."""
+        statistics empty (:func:`._checkpoint.keras3_store`).
+
+        Args:
+            store: Keras' weights store of this optimizer (``"0"``, ``"1"``, ... -> arrays).
+
+        Raises:
+            ValueError: a saved scale state the policy refuses (out of bounds, negative counters, wrong shape), or
+                a Keras 3 file whose scale overflowed to inf.
+        """
         store = keras3_store(self, self._scale_variables, store) or store
         check_store(self, self._scale_variables.variables, store)
         super().load_own_variables(store)
@@ -378,32 +410,84 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         return self._observer.history
 
     def get_scaled_loss(self, loss: Any) -> Any:
-        """``loss * loss_scale`` in at least float32, in ``loss``'s dtype; a callable gives a callable (TF's form)."""
+        """``loss * loss_scale``, computed in at least float32 and returned in ``loss``'s dtype (TF's).
+
+        Args:
+            loss: the loss, a tensor (a scalar, or per example), or a callable returning one (TF's form: then a
+                callable comes back).
+
+        Returns:
+            The scaled loss. With ``history`` on, an eager 1-element loss is kept for the next step's record.
+
+        Cost: one multiply; no host sync.
+        """
         if callable(loss):
             return lambda: self.get_scaled_loss(loss())
         self._observer.note_loss(loss)
         return scale_loss(loss, self.loss_scale)
 
     def scale_loss(self, loss: Any) -> Any:
-        """Keras 3's name for :meth:`get_scaled_loss` (what ``fit`` calls), with Keras 3's dtype: a float16 or
-        bfloat16 loss comes back in float32 (``3.0 * 2**15`` overflows float16), a wider one in its own."""
+        """Keras 3's name for :meth:`get_scaled_loss` (what ``fit`` calls), with Keras 3's dtype.
+
+        Args:
+            loss: the loss tensor.
+
+        Returns:
+            ``loss * loss_scale``: a float16 or bfloat16 loss comes back in float32 (``3.0 * 2**15`` overflows
+            float16), a wider one in its own dtype.
+
+        Cost: one multiply; no host sync.
+        """
         self._observer.note_loss(loss)
         return scale_loss(loss, self.loss_scale, keep_dtype=False)
 
     def get_unscaled_gradients(self, grads: Sequence[Any]) -> list[Any]:
-        """A new list: each gradient times ``1/loss_scale`` in its own dtype; None stays None. One multiply, no sync.
-        The next apply takes what this returns (or tensors computed from it) as already unscaled (docs/keras.md)."""
+        """A new list: each gradient times ``1/loss_scale`` (the float32 reciprocal, as TF) in its own dtype.
+
+        The next apply takes what this returns (or tensors computed from it) as already unscaled (docs/keras.md,
+        "Two gradient contracts"), except when these are the gradients the last apply took (logging after a step).
+
+        Args:
+            grads: the scaled gradients; None entries stay None. Not modified.
+
+        Returns:
+            The unscaled gradients, a new list.
+
+        Cost: one multiply per element; no host sync.
+        """
         grads = list(grads)
         self._stage.note(grads)
         return unscale(grads, self.loss_scale)
 
     def check_finite(self, grads: Sequence[Any]) -> Any:
-        """True iff no gradient holds a NaN or an Inf (a 0-d bool tensor)."""
+        """Whether no gradient holds a NaN or an Inf, the check a step makes.
+
+        Args:
+            grads: the gradients (None entries are left out).
+
+        Returns:
+            A 0-d bool tensor. Cost: one read pass over the gradients (two on a non-finite step); one host sync in
+            eager TensorFlow, none when traced.
+        """
         return all_finite(grads)
 
     def apply(self, grads: Sequence[Any], trainable_variables: Sequence[Any] | None = None) -> None:
-        """Unscales (unless already unscaled), checks, applies or skips, and updates the scale; under
-        ``tf.distribute`` the gradients are summed over the replicas first."""
+        """One step: unscales (unless already unscaled), checks, applies or skips, and advances the scale.
+
+        Args:
+            grads: one gradient per variable (None for none), of the scaled loss, or what
+                :meth:`get_unscaled_gradients` returned. Not modified.
+            trainable_variables: the variables (default None: those the optimizer was built with; then it must be
+                built). An unbuilt optimizer is built with them.
+
+        Raises:
+            ValueError: no variables for an unbuilt optimizer, a gradient count that does not match, a variable the
+                optimizer was not built with (JAX), or a mixture of scaled and unscaled gradients.
+
+        Under ``tf.distribute`` the gradients are summed over the replicas first. Cost: one multiply and one read
+        pass over the gradients, about 20 scalar ops; host syncs: none when traced, one in eager TensorFlow and on
+        torch.
+        """
         self._apply(grads, trainable_variables, aggregate=True)
 
     def _apply(self, grads: Sequence[Any], trainable_variables: Sequence[Any] | None, aggregate: bool) -> None:
@@ -463,7 +547,19 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
     def stateless_apply(
         self, optimizer_variables: Sequence[Any], grads: Sequence[Any], trainable_variables: Sequence[Any]
     ) -> tuple[list[Any], list[Any]]:
-        """The pure form of :meth:`apply` (what ``fit`` on JAX calls): new weights and optimizer variables."""
+        """The pure form of :meth:`apply` (what ``fit`` on JAX calls), touching no variable.
+
+        Args:
+            optimizer_variables: the values of ``self.variables``, in that order.
+            grads: one gradient per trainable variable, scaled unless from :meth:`get_unscaled_gradients`.
+            trainable_variables: the values of the variables the optimizer was built with.
+
+        Returns:
+            ``(new trainable values, new optimizer values)``.
+
+        Raises:
+            ValueError: on TensorFlow, before build, or when a count does not match.
+        """
         if keras.backend.backend() == "tensorflow":
             raise ValueError(
                 "stateless_apply is not supported with the TensorFlow backend (as it is incompatible with "
@@ -488,9 +584,21 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
     def apply_gradients(
         self, grads_and_vars: Any, name: str | None = None, experimental_aggregate_gradients: bool = True
     ) -> Any:
-        """Applies ``(gradient, variable)`` pairs; returns ``iterations`` (not advanced on a skip). TF's signature.
-        Under ``tf.distribute``, ``experimental_aggregate_gradients=True`` sums the gradients over the replicas
-        before the check (a NaN or Inf on one replica skips the step on all); False: the caller has summed them."""
+        """Applies ``(gradient, variable)`` pairs, as :meth:`apply`; TF's signature.
+
+        Args:
+            grads_and_vars: an iterable of ``(gradient, variable)`` pairs (not empty).
+            name: unused (TF's signature).
+            experimental_aggregate_gradients: under ``tf.distribute``, True (default) sums the gradients over the
+                replicas before the check (a NaN or Inf on one replica skips the step on all); False: the caller
+                has summed them (a step is skipped if any replica's are not finite).
+
+        Returns:
+            ``iterations`` (not advanced on a skip).
+
+        Raises:
+            ValueError: no pairs, or as :meth:`apply`.
+        """
         pairs = list(grads_and_vars)
         if not pairs:
             raise ValueError("apply_gradients() got no (gradient, variable) pairs.")
@@ -499,8 +607,21 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         return self.iterations
 
     def minimize(self, loss: Any, var_list: Any, tape: Any = None) -> Any:
-        """TF's ``minimize`` (TensorFlow backend): scale, differentiate, unscale, apply; returns ``iterations``.
-        ``var_list``: a variable, a list or tuple of them, or a callable returning one (called after ``loss``)."""
+        """TF's ``minimize`` (TensorFlow backend): scale, differentiate, unscale, apply.
+
+        Args:
+            loss: the loss tensor, or a callable returning it (called inside the tape).
+            var_list: a variable, a list or tuple of them, or a callable returning one (called after ``loss``).
+            tape: a ``tf.GradientTape`` to record in (default None: a new one).
+
+        Returns:
+            ``iterations`` (not advanced on a skip).
+
+        Raises:
+            NotImplementedError: on another backend (the message names the replacement).
+
+        Cost: one backward pass, then :meth:`apply`'s.
+        """
         _tensorflow_only("minimize", "tf.GradientTape")
         import tensorflow as tf
 
@@ -512,8 +633,21 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         return self.apply_gradients(zip(self.get_unscaled_gradients(grads), variables))
 
     def get_gradients(self, loss: Any, params: Sequence[Any]) -> list[Any]:
-        """TF's ``get_gradients``: ``tf.gradients`` of ``get_scaled_loss(loss)``, unscaled (TensorFlow backend,
-        inside a ``tf.function``). Cost: one backward pass, one multiply per gradient element."""
+        """TF's ``get_gradients``: ``tf.gradients`` of ``get_scaled_loss(loss)``, unscaled.
+
+        Args:
+            loss: the loss tensor, or a callable returning it.
+            params: the variables (Keras or TensorFlow) to differentiate by.
+
+        Returns:
+            The unscaled gradients, one per variable.
+
+        Raises:
+            NotImplementedError: on another backend.
+            RuntimeError: in eager code (``tf.gradients`` works inside a ``tf.function`` only, as in tf-keras).
+
+        Cost: one backward pass, one multiply per gradient element.
+        """
         _tensorflow_only("get_gradients", "tf.gradients")
         import tensorflow as tf
 
@@ -528,12 +662,28 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         return self.get_unscaled_gradients(tf.gradients(scaled, variables))
 
     def get_slot_names(self) -> list[str]:
-        """The inner optimizer's per-variable state names (Keras 3's: Adam's ``["momentum", "velocity"]``)."""
+        """The inner optimizer's per-variable state names (Keras 3's: Adam's ``["momentum", "velocity"]``).
+
+        Returns:
+            The names, in the order of the first variable that has them (empty before build).
+        """
         inner = self.inner_optimizer
         return list(dict.fromkeys(name for v in self._trainable_variables for name in _slots_of(inner, v)))
 
     def get_slot(self, var: Any, slot_name: str) -> Any:
-        """The inner optimizer's ``slot_name`` variable for ``var`` (Keras 3's name, or tf-keras's: ``"m"``)."""
+        """The inner optimizer's ``slot_name`` variable for ``var``.
+
+        Args:
+            var: the model variable.
+            slot_name: Keras 3's name (``"momentum"``) or tf-keras's (``"m"``, translated per optimizer class).
+
+        Returns:
+            The slot variable.
+
+        Raises:
+            ValueError: before build.
+            KeyError: no such slot (the message lists the variable's slots).
+        """
         inner = self.inner_optimizer
         slots, name = _slots_of(inner, var), _slot_name(inner, slot_name)
         if name in slots:
@@ -547,8 +697,17 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         )
 
     def add_slot(self, var: Any, slot_name: str, initializer: Any = "zeros") -> Any:
-        """The ``slot_name`` variable for ``var``: the existing one, or a new one shaped like ``var`` (Keras 3's
-        ``inner.add_variable_from_reference``): saved with the optimizer, not used by its update rule."""
+        """The ``slot_name`` variable for ``var``: the existing one, or a new one shaped like ``var``.
+
+        Args:
+            var: the model variable.
+            slot_name: Keras 3's or tf-keras's slot name.
+            initializer: a Keras initializer or its name for a new slot (default ``"zeros"``).
+
+        Returns:
+            The slot variable: a new one comes from Keras 3's ``inner.add_variable_from_reference``, is saved with
+            the optimizer and is not used by its update rule.
+        """
         inner = self.inner_optimizer
         slots, name = _slots_of(inner, var), _slot_name(inner, slot_name)
         return slots[name] if name in slots else inner.add_variable_from_reference(var, name, initializer=initializer)
@@ -562,8 +721,22 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
 
     @classmethod
     def from_config(cls, config: dict[str, Any], custom_objects: Any = None) -> LossScaleOptimizer:
-        """Rebuilds from :meth:`get_config`, Keras 3's own config, or any tf-keras ``LossScaleOptimizer`` config; a
-        custom :class:`lossscale.LossScale` is found in ``custom_objects`` (or Keras' registry), never imported."""
+        """Rebuilds from :meth:`get_config`, Keras 3's own config, or any tf-keras ``LossScaleOptimizer`` config.
+
+        Args:
+            config: the config dict (tf-keras's shapes and Keras 2 inner optimizers are translated, as
+                docs/keras.md's "Configs from tf-keras" lists).
+            custom_objects: classes by name for a custom inner optimizer or :class:`lossscale.LossScale` (default
+                None: Keras' registry and an enclosing ``custom_object_scope``). A config never imports a module.
+
+        Returns:
+            The optimizer.
+
+        Raises:
+            ValueError: not a ``LossScaleOptimizer`` config, a base-optimizer setting off its default, or an inner
+                optimizer Keras 3 cannot rebuild.
+            TypeError: an ``inner_optimizer`` entry that is no optimizer and no serialized one.
+        """
         inner, kwargs = read_config(config, custom_objects)
         return cls(inner, **kwargs)
 
