@@ -159,8 +159,9 @@ def test_an_unsampled_eager_torch_step_does_not_walk_the_gradients(monkeypatch):
     from lossscale.keras import _stats
 
     walked = []
-    slots = _stats.StatsVariables.slots
-    monkeypatch.setattr(_stats.StatsVariables, "slots", lambda self, *a: walked.append(1) or slots(self, *a))
+    in_build_order = _stats.StatsVariables.in_build_order
+    monkeypatch.setattr(_stats.StatsVariables, "in_build_order",
+                        lambda self, *a: walked.append(1) or in_build_order(self, *a))
     opt = lsk.LossScaleOptimizer(keras.optimizers.SGD(0.0), stats_every=3)
     step = driver(opt, variables(), compiled=False)
     for i in range(7):

@@ -33,6 +33,12 @@ def no_automatic_dependency_tracking(method: Callable[..., Any]) -> Callable[...
     return tracking.no_automatic_dependency_tracking(method)
 
 
+def built_variables(optimizer: Any) -> list[Any]:
+    """The variables ``optimizer.build`` was given, in that order: Keras' private ``_trainable_variables`` (Keras 3's
+    own ``LossScaleOptimizer`` reads it too). Public replacement: none (``optimizer.variables`` are its own)."""
+    return optimizer._trainable_variables  # type: ignore[no-any-return]
+
+
 def not_inlined(fn: Callable[[], Any]) -> Callable[[], Any]:
     """``fn`` as a ``tf.function`` that TensorFlow calls instead of inlining (the private ``_noinline`` attribute), so
     that a ``cond`` branch holding it is one node to skip. Eager code, other backends, or a TF that refuses the

@@ -104,10 +104,10 @@ def replica_apply(
 
 def _replica_sums(stats: StatsVariables, grads: list[Any], variables: list[Any], scale: Any, already: bool) -> Any:
     """This replica's ``(1, 4, T)`` sums when sampled (else zeros), and the sizes."""
-    slots, sizes = stats.slots(grads, variables)
+    ordered, sizes = stats.in_build_order(grads, variables)
 
     def take() -> Any:
-        return stats.table(slots, sizes, scale, already)[None]
+        return stats.table(ordered, sizes, scale, already)[None]
 
     return stats.when_due(stats.due()[1], take, lambda: ops.zeros((1, 4, len(sizes)), "float32")), sizes
 

@@ -22,6 +22,7 @@ from ._compat import (
     HIDDEN_FROM_DIR,
     CheckpointParts,
     LegacyCheckpoint,
+    built_variables,
     checkpoint_node,
     install_checkpoint_hooks,
     no_automatic_dependency_tracking,
@@ -502,7 +503,7 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
                 )
             with keras.name_scope(self.name, caller=self):
                 self.build(list(trainable_variables))
-        variables = list(self._trainable_variables if trainable_variables is None else trainable_variables)
+        variables = list(built_variables(self) if trainable_variables is None else trainable_variables)
         if len(grads) != len(variables):
             raise ValueError(f"Got {len(grads)} gradients for {len(variables)} variables; pass one per variable.")
         already = self._stage.take(grads)
@@ -523,7 +524,7 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         the step (with the stall guard: one on leaving, :meth:`._diagnostics.StepObserver.deferred`)."""
         import jax
 
-        trainable = self._trainable_variables
+        trainable = built_variables(self)
         known = {id(v) for v in trainable}
         for variable in variables:
             if id(variable) not in known:  # Keras' own error; otherwise its gradient would be dropped silently
@@ -533,7 +534,7 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
                 )
         by_id = {id(v): g for v, g in zip(variables, grads)}
         full = [by_id.get(id(v)) for v in trainable]
-        own, inner, observer = self._variables, self.inner_optimizer, self._observer
+        own, inner, observer = self.variables, self.inner_optimizer, self._observer
         all_variables = list(own) + list(inner.variables)
         step = self._jax_steps.get(already)
         if step is None:
@@ -569,7 +570,7 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             raise ValueError(
                 "stateless_apply needs a built optimizer: call optimizer.build(model.trainable_variables) first."
             )
-        values, own, trainable = optimizer_variables, self.variables, self._trainable_variables
+        values, own, trainable = optimizer_variables, self.variables, built_variables(self)
         if len(values) != len(own) or len(trainable_variables) != len(trainable):
             raise ValueError(
                 f"stateless_apply takes one value per optimizer variable ({len(own)}, got {len(values)}) and "
@@ -578,7 +579,7 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         grads = list(grads)
         already = self._stage.take(grads)
         state, inner = self._scale_variables, self.inner_optimizer
-        return stateless(state, self._observer, inner, self._variables, trainable, values, grads, trainable_variables,
+        return stateless(state, self._observer, inner, own, trainable, values, grads, trainable_variables,
                          already)
 
     def apply_gradients(
@@ -668,7 +669,7 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             The names, in the order of the first variable that has them (empty before build).
         """
         inner = self.inner_optimizer
-        return list(dict.fromkeys(name for v in self._trainable_variables for name in _slots_of(inner, v)))
+        return list(dict.fromkeys(name for v in built_variables(self) for name in _slots_of(inner, v)))
 
     def get_slot(self, var: Any, slot_name: str) -> Any:
         """The inner optimizer's ``slot_name`` variable for ``var``.
