@@ -1,4 +1,8 @@
-"""The private Keras and TensorFlow APIs this binding uses, each with the public replacement it is waiting for."""
+"""The private Keras, TensorFlow, JAX and torch APIs this binding uses, each with the public replacement it is
+waiting for (or why there is none).
+
+Everything else in :mod:`lossscale.keras` uses the frameworks' public APIs only.
+"""
 
 from __future__ import annotations
 
@@ -25,7 +29,8 @@ __all__ = [
 
 
 def no_automatic_dependency_tracking(method: Callable[..., Any]) -> Callable[..., Any]:
-    """Keras' private ``no_automatic_dependency_tracking`` (variables not also tracked as attributes)."""
+    """Keras' private ``tracking.no_automatic_dependency_tracking`` (its own ``LossScaleOptimizer.build`` uses it):
+    TensorFlow's checkpoint records the variables once, not also as attributes. Public replacement: none."""
     try:
         from keras.src.utils import tracking
     except ImportError:  # pragma: no cover - a Keras that moved it
@@ -42,7 +47,8 @@ def built_variables(optimizer: Any) -> list[Any]:
 def not_inlined(fn: Callable[[], Any]) -> Callable[[], Any]:
     """``fn`` as a ``tf.function`` that TensorFlow calls instead of inlining (the private ``_noinline`` attribute), so
     that a ``cond`` branch holding it is one node to skip. Eager code, other backends, or a TF that refuses the
-    attribute: ``fn`` (eagerly a new function would trace on every call)."""
+    attribute: ``fn`` (eagerly a new function would trace on every call). Public replacement: none (TensorFlow
+    inlines every ``tf.function`` it calls from a graph)."""
     if keras.backend.backend() != "tensorflow":
         return fn
     import tensorflow as tf
@@ -58,7 +64,8 @@ def not_inlined(fn: Callable[[], Any]) -> Callable[[], Any]:
 
 def in_xla_trace() -> bool:
     """Whether TensorFlow is tracing a step that XLA compiles (``jit_compile=True``; Keras's default on a GPU): TF's
-    private ``control_flow_util.GraphOrParentsInXlaContext``. False eagerly, on other backends, or where TF moved it."""
+    private ``control_flow_util.GraphOrParentsInXlaContext``. False eagerly, on other backends, or where TF moved it.
+    Public replacement: none (a ``tf.function`` does not say whether XLA compiles it)."""
     if keras.backend.backend() != "tensorflow":
         return False
     import tensorflow as tf
@@ -82,7 +89,9 @@ def version_counter(tensor: Any) -> int | None:
 
 
 def before_tf_restore(variable: Any, check: Callable[[Any], None]) -> None:
-    """Calls ``check(value)`` before ``tf.train.Checkpoint`` restores ``variable`` (TF's ``_restore_from_tensors``)."""
+    """Calls ``check(value)`` (a numpy value) before ``tf.train.Checkpoint`` restores ``variable``, so that a refused
+    value raises and is never assigned: wraps TensorFlow's private ``Trackable._restore_from_tensors`` on the
+    instance. Public replacement: none (no restore callback per variable)."""
     restore = getattr(variable, "_restore_from_tensors", None)
     if restore is None:  # pragma: no cover - a Keras/TF that moved it
         return
@@ -98,7 +107,8 @@ def before_tf_restore(variable: Any, check: Callable[[Any], None]) -> None:
 
 @contextlib.contextmanager
 def inner_aggregation_off(inner: Any) -> Iterator[None]:
-    """Within the block, ``inner``'s private ``_all_reduce_sum_gradients`` sums nothing (the caller summed)."""
+    """Within the block, Keras' private ``TFOptimizer._all_reduce_sum_gradients`` of ``inner`` sums nothing: the
+    gradients are summed already, and a second sum would multiply them by the replicas. Public replacement: none."""
     object.__setattr__(inner, "_all_reduce_sum_gradients", list)
     try:
         yield
@@ -107,7 +117,8 @@ def inner_aggregation_off(inner: Any) -> Iterator[None]:
 
 
 def checkpoint_node() -> Any:
-    """A TensorFlow ``AutoTrackable`` to hang the scale variables on for ``tf.train.Checkpoint``, else None."""
+    """A TensorFlow ``AutoTrackable`` to hang the scale variables on for ``tf.train.Checkpoint``, else None.
+    Public replacement: none (``tf.Module`` also tracks itself by name)."""
     if keras.backend.backend() != "tensorflow":
         return None
     import tensorflow as tf
@@ -161,8 +172,10 @@ def install_checkpoint_hooks(cls: Any) -> None:
     cls._lookup_dependency = _lookup_dependency  # type: ignore[attr-defined]
 
 
-#: Hidden from ``dir()``: TF's checkpoint writer takes an object listing ``get_slot_names`` for a tf-keras optimizer
-#: and saves its slots a second time, which TF then refuses. Public replacement: none.
+#: Names hidden from ``dir()``: TensorFlow's checkpoint writer (``checkpoint/util.py``) takes any object whose
+#: ``dir()`` lists ``get_slot_names`` for a tf-keras optimizer and saves what ``get_slot`` returns a second time,
+#: as slot variables; Keras 3 already saves these variables as the inner optimizer's, and TF refuses the
+#: duplicate. Public replacement: none.
 HIDDEN_FROM_DIR = ("get_slot_names",)
 
 
@@ -175,10 +188,16 @@ LEGACY_SCALE_NAMES = (
 class LegacyCheckpoint:
     """Restores a ``tf.train.Checkpoint`` of lossscale 0.1 or of Keras 3's own class (TF's private
     ``_checkpoint_adapter``, ``_lookup_dependency``, ``_deferred_dependencies``, ``_restore_from_tensors``; public
-    replacement: none). 0.1's scale names map to today's variables, its unused ``_iterations``, ... (today the
-    inner's) to throwaway ones. Keras 3's ``dynamic_scale`` is ours; its int64 ``step_counter`` restores into our
-    int32 one through a sink; its wrapper's own ``_iterations``, ``_learning_rate`` and ``_variables`` map to our
-    wrapper's own (our children are the inner's), and ``inner_optimizer`` to the inner."""
+    replacement: none).
+
+    0.1's wrapper node held ``inner_optimizer``, the scale under :data:`LEGACY_SCALE_NAMES`, and its own unused
+    ``_variables``, ``_iterations`` and ``_learning_rate``, which today are the inner's names: restored by name they
+    would zero ``iterations`` and give int32 counters to float slots. So 0.1's scale names map to today's
+    variables, and the unused three to throwaway ones (``assert_consumed`` passes).
+
+    Keras 3's ``dynamic_scale`` is ours; its int64 ``step_counter`` restores into our int32 one through a sink; its
+    wrapper's own ``_iterations``, ``_learning_rate`` and ``_variables`` map to our wrapper's own (our children are
+    the inner's), and ``inner_optimizer`` to the inner."""
 
     _UNUSED = ("_iterations", "_learning_rate", "_variables")
 
@@ -317,8 +336,9 @@ def is_jax_tracer(x: Any) -> bool:
 
 
 def trace_of(tensor: Any) -> Any:
-    """The trace ``tensor`` belongs to: TensorFlow's graph of a symbolic tensor, JAX's trace of a tracer (both private
-    attributes), else None (an eager value)."""
+    """The trace ``tensor`` belongs to: TensorFlow's graph of a symbolic tensor (the public ``.graph``), JAX's trace
+    of a tracer (the private ``_trace``), else None (an eager value). Public replacement for JAX: none (a tracer does
+    not say publicly which trace made it)."""
     try:
         graph = getattr(tensor, "graph", None)  # an EagerTensor raises AttributeError: None
     except AttributeError:
