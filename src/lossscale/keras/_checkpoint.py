@@ -1,4 +1,5 @@
-"""Loads of the Keras optimizer's scale, checked by the core's :func:`lossscale._checkpoint.read_record` first."""
+"""Loads of the Keras optimizer's scale (``.keras``, ``load_weights``, pickle, ``tf.train.Checkpoint``), checked by
+the core's one load rule (:func:`lossscale._checkpoint.read_record`) before any variable is assigned."""
 
 from __future__ import annotations
 
@@ -25,7 +26,16 @@ def _check(optimizer: Any, values: dict[str, Any], where: str) -> None:
 
 
 def check_store(optimizer: Any, state: Sequence[Any], store: Any) -> None:
-    """Checks the scale variables' values in a Keras weights ``store`` (one of the wrong length: Keras warns)."""
+    """Checks the values of the scale variables ``state`` in a Keras weights ``store`` (``load_own_variables``).
+
+    Args:
+        optimizer: the optimizer loading.
+        state: its five scale variables.
+        store: Keras' weights store. One of the wrong length is left to Keras, which then loads nothing (and warns).
+
+    Raises:
+        ValueError: a value that is not a scalar, or that the policy refuses.
+    """
     variables = list(optimizer.variables)
     if not optimizer.built or len(store.keys()) != len(variables):
         return
@@ -105,7 +115,16 @@ def keras3_store(optimizer: Any, state: ScaleVariables, store: Any) -> dict[str,
 
 
 def guard_restores(optimizer: Any, state: Sequence[Any]) -> None:
-    """On TensorFlow: checks tf.train.Checkpoint restores of ``state`` first, and a deferred restore's values now."""
+    """After the scale variables exist (TensorFlow backend): ``tf.train.Checkpoint`` restores of them are checked
+    first; a restore deferred until ``build`` has assigned its values already: they are checked here.
+
+    Args:
+        optimizer: the optimizer being built.
+        state: its five scale variables.
+
+    Raises:
+        ValueError: a deferred restore's values that the policy refuses.
+    """
     if keras.backend.backend() != "tensorflow":
         return
     import tensorflow as tf

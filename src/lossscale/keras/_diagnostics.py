@@ -1,4 +1,8 @@
-"""Opt-in per-step work on the host: the :class:`lossscale.History` record and the stall guard."""
+"""Opt-in per-step work on the host: the :class:`lossscale.History` record and the stall guard.
+
+Recording only: what is recorded and when the guard raises is the core's (:mod:`lossscale._diagnostics`); this
+room decides how a step's numbers reach the host from each backend's step (:func:`on_host`).
+"""
 
 from __future__ import annotations
 
@@ -20,7 +24,11 @@ __all__ = ["StepObserver", "is_symbolic", "on_host"]
 
 
 def is_symbolic(x: Any) -> bool:
-    """True if ``x`` is being traced (``tf.function`` graph tensor, JAX tracer), so not readable on the host."""
+    """Whether ``x`` is being traced (a ``tf.function`` graph tensor, a JAX tracer), so not readable on the host.
+
+    Args:
+        x: a tensor or value of the current backend.
+    """
     backend = keras.backend.backend()
     if backend == "tensorflow":
         import tensorflow as tf
@@ -32,7 +40,17 @@ def is_symbolic(x: Any) -> bool:
 
 
 def on_host(fn: Callable[..., None], *args: Any, every_device: bool = False) -> None:
-    """Calls ``fn`` on numpy values of ``args``: now if concrete, else from the compiled step; one transfer per call."""
+    """Calls ``fn`` with ``args`` as numpy values: now when they are concrete, else from the compiled step.
+
+    Inside ``tf.function`` a ``tf.py_function`` op, under ``jax.jit`` an ordered ``jax.debug.callback``: one
+    device-to-host transfer per call.
+
+    Args:
+        fn: the host function (returns nothing).
+        *args: tensors of the step.
+        every_device: on several JAX devices, call ``fn`` once per device (``fn`` must be stateless): a raise then
+            stops every device's program, none left waiting in a collective. Otherwise once per step.
+    """
     if not any(is_symbolic(a) for a in args):
         fn(*(ops.convert_to_numpy(a) for a in args))
         return
@@ -96,7 +114,7 @@ class StepObserver:
 
     @property
     def history(self) -> History | None:
-        """The record (None: off); setting it also sets ``active``, which the step reads."""
+        """The record (None: off); setting it also sets ``active``, a plain attribute the step reads for free."""
         return None if self._recorder is None else self._recorder.history
 
     @history.setter
@@ -106,7 +124,9 @@ class StepObserver:
 
     @contextlib.contextmanager
     def deferred(self) -> Iterator[None]:
-        """Around an eager call of a compiled JAX step: the stall guard's error raises on leaving (one sync)."""
+        """Around an eager call of a compiled JAX step: the stall guard's error is held and raised on leaving, after
+        the step's callbacks, as itself rather than wrapped in JAX's runtime error. Cost: waits for the step's
+        callbacks (one sync)."""
         self._defer = True
         try:
             yield
@@ -121,7 +141,11 @@ class StepObserver:
             raise pending
 
     def note_loss(self, loss: Any) -> None:
-        """Keeps a concrete (eager) 1-element loss for the next recorded step."""
+        """Keeps a concrete (eager) 1-element loss for the next recorded step (a traced one is not readable: NaN).
+
+        Args:
+            loss: the loss given to ``get_scaled_loss``/``scale_loss``.
+        """
         if self.history is not None and not is_symbolic(loss) and int(np.prod(getattr(loss, "shape", ()))) == 1:
             self._loss = ops.stop_gradient(loss)
 

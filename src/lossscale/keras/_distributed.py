@@ -9,8 +9,9 @@
         if finite: each replica runs inner.apply(u)    # its own all-reduce switched off
         S, counters = advance(...)                     # one assign of the mirrored state (._state)
 
-Every replica takes the same branch (chosen cross-replica, as tf-keras), so a skip leaves every replica alike and
-the scale backs off once. Host syncs: none under ``tf.function``.
+Every replica takes the same branch (chosen in the cross-replica context, as tf-keras: a ``cond`` whose branch
+reaches a ``merge_call`` cannot run in a replica), so a skip leaves every replica alike and the scale backs off
+once. The sample treats the replicas' backward passes as side by side. Host syncs: none under ``tf.function``.
 """
 
 from __future__ import annotations

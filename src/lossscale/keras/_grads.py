@@ -33,7 +33,15 @@ def scale_loss(loss: Any, scale: Any, keep_dtype: bool = True) -> Any:
 
 
 def unscale(grads: Sequence[Any], scale: Any, keep: Sequence[bool] | None = None) -> list[Any]:
-    """A new list: each gradient times ``1/scale`` in at least float32, in its dtype; None, ``keep[i]`` pass as is."""
+    """A new list: each gradient times ``1/scale`` in at least float32, rounded back to its dtype.
+
+    Args:
+        grads: the gradients; None stays None. Not modified.
+        scale: the loss scale (a 0-d tensor); its reciprocal is rounded once per dtype (TF's).
+        keep: per gradient, pass it as is (a variable Keras overwrites with its "gradient", :func:`overwritten`).
+
+    Cost: one multiply per element (fused into the check and the update when compiled).
+    """
     inverse = functools.cache(lambda wide: reciprocal(scale, wide))  # one reciprocal per dtype
     return [g if g is None or (keep is not None and keep[i]) else _times(g, inverse) for i, g in enumerate(grads)]
 
@@ -99,8 +107,10 @@ def by_platform(cpu: Callable[[], Any], other: Callable[[], Any]) -> Any:
 def all_finite(grads: Sequence[Any]) -> Any:
     """A 0-d bool tensor: True iff no gradient holds a NaN or an Inf (None gradients are left out). Exact.
 
-    TensorFlow, and JAX on a CPU: float32/float64 gradients by one sum of sums, the exact check in a ``cond`` only
-    if that is not finite (one read pass; two if not finite; eager TF: one host sync). JAX elsewhere (GPU, TPU):
+    TensorFlow, and JAX on a CPU: float32/float64 gradients by one sum of sums (finite implies every element is;
+    XLA reduces it several times faster than ``isfinite``), the exact check in a ``cond`` only if that is not
+    finite (one read pass; two if not finite; eager TF: one host sync). Half precision takes the exact check: its
+    sums overflow at 65504. JAX elsewhere (GPU, TPU):
     ``isfinite(max(|g|))`` per gradient, one read pass and no conditional, whose predicate XLA's GPU runtime would
     read on the host on every step; chosen when XLA lowers the step (:func:`by_platform`). torch:
     ``all(isfinite)`` per gradient."""
