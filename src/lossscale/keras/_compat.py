@@ -44,6 +44,12 @@ def built_variables(optimizer: Any) -> list[Any]:
     return optimizer._trainable_variables  # type: ignore[no-any-return]
 
 
+def own_variables(optimizer: Any) -> list[Any]:
+    """The wrapper's own variables, without the inner optimizer's: Keras' private ``_variables``. Public
+    replacement: none (Keras 3's ``LossScaleOptimizer.variables`` appends the inner's)."""
+    return optimizer._variables  # type: ignore[no-any-return]
+
+
 def not_inlined(fn: Callable[[], Any]) -> Callable[[], Any]:
     """``fn`` as a ``tf.function`` that TensorFlow calls instead of inlining (the private ``_noinline`` attribute), so
     that a ``cond`` branch holding it is one node to skip. Eager code, other backends, or a TF that refuses the

@@ -26,6 +26,7 @@ from ._compat import (
     checkpoint_node,
     install_checkpoint_hooks,
     no_automatic_dependency_tracking,
+    own_variables,
     trace_of,
 )
 from ._config import BASE_DEFAULTS, read_config, restore, write_config
@@ -534,7 +535,7 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
                 )
         by_id = {id(v): g for v, g in zip(variables, grads)}
         full = [by_id.get(id(v)) for v in trainable]
-        own, inner, observer = self.variables, self.inner_optimizer, self._observer
+        own, inner, observer = own_variables(self), self.inner_optimizer, self._observer
         all_variables = list(own) + list(inner.variables)
         step = self._jax_steps.get(already)
         if step is None:
@@ -579,7 +580,7 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         grads = list(grads)
         already = self._stage.take(grads)
         state, inner = self._scale_variables, self.inner_optimizer
-        return stateless(state, self._observer, inner, own, trainable, values, grads, trainable_variables,
+        return stateless(state, self._observer, inner, own_variables(self), trainable, values, grads, trainable_variables,
                          already)
 
     def apply_gradients(
