@@ -1,15 +1,47 @@
-"""Passes over the gradients through ``keras.ops``: the loss's scaling, the unscale, the finiteness check."""
+"""Passes over the gradients through ``keras.ops``: the loss's scaling, the unscale, the finiteness check; and
+:data:`XP`, the array namespace the core's rule, sampler and statistics run over on this backend."""
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
+from types import SimpleNamespace
 from typing import Any
 
 import keras
 from keras import ops
 
-__all__ = ["all_finite", "by_platform", "overwritten", "reciprocal", "scale_loss", "unscale", "unscale_and_check"]
+__all__ = [
+    "XP", "all_finite", "by_platform", "overwritten", "reciprocal", "scale_loss", "unscale", "unscale_and_check"]
+
+
+def _namespace() -> Any:
+    """``jax.numpy``, ``torch``, or on TensorFlow numpy's names as ``keras.ops`` (TF's operators do the rest)."""
+    backend = keras.backend.backend()
+    if backend == "jax":
+        import jax.numpy as jnp
+
+        return jnp
+    if backend == "torch":
+        import torch
+
+        return torch
+    import tensorflow as tf
+
+    def asarray(x: Any, dtype: Any = None) -> Any:
+        return ops.convert_to_tensor(x) if dtype is None else ops.cast(x, dtype)
+
+    def ldexp(x: Any, e: Any) -> Any:  # x * 2**e, 2**e written as float32 bits (exact; e clamped to [-126, 127])
+        e = tf.clip_by_value(tf.cast(e, tf.int32), -126, 127)
+        return x * tf.bitcast((e + 127) * (1 << 23), tf.float32)
+
+    names = "abs ceil cumsum floor full full_like isfinite log2 max min ones_like roll sqrt stack sum where"
+    functions = {name: getattr(ops, name) for name in names.split()}
+    return SimpleNamespace(float32="float32", int32="int32", bool="bool", asarray=asarray, ldexp=ldexp, **functions)
+
+
+#: The array namespace the core's rule, sampler and statistics run over on this backend.
+XP = _namespace()
 
 
 def _times(x: Any, factor: Callable[[str], Any], round_back: bool = True) -> Any:

@@ -9,7 +9,6 @@ and writes the variables. No other code of the binding assigns them; loads go th
 from __future__ import annotations
 
 from collections.abc import Callable
-from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, cast
 
 import keras
@@ -20,45 +19,17 @@ from .._advance import advance, advance_in_place
 from .._policy import LossScale
 from .._rule import LossScaleState, initial_state
 from .._stats import GradientStats
+from ._grads import XP
 
 if TYPE_CHECKING:
     from .._sampler import SamplerState
     from ._stats import Measurement, StatsVariables
 
-__all__ = ["STATE_NAMES", "XP", "ScaleVariables"]
+__all__ = ["STATE_NAMES", "ScaleVariables"]
 
 #: The Keras variables' names, in :class:`~lossscale.LossScaleState`'s field order. ``dynamic_scale`` and
 #: ``step_counter`` are Keras 3's own class's names (its files and configs load into ours).
 STATE_NAMES = ("dynamic_scale", "step_counter", "bad_steps", "skipped_steps", "consecutive_skips")
-
-
-def _namespace() -> Any:
-    """``jax.numpy``, ``torch``, or on TensorFlow numpy's names as ``keras.ops`` (TF's operators do the rest)."""
-    backend = keras.backend.backend()
-    if backend == "jax":
-        import jax.numpy as jnp
-
-        return jnp
-    if backend == "torch":
-        import torch
-
-        return torch
-    import tensorflow as tf
-
-    def asarray(x: Any, dtype: Any = None) -> Any:
-        return ops.convert_to_tensor(x) if dtype is None else ops.cast(x, dtype)
-
-    def ldexp(x: Any, e: Any) -> Any:  # x * 2**e, 2**e written as float32 bits (exact; e clamped to [-126, 127])
-        e = tf.clip_by_value(tf.cast(e, tf.int32), -126, 127)
-        return x * tf.bitcast((e + 127) * (1 << 23), tf.float32)
-
-    names = "abs ceil cumsum floor full full_like isfinite log2 max min ones_like roll sqrt stack sum where"
-    functions = {name: getattr(ops, name) for name in names.split()}
-    return SimpleNamespace(float32="float32", int32="int32", bool="bool", asarray=asarray, ldexp=ldexp, **functions)
-
-
-#: The array namespace the core's rule, sampler and statistics run over on this backend.
-XP = _namespace()
 
 
 class ScaleVariables:

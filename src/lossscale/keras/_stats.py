@@ -18,7 +18,7 @@ from .._policy import LossScale
 from .._sampler import SamplerState, is_due
 from .._stats import GradientStats, as_mapping, empty_stats, sizes_of, summarize_columns, tensor_sums
 from ._compat import in_xla_trace, not_inlined, version_counter
-from ._state import XP
+from ._grads import XP
 
 __all__ = ["Measurement", "StatsVariables"]
 
