@@ -45,9 +45,13 @@ class Stateful:
         """The context the check and the rule run in: the variables themselves."""
         return contextlib.nullcontext()
 
-    def select(self, state: ScaleVariables, finite: Any, unscaled: list[Any], current: LossScaleState | None) -> None:
-        """Applies ``unscaled`` iff ``finite``; with ``current``, each branch also advances the state from it with
+    def select(self, state: ScaleVariables, finite: Any, unscale_now: Callable[[], list[Any]], ahead: list[Any] | None,
+               current: LossScaleState | None) -> None:
+        """Applies the unscaled gradients iff ``finite`` (``ahead`` when the check computed them, else
+        ``unscale_now()``, outside the ``cond``); with ``current``, each branch also advances the state from it with
         its flag a constant (the rule folds to fewer ops than with the flag a tensor)."""
+        unscaled = unscale_now() if ahead is None else ahead
+
         def apply() -> None:
             self.inner.apply(unscaled, self.variables)
             if current is not None:
@@ -89,10 +93,11 @@ class Stateless:
         with keras.StatelessScope(state_mapping=mapping) as self._scope:
             yield self._scope
 
-    def select(self, state: ScaleVariables, finite: Any, unscale_now: Callable[[], list[Any]],
+    def select(self, state: ScaleVariables, finite: Any, unscale_now: Callable[[], list[Any]], ahead: list[Any] | None,
                current: LossScaleState | None) -> tuple[list[Any], list[Any]]:
         """New weights and optimizer values: the update's iff ``finite``; with ``current``, the state after the
-        step is computed in each branch from it, its flag a constant."""
+        step is computed in each branch from it, its flag a constant. The update unscales again
+        (``unscale_now()``, ``ahead`` unused), so that XLA fuses the multiply into the check and the update."""
         own, inner = len(self.own), self.inner
         new_own = [self._scope.get_current_value(v) for v in self.own]
         inner_values = [ops.convert_to_tensor(x, v.dtype) for x, v in zip(self.values[own:], inner.variables)]
@@ -107,7 +112,6 @@ class Stateless:
             return values
 
         def update() -> tuple[list[Any], list[Any]]:
-            # Unscaled again here, so that XLA fuses the multiply into the check and the update.
             new_weights, new_inner = inner.stateless_apply(inner_values, unscale_now(), weights)
             return list(new_weights), list(new_inner)
 
@@ -154,8 +158,9 @@ def traced(state: ScaleVariables, observer: StepObserver, grads: list[Any], vari
         What ``update.select`` returns (:class:`Stateless`: new weights and optimizer values).
 
     Cost: one multiply and one read pass over the gradients (a sampled step with ``stats_every``: one more read
-    pass, or none more when the sample's amax is the check), about 20 scalar ops for the rule. Host syncs: none when traced; two in
-    eager TensorFlow (three with ``stats_every``); the observer adds one transfer of three scalars.
+    pass, or none more when the sample's amax is the check), about 20 scalar ops for the rule. Host syncs: none
+    when traced; two in eager TensorFlow (three with ``stats_every``); the observer adds one transfer of three
+    scalars.
     """
     with update.scope():
         current = state.read()
@@ -181,9 +186,7 @@ def traced(state: ScaleVariables, observer: StepObserver, grads: list[Any], vari
         if not per_branch and in_branch is None:
             new, kept = state.advance(current, finite, measured)
             observer.observe(current.loss_scale, finite, new, measured, kept)
-    if isinstance(update, Stateless):
-        return update.select(state, finite, unscale_now, current if per_branch else None)
-    return update.select(state, finite, unscale_now() if ahead is None else ahead, current if per_branch else None)
+    return update.select(state, finite, unscale_now, ahead, current if per_branch else None)
 
 
 def stateless(state: ScaleVariables, observer: StepObserver, inner: Any, own_variables: Sequence[Any],
