@@ -159,8 +159,9 @@ def test_an_unsampled_eager_torch_step_does_not_walk_the_gradients(monkeypatch):
     from lossscale.keras import _stats
 
     walked = []
-    slots = _stats.StatsVariables.slots
-    monkeypatch.setattr(_stats.StatsVariables, "slots", lambda self, *a: walked.append(1) or slots(self, *a))
+    in_build_order = _stats.StatsVariables.in_build_order
+    monkeypatch.setattr(_stats.StatsVariables, "in_build_order",
+                        lambda self, *a: walked.append(1) or in_build_order(self, *a))
     opt = lsk.LossScaleOptimizer(keras.optimizers.SGD(0.0), stats_every=3)
     step = driver(opt, variables(), compiled=False)
     for i in range(7):
@@ -196,10 +197,10 @@ def test_the_eager_torch_step_reads_the_count_from_the_device_only_after_another
 
 
 def _off_the_cpu(monkeypatch):
-    """The torch step as with its variables on a GPU: no numpy path (``finish_in_place`` declines)."""
-    from lossscale.keras._step import ScaleState
+    """The torch step as with its variables on a GPU: no numpy path (``advance_on_host`` declines)."""
+    from lossscale.keras._state import ScaleVariables
 
-    monkeypatch.setattr(ScaleState, "finish_in_place", lambda *args, **kwargs: False)
+    monkeypatch.setattr(ScaleVariables, "advance_on_host", lambda *args, **kwargs: None)
 
 
 @pytest.mark.skipif(BACKEND != "torch", reason="the eager torch step decides the sample on the host")
@@ -391,7 +392,7 @@ def test_fit_under_xla_samples_as_without(mixed_float16, monkeypatch):
         traced.clear()
         model.fit(x, y, batch_size=4, epochs=1, verbose=0, shuffle=False)  # 8 steps: sampled at 0, 3, 6
         assert (len(traced) > 0) != jit, jit  # the executor's counting traced for each gradient, not under XLA
-        results.append((host(opt.gradient_stats), int(ops.convert_to_numpy(opt._scale.stats.count)),
+        results.append((host(opt.gradient_stats), int(ops.convert_to_numpy(opt._scale_variables.stats.count)),
                         [ops.convert_to_numpy(w) for w in model.weights]))
     (plain, count, weights), (xla, xla_count, xla_weights) = results
     assert int(plain["step"]) == int(xla["step"]) == 6 and count == xla_count == 8
@@ -464,7 +465,7 @@ def test_auto_follows_the_core_rule_and_skips_on_inf_and_nan(compiled):
         else:
             assert int(ops.convert_to_numpy(opt.iterations)) == iterations + 1
     assert int(ops.convert_to_numpy(opt.skipped_steps)) == 2
-    margin = float(ops.convert_to_numpy(opt._scale.stats.auto[0]))  # AutoState.margin
+    margin = float(ops.convert_to_numpy(opt._scale_variables.stats.auto[0]))  # AutoState.margin
     assert margin == float(ref_auto.margin) > policy.margin_bits  # the overflows were remembered
 
 
@@ -505,9 +506,9 @@ def test_unsampled_steps_follow_the_core_sampler(compiled, kind, gpu_path, monke
                                               gradient_stats(grads, np, i) if sampled else None, sampled, np)
         assert scale_of(opt) == float(ref.loss_scale), i
         assert int(ops.convert_to_numpy(opt.skipped_steps)) == int(ref.skipped_steps), i
-        assert int(ops.convert_to_numpy(opt._scale.stats.count)) == sampler.count == i + 1
+        assert int(ops.convert_to_numpy(opt._scale_variables.stats.count)) == sampler.count == i + 1
         if kind == "auto":
-            for variable, value in zip(opt._scale.stats.auto, sampler.auto):
+            for variable, value in zip(opt._scale_variables.stats.auto, sampler.auto):
                 np.testing.assert_array_equal(ops.convert_to_numpy(variable), value, err_msg=str(i))
     assert_matches(opt.gradient_stats, sampler.sample)
     assert int(ops.convert_to_numpy(opt.gradient_stats["step"])) == 9

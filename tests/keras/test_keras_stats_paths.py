@@ -69,8 +69,8 @@ def assert_rule(opt, policy, samples):
         with np.errstate(all="ignore"):
             state, sampler = next_sampler_state(policy, state, sampler, finite, sample, i % every == 0, np)
     assert float(host(opt.loss_scale)) == float(state.loss_scale)
-    assert int(host(opt._scale.stats.count)) == len(samples)
-    for variable, value in zip(opt._scale.stats.auto, sampler.auto or ()):
+    assert int(host(opt._scale_variables.stats.count)) == len(samples)
+    for variable, value in zip(opt._scale_variables.stats.auto, sampler.auto or ()):
         np.testing.assert_allclose(host(variable), value, rtol=1e-6, err_msg=variable.name)
     return state, sampler
 

@@ -1,4 +1,5 @@
-"""Loads of the Keras optimizer's scale, checked by the core's :func:`lossscale._checkpoint.read_record` first."""
+"""Loads of the Keras optimizer's scale (``.keras``, ``load_weights``, pickle, ``tf.train.Checkpoint``), checked by
+the core's one load rule (:func:`lossscale._checkpoint.read_record`) before any variable is assigned."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ import keras
 import numpy as np
 
 from .._checkpoint import FIELDS, check_scale, read_record
-from .._rule import initial_state
+from .._rule import LossScaleState, initial_state
 from ._compat import before_tf_restore
-from ._step import STATE_NAMES
+from ._state import STATE_NAMES, ScaleVariables
 
 __all__ = ["check_store", "guard_restores", "keras3_store"]
 
@@ -25,7 +26,16 @@ def _check(optimizer: Any, values: dict[str, Any], where: str) -> None:
 
 
 def check_store(optimizer: Any, state: Sequence[Any], store: Any) -> None:
-    """Checks the scale variables' values in a Keras weights ``store`` (one of the wrong length: Keras warns)."""
+    """Checks the values of the scale variables ``state`` in a Keras weights ``store`` (``load_own_variables``).
+
+    Args:
+        optimizer: the optimizer loading.
+        state: its five scale variables.
+        store: Keras' weights store. One of the wrong length is left to Keras, which then loads nothing (and warns).
+
+    Raises:
+        ValueError: a value that is not a scalar, or that the policy refuses.
+    """
     variables = list(optimizer.variables)
     if not optimizer.built or len(store.keys()) != len(variables):
         return
@@ -48,7 +58,7 @@ def _float_scalar(value: Any) -> bool:
     return value.shape == () and np.issubdtype(value.dtype, np.floating)
 
 
-def keras3_store(optimizer: Any, store: Any) -> dict[str, Any] | None:
+def keras3_store(optimizer: Any, state: ScaleVariables, store: Any) -> dict[str, Any] | None:
     """A weights ``store`` written by Keras 3's own ``LossScaleOptimizer``, as this optimizer's layout; else None.
 
     Keras 3's optimizer saves its base variables (``iteration``, ``learning_rate``), then ``step_counter`` (an int)
@@ -59,10 +69,22 @@ def keras3_store(optimizer: Any, store: Any) -> dict[str, Any] | None:
     over, the scale clamped into the policy's bounds (Keras 3's has no floor: it can fall below 1, or to 0; one not
     finite raises ``ValueError``), and the variables Keras 3 does not have take their initial values (the skip
     counters 0, the statistics empty).
+
+    Args:
+        optimizer: the optimizer loading (its variables' order is the store's).
+        state: its scale variables (and ``stats_every``'s).
+        store: Keras' weights store (``"0"``, ``"1"``, ... -> arrays).
+
+    Returns:
+        The store in this optimizer's layout, or None when ``store`` is not Keras 3's layout (or not built yet).
+
+    Raises:
+        ValueError: Keras 3's saved scale is not finite.
+
     Cost: one read of each saved value (host copies, as Keras' own load)."""
     if not optimizer.built:
         return None
-    scale_variables, stats = optimizer._scale.variables, optimizer._scale.stats
+    scale_variables, stats = state.variables, state.stats
     stats_variables = [] if stats is None else stats.variables
     ours = {id(v) for v in [*scale_variables, *stats_variables]}
     variables, inner = list(optimizer.variables), list(optimizer.inner_optimizer.variables)
@@ -85,14 +107,24 @@ def keras3_store(optimizer: Any, store: Any) -> dict[str, Any] | None:
     clamped = np.float32(check_scale(where, scale.item(), optimizer.loss_scale_policy, clamp=True))  # finite: clamps
     values: dict[int, Any] = {id(v): value for v, value in zip(base, saved)}
     values |= {id(v): value for v, value in zip(inner, saved[len(base) + 2:])}
-    values |= {id(v): value for v, value in zip(scale_variables, initial_state(optimizer._scale.params, np))}
-    values |= {id(scale_variables[0]): clamped, id(scale_variables[1]): counter.astype(np.int32)}
+    values |= {id(v): value for v, value in zip(scale_variables, initial_state(state.params, np))}
+    fields = LossScaleState(*scale_variables)
+    values |= {id(fields.loss_scale): clamped, id(fields.good_steps): counter.astype(np.int32)}
     values |= {id(v): value for v, value in zip(stats_variables, [] if stats is None else stats.initial)}
     return {str(i): values[id(v)] for i, v in enumerate(variables)}
 
 
 def guard_restores(optimizer: Any, state: Sequence[Any]) -> None:
-    """On TensorFlow: checks tf.train.Checkpoint restores of ``state`` first, and a deferred restore's values now."""
+    """After the scale variables exist (TensorFlow backend): ``tf.train.Checkpoint`` restores of them are checked
+    first; a restore deferred until ``build`` has assigned its values already: they are checked here.
+
+    Args:
+        optimizer: the optimizer being built.
+        state: its five scale variables.
+
+    Raises:
+        ValueError: a deferred restore's values that the policy refuses.
+    """
     if keras.backend.backend() != "tensorflow":
         return
     import tensorflow as tf

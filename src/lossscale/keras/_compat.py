@@ -1,21 +1,36 @@
-"""The private Keras and TensorFlow APIs this binding uses, each with the public replacement it is waiting for."""
+"""The private Keras, TensorFlow, JAX and torch APIs this binding uses, each with the public replacement it is
+waiting for (or why there is none).
+
+Everything else in :mod:`lossscale.keras` uses the frameworks' public APIs only.
+"""
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import keras
 
 __all__ = [
-    "HIDDEN_FROM_DIR", "LegacyCheckpoint", "before_tf_restore", "checkpoint_children", "checkpoint_node",
-    "in_xla_trace", "inner_aggregation_off", "no_automatic_dependency_tracking", "not_inlined", "version_counter",
+    "HIDDEN_FROM_DIR",
+    "CheckpointParts",
+    "LegacyCheckpoint",
+    "before_tf_restore",
+    "checkpoint_node",
+    "in_xla_trace",
+    "inner_aggregation_off",
+    "install_checkpoint_hooks",
+    "is_jax_tracer",
+    "no_automatic_dependency_tracking",
+    "not_inlined",
+    "version_counter",
 ]
 
 
 def no_automatic_dependency_tracking(method: Callable[..., Any]) -> Callable[..., Any]:
-    """Keras' private ``no_automatic_dependency_tracking`` (variables not also tracked as attributes)."""
+    """Keras' private ``tracking.no_automatic_dependency_tracking`` (its own ``LossScaleOptimizer.build`` uses it):
+    TensorFlow's checkpoint records the variables once, not also as attributes. Public replacement: none."""
     try:
         from keras.src.utils import tracking
     except ImportError:  # pragma: no cover - a Keras that moved it
@@ -23,10 +38,23 @@ def no_automatic_dependency_tracking(method: Callable[..., Any]) -> Callable[...
     return tracking.no_automatic_dependency_tracking(method)
 
 
+def built_variables(optimizer: Any) -> list[Any]:
+    """The variables ``optimizer.build`` was given, in that order: Keras' private ``_trainable_variables`` (Keras 3's
+    own ``LossScaleOptimizer`` reads it too). Public replacement: none (``optimizer.variables`` are its own)."""
+    return optimizer._trainable_variables  # type: ignore[no-any-return]
+
+
+def own_variables(optimizer: Any) -> list[Any]:
+    """The wrapper's own variables, without the inner optimizer's: Keras' private ``_variables``. Public
+    replacement: none (Keras 3's ``LossScaleOptimizer.variables`` appends the inner's)."""
+    return optimizer._variables  # type: ignore[no-any-return]
+
+
 def not_inlined(fn: Callable[[], Any]) -> Callable[[], Any]:
     """``fn`` as a ``tf.function`` that TensorFlow calls instead of inlining (the private ``_noinline`` attribute), so
     that a ``cond`` branch holding it is one node to skip. Eager code, other backends, or a TF that refuses the
-    attribute: ``fn`` (eagerly a new function would trace on every call)."""
+    attribute: ``fn`` (eagerly a new function would trace on every call). Public replacement: none (TensorFlow
+    inlines every ``tf.function`` it calls from a graph)."""
     if keras.backend.backend() != "tensorflow":
         return fn
     import tensorflow as tf
@@ -42,7 +70,8 @@ def not_inlined(fn: Callable[[], Any]) -> Callable[[], Any]:
 
 def in_xla_trace() -> bool:
     """Whether TensorFlow is tracing a step that XLA compiles (``jit_compile=True``; Keras's default on a GPU): TF's
-    private ``control_flow_util.GraphOrParentsInXlaContext``. False eagerly, on other backends, or where TF moved it."""
+    private ``control_flow_util.GraphOrParentsInXlaContext``. False eagerly, on other backends, or where TF moved it.
+    Public replacement: none (a ``tf.function`` does not say whether XLA compiles it)."""
     if keras.backend.backend() != "tensorflow":
         return False
     import tensorflow as tf
@@ -66,7 +95,9 @@ def version_counter(tensor: Any) -> int | None:
 
 
 def before_tf_restore(variable: Any, check: Callable[[Any], None]) -> None:
-    """Calls ``check(value)`` before ``tf.train.Checkpoint`` restores ``variable`` (TF's ``_restore_from_tensors``)."""
+    """Calls ``check(value)`` (a numpy value) before ``tf.train.Checkpoint`` restores ``variable``, so that a refused
+    value raises and is never assigned: wraps TensorFlow's private ``Trackable._restore_from_tensors`` on the
+    instance. Public replacement: none (no restore callback per variable)."""
     restore = getattr(variable, "_restore_from_tensors", None)
     if restore is None:  # pragma: no cover - a Keras/TF that moved it
         return
@@ -82,7 +113,8 @@ def before_tf_restore(variable: Any, check: Callable[[Any], None]) -> None:
 
 @contextlib.contextmanager
 def inner_aggregation_off(inner: Any) -> Iterator[None]:
-    """Within the block, ``inner``'s private ``_all_reduce_sum_gradients`` sums nothing (the caller summed)."""
+    """Within the block, Keras' private ``TFOptimizer._all_reduce_sum_gradients`` of ``inner`` sums nothing: the
+    gradients are summed already, and a second sum would multiply them by the replicas. Public replacement: none."""
     object.__setattr__(inner, "_all_reduce_sum_gradients", list)
     try:
         yield
@@ -91,7 +123,8 @@ def inner_aggregation_off(inner: Any) -> Iterator[None]:
 
 
 def checkpoint_node() -> Any:
-    """A TensorFlow ``AutoTrackable`` to hang the scale variables on for ``tf.train.Checkpoint``, else None."""
+    """A TensorFlow ``AutoTrackable`` to hang the scale variables on for ``tf.train.Checkpoint``, else None.
+    Public replacement: none (``tf.Module`` also tracks itself by name)."""
     if keras.backend.backend() != "tensorflow":
         return None
     import tensorflow as tf
@@ -99,13 +132,56 @@ def checkpoint_node() -> Any:
     return tf.__internal__.tracking.AutoTrackable()
 
 
-def checkpoint_children(inner: Any, node: Any, save_type: str, **kwargs: Any) -> dict[str, Any]:
-    """The wrapper's checkpoint children (private ``_trackable_children``): the inner's own, plus ``loss_scale``."""
-    return {**inner._trackable_children(save_type, **kwargs), "loss_scale": node}
+class CheckpointParts(NamedTuple):
+    """What the checkpoint hooks of :func:`install_checkpoint_hooks` read from the optimizer."""
+
+    inner: Any  # the inner optimizer
+    node: Any  # checkpoint_node(): the scale variables' node (None off TensorFlow)
+    legacy: LegacyCheckpoint  # restores of 0.1's and Keras 3's layouts
+    scale_variables: list[Any]  # the five scale variables (empty before build)
 
 
-#: Hidden from ``dir()``: TF's checkpoint writer takes an object listing ``get_slot_names`` for a tf-keras optimizer
-#: and saves its slots a second time, which TF then refuses. Public replacement: none.
+def install_checkpoint_hooks(cls: Any) -> None:
+    """Gives ``cls`` (the wrapper) TensorFlow's three private ``tf.train.Checkpoint`` hooks. Public replacement: none
+    (``tf.train.Checkpoint`` takes an object's children and its restore lookups only from these methods).
+
+    - ``_trackable_children``: the inner optimizer's children as the wrapper's own, so that plain checkpoints
+      restore into the wrapper and back (as tf-keras), plus ``loss_scale`` (the node of the scale variables).
+    - ``_checkpoint_adapter``: TensorFlow's restore asks it first: a checkpoint of 0.1, or of Keras 3's class?
+      (:meth:`LegacyCheckpoint.adapter`).
+    - ``_lookup_dependency``: restores pass the node's children (``cached_dependencies``); TF's own tracking (a name
+      already taken?) passes none, and is left to the base class.
+
+    The hooks read the optimizer through its ``_checkpoint_parts()`` (a :class:`CheckpointParts`, or None while its
+    ``__init__`` runs: Keras tracks attributes as they are set).
+    """
+
+    def _trackable_children(self: Any, save_type: str = "checkpoint", **kwargs: Any) -> dict[str, Any]:
+        parts = self._checkpoint_parts()
+        return {**parts.inner._trackable_children(save_type, **kwargs), "loss_scale": parts.node}
+
+    def _checkpoint_adapter(self: Any, path: str) -> Any:
+        if (parts := self._checkpoint_parts()) is not None:
+            parts.legacy.adapter(path)
+        return super(cls, self)._checkpoint_adapter(path)
+
+    def _lookup_dependency(self: Any, name: str, cached_dependencies: Any = None) -> Any:
+        parts = self._checkpoint_parts()
+        if parts is not None and cached_dependencies is not None:
+            handled, found = parts.legacy.lookup(name, parts.inner, parts.scale_variables, self)
+            if handled:
+                return found
+        return super(cls, self)._lookup_dependency(name, cached_dependencies)
+
+    cls._trackable_children = _trackable_children  # type: ignore[attr-defined]
+    cls._checkpoint_adapter = _checkpoint_adapter  # type: ignore[attr-defined]
+    cls._lookup_dependency = _lookup_dependency  # type: ignore[attr-defined]
+
+
+#: Names hidden from ``dir()``: TensorFlow's checkpoint writer (``checkpoint/util.py``) takes any object whose
+#: ``dir()`` lists ``get_slot_names`` for a tf-keras optimizer and saves what ``get_slot`` returns a second time,
+#: as slot variables; Keras 3 already saves these variables as the inner optimizer's, and TF refuses the
+#: duplicate. Public replacement: none.
 HIDDEN_FROM_DIR = ("get_slot_names",)
 
 
@@ -118,10 +194,16 @@ LEGACY_SCALE_NAMES = (
 class LegacyCheckpoint:
     """Restores a ``tf.train.Checkpoint`` of lossscale 0.1 or of Keras 3's own class (TF's private
     ``_checkpoint_adapter``, ``_lookup_dependency``, ``_deferred_dependencies``, ``_restore_from_tensors``; public
-    replacement: none). 0.1's scale names map to today's variables, its unused ``_iterations``, ... (today the
-    inner's) to throwaway ones. Keras 3's ``dynamic_scale`` is ours; its int64 ``step_counter`` restores into our
-    int32 one through a sink; its wrapper's own ``_iterations``, ``_learning_rate`` and ``_variables`` map to our
-    wrapper's own (our children are the inner's), and ``inner_optimizer`` to the inner."""
+    replacement: none).
+
+    0.1's wrapper node held ``inner_optimizer``, the scale under :data:`LEGACY_SCALE_NAMES`, and its own unused
+    ``_variables``, ``_iterations`` and ``_learning_rate``, which today are the inner's names: restored by name they
+    would zero ``iterations`` and give int32 counters to float slots. So 0.1's scale names map to today's
+    variables, and the unused three to throwaway ones (``assert_consumed`` passes).
+
+    Keras 3's ``dynamic_scale`` is ours; its int64 ``step_counter`` restores into our int32 one through a sink; its
+    wrapper's own ``_iterations``, ``_learning_rate`` and ``_variables`` map to our wrapper's own (our children are
+    the inner's), and ``inner_optimizer`` to the inner."""
 
     _UNUSED = ("_iterations", "_learning_rate", "_variables")
 
@@ -250,9 +332,19 @@ class LegacyCheckpoint:
             optimizer._handle_deferred_dependencies(name="_variables", trackable=self._keras3_list(optimizer, scale_variables))
 
 
+def is_jax_tracer(x: Any) -> bool:
+    """Whether ``x`` is a JAX tracer (a value being traced, not readable on the host): ``jax.core.Tracer``, which JAX
+    is retiring from its public API. Public replacement: none without a cost (converting ``x`` to numpy raises
+    ``jax.errors.TracerArrayConversionError`` for a tracer, at the price of a host copy of a concrete array)."""
+    import jax
+
+    return isinstance(x, jax.core.Tracer)
+
+
 def trace_of(tensor: Any) -> Any:
-    """The trace ``tensor`` belongs to: TensorFlow's graph of a symbolic tensor, JAX's trace of a tracer (both private
-    attributes), else None (an eager value)."""
+    """The trace ``tensor`` belongs to: TensorFlow's graph of a symbolic tensor (the public ``.graph``), JAX's trace
+    of a tracer (the private ``_trace``), else None (an eager value). Public replacement for JAX: none (a tracer does
+    not say publicly which trace made it)."""
     try:
         graph = getattr(tensor, "graph", None)  # an EagerTensor raises AttributeError: None
     except AttributeError:

@@ -1,4 +1,9 @@
-"""The optimizer's config (``get_config``/``from_config``, pickling) and the configs tf-keras wrote (docs/keras.md)."""
+"""The optimizer's config (``get_config``/``from_config``, pickling) and the configs tf-keras wrote.
+
+Pickling and ``copy.deepcopy`` go through the config and the variables' values, as a ``.keras`` file does: a custom
+:class:`lossscale.LossScale` comes back through ``custom_objects``, never by import. tf-keras's wrapper shapes and
+Keras 2 inner optimizers are translated as docs/keras.md's "Configs from tf-keras" lists.
+"""
 
 from __future__ import annotations
 
@@ -91,7 +96,9 @@ def inner_from_config(inner: Any, custom_objects: Any = None) -> Any:
     config = _translate_inner(dict(inner.get("config") or {}), class_name)
     builtin: type[Any] | None = getattr(keras.optimizers, class_name, None)
     module = str(inner.get("module") or "")
-    from_keras = not module or module.startswith("keras.") or module == "keras"  # Keras 2's "...legacy" too
+    # Keras 2 names its built-in optimizers "keras.optimizers.legacy"/"...experimental"; Keras 3 knows the same
+    # classes by name only.
+    from_keras = not module or module.startswith("keras.") or module == "keras"
     if from_keras and isinstance(builtin, type) and issubclass(builtin, keras.optimizers.Optimizer):
         try:
             return builtin.from_config(config, custom_objects=custom_objects)
@@ -100,7 +107,8 @@ def inner_from_config(inner: Any, custom_objects: Any = None) -> Any:
                 f"Cannot rebuild the inner optimizer {class_name} from {config!r}: {error}. Its config carries a "
                 "setting Keras 3 does not have; remove it (see docs/keras.md, 'Configs from tf-keras')."
             ) from error
-    # A config never imports: a "module" key stays only if that module is imported already.
+    # A config names modules, it doesn't import them: Keras would import a "keras.*" module the config names, so it
+    # gets one only if it is imported already (registered classes are found by registered_name).
     inner = {key: value for key, value in inner.items() if key != "module" or value in sys.modules}
     return keras.saving.deserialize_keras_object({**inner, "config": config}, custom_objects=custom_objects)
 
@@ -144,7 +152,17 @@ def _merged(custom_objects: Any) -> dict[str, Any]:
 
 
 def restore(cls: Any, config: dict[str, Any], custom: dict[str, Any], values: Any, history: Any) -> Any:
-    """The optimizer of a pickled record: ``from_config``; ``values`` wait for :meth:`build` (the model's variables)."""
-    opt = cls.from_config(dict(config), custom_objects=custom)
-    opt._pending, opt._scale.observer.history = values, history
-    return opt
+    """The optimizer of a pickled record (what ``LossScaleOptimizer.__reduce__`` returns, and every pickle names:
+    this function stays here, with this signature, for the pickles of older versions to load).
+
+    Args:
+        cls: the optimizer's class.
+        config: its :meth:`get_config`.
+        custom: the custom objects the config needs (the policy's class).
+        values: the variables' values (numpy, in ``optimizer.variables``' order), or None before build.
+        history: the :class:`lossscale.History` being recorded, or None.
+
+    Returns:
+        The optimizer; ``values`` are assigned when it is built (by the model's variables).
+    """
+    return cls._unpickled(config, custom, values, history)

@@ -7,10 +7,11 @@
         finite = replica 0's (all equal); without aggregation: no replica's flag is False (a scalar all-reduce)
         sample = cond(sampled, summarize(gather(sums)), kept)   # stats_every only: one gather of 4 * T floats
         if finite: each replica runs inner.apply(u)    # its own all-reduce switched off
-        S, counters = next_state(...)                  # one assign of the mirrored state
+        S, counters = advance(...)                     # one assign of the mirrored state (._state)
 
-Every replica takes the same branch (chosen cross-replica, as tf-keras), so a skip leaves every replica alike and
-the scale backs off once. Host syncs: none under ``tf.function``.
+Every replica takes the same branch (chosen in the cross-replica context, as tf-keras: a ``cond`` whose branch
+reaches a ``merge_call`` cannot run in a replica), so a skip leaves every replica alike and the scale backs off
+once. The sample treats the replicas' backward passes as side by side. Host syncs: none under ``tf.function``.
 """
 
 from __future__ import annotations
@@ -19,8 +20,12 @@ from typing import Any
 
 from keras import ops
 
+from .._stats import GradientStats
 from ._compat import inner_aggregation_off
-from ._step import ScaleState, unscale_and_check
+from ._diagnostics import StepObserver
+from ._grads import unscale_and_check
+from ._state import ScaleVariables
+from ._stats import Measurement, StatsVariables
 
 __all__ = ["in_replica_of_strategy", "replica_apply"]
 
@@ -50,19 +55,31 @@ def _all_reduce_sum(context: Any, grads: list[Any]) -> list[Any]:
 
 
 def replica_apply(
-    state: ScaleState, inner: Any, grads: list[Any], variables: list[Any], already: bool, aggregate: bool
+    state: ScaleVariables, observer: StepObserver, inner: Any, grads: list[Any], variables: list[Any], already: bool,
+    aggregate: bool,
 ) -> None:
-    """One step from a replica; see the module docstring."""
+    """One step from a replica; see the module docstring.
+
+    Args:
+        state: the optimizer's scale variables (mirrored).
+        observer: the optimizer's history and stall guard.
+        inner: the inner optimizer (its own all-reduce is switched off while it applies).
+        grads: this replica's gradients, one per variable (None for none), scaled unless ``already``.
+        variables: the variables they are for.
+        already: whether the gradients went through ``get_unscaled_gradients``.
+        aggregate: sum the gradients over the replicas before the check (``experimental_aggregate_gradients``);
+            False: the caller summed them, and a step is skipped if any replica's flag is False.
+    """
     import tensorflow as tf
 
     context = tf.distribute.get_replica_context()
-    scale = ops.convert_to_tensor(state.variables[0])
+    scale = ops.convert_to_tensor(state.fields().loss_scale)
     stats = state.stats
     if stats is not None:  # this replica's own gradients, before the all-reduce
         sums, sizes = _replica_sums(stats, grads, variables, scale, already)
     if aggregate:
         grads = _all_reduce_sum(context, grads)
-    unscaled, finite = unscale_and_check(state, grads, variables, scale, already)
+    unscaled, finite = unscale_and_check(grads, variables, scale, already, state.at_least_one)
     if not aggregate:
         bad = context.all_reduce(tf.distribute.ReduceOp.SUM, tf.cast(tf.logical_not(finite), tf.float32))
         finite = tf.equal(bad, 0.0)
@@ -80,23 +97,24 @@ def replica_apply(
                 strategy.extended.call_for_each_replica(inner_apply, args=(unscaled,))
 
         ops.cond(flag, apply, lambda: None)
-        state.finish(current, flag, measured)
+        new, kept = state.advance(current, flag, measured)
+        observer.observe(current.loss_scale, flag, new, measured, kept)
 
     context.merge_call(cross_replica, args=(unscaled, finite, None if stats is None else sums))
 
 
-def _replica_sums(stats: Any, grads: list[Any], variables: list[Any], scale: Any, already: bool) -> Any:
+def _replica_sums(stats: StatsVariables, grads: list[Any], variables: list[Any], scale: Any, already: bool) -> Any:
     """This replica's ``(1, 4, T)`` sums when sampled (else zeros), and the sizes."""
-    slots, sizes = stats.slots(grads, variables)
+    ordered, sizes = stats.in_build_order(grads, variables)
 
     def take() -> Any:
-        return stats.table(slots, sizes, scale, already)[None]
+        return stats.table(ordered, sizes, scale, already)[None]
 
     return stats.when_due(stats.due()[1], take, lambda: ops.zeros((1, 4, len(sizes)), "float32")), sizes
 
 
-def _global_sample(strategy: Any, stats: Any, sums: Any, sizes: list[int]) -> Any:
-    """``(sample, sampled, count)`` of all replicas' sums: max of the maxima, sums of the rest."""
+def _global_sample(strategy: Any, stats: StatsVariables, sums: Any, sizes: list[int]) -> Measurement:
+    """The :class:`._stats.Measurement` of all replicas' sums: max of the maxima, sums of the rest."""
     count, sampled = stats.due()
     replicas = strategy.num_replicas_in_sync
 
@@ -105,4 +123,4 @@ def _global_sample(strategy: Any, stats: Any, sums: Any, sizes: list[int]) -> An
         combined = ops.concatenate([ops.max(table[:, :1], axis=0), ops.sum(table[:, 1:], axis=0)], axis=0)
         return stats.summary(combined, sizes, count, replicas)  # a NaN or Inf max propagates
 
-    return stats.when_due(sampled, take, stats.stored), sampled, count
+    return Measurement(GradientStats(*stats.when_due(sampled, take, stats.stored)), sampled, count)

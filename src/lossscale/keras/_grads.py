@@ -1,15 +1,48 @@
-"""Passes over the gradients through ``keras.ops``: the loss's scaling, the unscale, the finiteness check."""
+"""Passes over the gradients through ``keras.ops``: the loss's scaling, the unscale, the finiteness check; and
+:data:`XP`, the array namespace the core's rule, sampler and statistics run over on this backend."""
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
+from types import SimpleNamespace
 from typing import Any
 
 import keras
 from keras import ops
 
-__all__ = ["all_finite", "by_platform", "reciprocal", "scale_loss", "unscale"]
+__all__ = [
+    "XP", "all_finite", "by_platform", "overwritten", "reciprocal", "scale_loss", "unscale", "unscale_and_check"]
+
+
+def _namespace() -> Any:
+    """``jax.numpy``, ``torch``, or on TensorFlow numpy's names as ``keras.ops`` (TF's operators do the rest)."""
+    backend = keras.backend.backend()
+    if backend == "jax":
+        import jax.numpy as jnp
+
+        return jnp
+    if backend == "torch":
+        import torch
+
+        return torch
+    import tensorflow as tf
+
+    def asarray(x: Any, dtype: Any = None) -> Any:
+        return ops.convert_to_tensor(x) if dtype is None else ops.cast(x, dtype)
+
+    def ldexp(x: Any, e: Any) -> Any:  # x * 2**e, 2**e written as float32 bits (exact; e clamped to [-126, 127])
+        e = tf.clip_by_value(tf.cast(e, tf.int32), -126, 127)
+        return x * tf.bitcast((e + 127) * (1 << 23), tf.float32)
+
+    names = "abs ceil cumsum floor full full_like isfinite log2 max min ones_like roll sqrt stack sum where"
+    functions = {name: getattr(ops, name) for name in names.split()}
+    return SimpleNamespace(float32="float32", int32="int32", bool="bool", asarray=asarray, ldexp=ldexp, **functions)
+
+
+#: The array namespace the core's rule, sampler and statistics run over on this backend.
+XP = _namespace()
+
 
 def _times(x: Any, factor: Callable[[str], Any], round_back: bool = True) -> Any:
     """``x * factor(wide)`` in ``wide``, ``x``'s dtype widened to at least float32; rounded back to ``x``'s dtype
@@ -32,9 +65,40 @@ def scale_loss(loss: Any, scale: Any, keep_dtype: bool = True) -> Any:
 
 
 def unscale(grads: Sequence[Any], scale: Any, keep: Sequence[bool] | None = None) -> list[Any]:
-    """A new list: each gradient times ``1/scale`` in at least float32, in its dtype; None, ``keep[i]`` pass as is."""
+    """A new list: each gradient times ``1/scale`` in at least float32, rounded back to its dtype.
+
+    Args:
+        grads: the gradients; None stays None. Not modified.
+        scale: the loss scale (a 0-d tensor); its reciprocal is rounded once per dtype (TF's).
+        keep: per gradient, pass it as is (a variable Keras overwrites with its "gradient", :func:`overwritten`).
+
+    Cost: one multiply per element (fused into the check and the update when compiled).
+    """
     inverse = functools.cache(lambda wide: reciprocal(scale, wide))  # one reciprocal per dtype
     return [g if g is None or (keep is not None and keep[i]) else _times(g, inverse) for i, g in enumerate(grads)]
+
+
+def overwritten(variables: Sequence[Any]) -> list[bool]:
+    """Per variable, whether Keras overwrites it with its "gradient" (``overwrite_with_gradient``, e.g. a float8
+    layer's scale history): that value is not a gradient, so it is never unscaled."""
+    return [getattr(v, "overwrite_with_gradient", False) for v in variables]
+
+
+def unscale_and_check(grads: list[Any], variables: Sequence[Any], scale: Any, already: bool, check_scaled: bool) -> Any:
+    """``(unscaled, finite)``: the gradients times ``1/scale`` (as given when ``already``) and whether all are finite.
+
+    Args:
+        grads: one gradient per variable (None for none).
+        variables: their variables (:func:`overwritten` ones pass as is).
+        scale: the loss scale (a 0-d tensor).
+        already: the gradients are unscaled already (no multiply).
+        check_scaled: check ``grads`` as given, not waiting for the multiply (right when ``0 < 1/S <= 1``: the
+            scaled gradients are finite iff the unscaled ones are).
+
+    Cost: one multiply per gradient element, one read pass (:func:`all_finite`).
+    """
+    unscaled = grads if already else unscale(grads, scale, overwritten(variables))
+    return unscaled, all_finite(grads if check_scaled else unscaled)
 
 
 def _conjunction(flags: Sequence[Any]) -> Any:
@@ -75,8 +139,10 @@ def by_platform(cpu: Callable[[], Any], other: Callable[[], Any]) -> Any:
 def all_finite(grads: Sequence[Any]) -> Any:
     """A 0-d bool tensor: True iff no gradient holds a NaN or an Inf (None gradients are left out). Exact.
 
-    TensorFlow, and JAX on a CPU: float32/float64 gradients by one sum of sums, the exact check in a ``cond`` only
-    if that is not finite (one read pass; two if not finite; eager TF: one host sync). JAX elsewhere (GPU, TPU):
+    TensorFlow, and JAX on a CPU: float32/float64 gradients by one sum of sums (finite implies every element is;
+    XLA reduces it several times faster than ``isfinite``), the exact check in a ``cond`` only if that is not
+    finite (one read pass; two if not finite; eager TF: one host sync). Half precision takes the exact check: its
+    sums overflow at 65504. JAX elsewhere (GPU, TPU):
     ``isfinite(max(|g|))`` per gradient, one read pass and no conditional, whose predicate XLA's GPU runtime would
     read on the host on every step; chosen when XLA lowers the step (:func:`by_platform`). torch:
     ``all(isfinite)`` per gradient."""

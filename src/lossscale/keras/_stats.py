@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import keras
 import numpy as np
@@ -15,13 +15,12 @@ from keras import ops
 
 from .._auto import AutoLossScale, AutoState, initial_auto_state
 from .._policy import LossScale
-from .._rule import LossScaleState
-from .._sampler import SamplerState, advance_sampler_in_place, is_due, next_sampler_state
+from .._sampler import SamplerState, is_due
 from .._stats import GradientStats, as_mapping, empty_stats, sizes_of, summarize_columns, tensor_sums
 from ._compat import in_xla_trace, not_inlined, version_counter
-from ._step import XP
+from ._grads import XP
 
-__all__ = ["StatsVariables"]
+__all__ = ["Measurement", "StatsVariables"]
 
 
 def _read(variable: Any) -> Any:
@@ -37,6 +36,21 @@ def _host_int(tensor: Any) -> int:
 
 def _sum_of_bools(mask: Any) -> Any:
     return ops.sum(ops.cast(mask, "float32"))
+
+
+class Measurement(NamedTuple):
+    """What :meth:`StatsVariables.measure` took of one step, for the core's sampler.
+
+    Attributes:
+        sample: the step's :class:`~lossscale._stats.GradientStats` where sampled (traced: the kept sample
+            otherwise; torch: None otherwise).
+        sampled: whether the step is sampled (a 0-d bool tensor; torch: a Python bool).
+        count: the sampler's count before the step, read once (torch: a Python int).
+    """
+
+    sample: GradientStats | None
+    sampled: Any
+    count: Any
 
 
 class StatsVariables:
@@ -92,9 +106,9 @@ class StatsVariables:
         """``take()`` on a sampled apply, else ``otherwise()``: a ``cond`` unless every apply is sampled."""
         return take() if self.every == 1 else ops.cond(sampled, take, otherwise)
 
-    def slots(self, grads: Sequence[Any], variables: Sequence[Any]) -> tuple[list[Any], list[int]]:
+    def in_build_order(self, grads: Sequence[Any], variables: Sequence[Any]) -> tuple[list[Any], list[int]]:
         """The gradients in build order and their sizes (a variable not given, or a None gradient: None, size 0)."""
-        slots: list[Any] = [None] * len(self.names)
+        ordered: list[Any] = [None] * len(self.names)
         for g, v in zip(grads, variables):
             index = self._ids.get(id(v))
             if index is None:
@@ -102,10 +116,10 @@ class StatsVariables:
                     f"stats_every measures the variables the optimizer was built with; {v.name!r} is not one. "
                     "Build a new optimizer for a new set of variables."
                 )
-            slots[index] = g
-        return slots, [0 if g is None else math.prod(g.shape) for g in slots]
+            ordered[index] = g
+        return ordered, [0 if g is None else math.prod(g.shape) for g in ordered]
 
-    def table(self, slots: Sequence[Any], sizes: Sequence[int], scale: Any, already: bool) -> Any:
+    def table(self, ordered: Sequence[Any], sizes: Sequence[int], scale: Any, already: bool) -> Any:
         """The ``(4, T)`` float32 :func:`~lossscale._stats.tensor_sums` of the scaled gradients (empty ones: 0). On
         TensorFlow's executor (not XLA) the counts are sums of converted bools, which it runs faster than the default
         ``where`` (1.0 ms against 1.5 ms for 1M float32 elements on one thread); under XLA, the default."""
@@ -115,7 +129,7 @@ class StatsVariables:
             g = ops.multiply(ops.cast(g, "float32"), ops.cast(scale, "float32")) if already else g
             return ops.stack(list(tensor_sums(g, XP, count)))
 
-        return ops.stack([sums(g) if n else ops.zeros((4,), "float32") for g, n in zip(slots, sizes)], axis=1)
+        return ops.stack([sums(g) if n else ops.zeros((4,), "float32") for g, n in zip(ordered, sizes)], axis=1)
 
     def summary(self, sums: Any, sizes: Sequence[int], count: Any, replicas: int = 1) -> tuple[Any, ...]:
         """The :class:`GradientStats` values of :meth:`table`'s sums (over ``replicas`` tensors of each size; in a
@@ -123,64 +137,87 @@ class StatsVariables:
         return tuple(summarize_columns(ops.unstack(sums, 4), [n * replicas for n in sizes], count, XP))
 
     def measure(
-        self, grads: Sequence[Any], variables: Sequence[Any], scale: Any, already: bool,
-        check: Callable[[], Any] | None = None, fused: bool = False,
-        advancing: tuple[LossScaleState, Callable[[LossScaleState], None]] | None = None,
-    ) -> tuple[Any, Any]:
-        """``(finite, (sample, sampled, count))``: the sample in a ``cond`` on ``sampled`` (else the kept one);
-        ``finite`` is ``check()``, or ``isfinite(amax)`` on a sampled apply if ``fused`` (max propagates NaN: one read
-        pass); ``count``, the one read for it. torch, eagerly: ``(None, (sample or None, sampled, count))``, a Python
-        bool and the host's int. With ``advancing = (state, assign)`` (TensorFlow, nothing recorded) each branch runs
-        :meth:`advance` and assigns its new state, and the result is ``(finite, None)``: an unsampled step neither
-        reads nor writes the sample (for 8 gradients, 50 nodes more than without statistics; 215 when the kept
-        sample was selected and written on every step)."""
+        self, grads: Sequence[Any], variables: Sequence[Any], scale: Any, already: bool, *,
+        check: Callable[[], Any] | None = None, fuse: bool = False,
+        in_branch: Callable[[Any, Measurement], None] | None = None,
+    ) -> tuple[Any, Measurement | None]:
+        """This step's sample, in a ``cond`` on whether it is due (the kept sample otherwise), and the finite flag.
+
+        Args:
+            grads: the gradients as the optimizer got them (scaled unless ``already``), one per variable.
+            variables: their variables (any subset of those the optimizer was built with, in any order).
+            scale: the loss scale the gradients were computed with (a 0-d tensor).
+            already: whether ``grads`` are already unscaled (then the sums are taken of ``grads * scale``).
+            check: computes the finite flag (the step's own check); None on torch, whose step checks by itself.
+            fuse: the scale is at least 1 on every step: then on a sampled step whose gradients are scaled and
+                float32 or narrower the flag is ``isfinite(amax)`` of the sample instead of ``check()`` (max
+                propagates NaN, and float32 holds their amax: one read pass for both).
+            in_branch: TensorFlow with nothing recorded: called in each branch of the sample's ``cond`` with that
+                branch's flag and measurement (the step advances there), so that an unsampled step neither reads
+                nor writes the sample (for 8 gradients, 50 nodes more than without statistics; 215 when the kept
+                sample was selected and written on every step).
+
+        Returns:
+            ``(finite, measured)``: ``finite`` the flag (None on torch); ``measured`` the :class:`Measurement`
+            (None when ``in_branch`` took it). On torch the step is decided on the host: ``sampled`` is a Python
+            bool and ``count`` an int.
+
+        Cost, sampled: one read pass over the gradients, about 60 scalar ops; unsampled: the ``cond`` (torch: a
+        Python ``if`` on a host copy of the count, no host sync).
+        """
         if keras.backend.backend() == "torch":  # eager: the flag from the count on the host, a Python bool
             count = self.host_count()
             flag = is_due(self.every, count)
-            sample = self._torch_sample(*self.slots(grads, variables), scale, already) if flag else None
-            return None, (sample, flag, count)
-        slots, sizes = self.slots(grads, variables)
+            sample = self._torch_sample(*self.in_build_order(grads, variables), scale, already) if flag else None
+            return None, Measurement(sample, flag, count)
+        ordered, sizes = self.in_build_order(grads, variables)
         count, sampled = self.due()
+        fused = fuse and not already and all(
+            g is None or keras.backend.standardize_dtype(g.dtype) in ("float16", "bfloat16", "float32") for g in grads
+        )
 
         def branch(sample: GradientStats | None) -> Any:
             finite = ops.isfinite(sample.amax) if fused and sample is not None else check()  # type: ignore[misc]
-            if advancing is None:
+            if in_branch is None:
                 return (finite, *(sample or self.stored()))
-            advancing[1](self.advance(advancing[0], finite, (sample, sample is not None, count))[0])
+            in_branch(finite, Measurement(sample, sample is not None, count))
             return finite
 
         def take() -> Any:
-            return branch(GradientStats(*self.summary(self.table(slots, sizes, scale, already), sizes, count)))
+            return branch(GradientStats(*self.summary(self.table(ordered, sizes, scale, already), sizes, count)))
 
-        out = self.when_due(sampled, not_inlined(take) if advancing and self.every > 1 else take, lambda: branch(None))
-        return (out, None) if advancing else (out[0], (GradientStats(*out[1:]), sampled, count))
+        # Sampled, one TensorFlow function call that is not inlined: the unsampled branch stays one node to skip.
+        out = self.when_due(sampled, not_inlined(take) if in_branch and self.every > 1 else take, lambda: branch(None))
+        return (out, None) if in_branch else (out[0], Measurement(GradientStats(*out[1:]), sampled, count))
 
-    def advance(self, state: LossScaleState, finite: Any, measured: Any) -> tuple[LossScaleState, GradientStats]:
-        """The new scale state and kept sample by the core's sampler, from :meth:`measure`'s ``(sample, sampled,
-        count)``; assigns the auto state, the count, and the sample where given. An unsampled step keeps
-        the sample variables as they are (not read). torch counts on the host and adds 1 with ``assign_add`` unless
-        saturated: no copy from the host, two kernels on a GPU for an unsampled step."""
-        sample, sampled, count = measured
-        given = None if sample is None else GradientStats(*sample)
-        on_host = keras.backend.backend() == "torch"
+    def sampler_state(self, measured: Measurement) -> SamplerState:
+        """The core's :class:`~lossscale._sampler.SamplerState` before the step: ``measured``'s count, the kept
+        sample's variables (not read: the core keeps them on an unsampled step), the auto state read."""
         auto = AutoState(*(_read(v) for v in self.auto)) if self.auto else None
-        kept = given or GradientStats(*self.sample)
-        new, after = next_sampler_state(self.policy, state, SamplerState(count, kept, auto), finite, given, sampled, XP)
-        if on_host and after.count != count:  # saturates at 2**31 - 1
+        kept = measured.sample or GradientStats(*self.sample)
+        return SamplerState(measured.count, kept, auto)
+
+    def store(self, measured: Measurement, after: SamplerState) -> None:
+        """Writes the core sampler's state ``after`` the step: the count, the auto state, and the sample where the
+        step gave one (an unsampled step leaves the sample variables alone). torch counts on the host and adds 1 with
+        ``assign_add`` unless saturated: no copy from the host, two kernels on a GPU for an unsampled step."""
+        on_host = keras.backend.backend() == "torch"
+        if on_host and after.count != measured.count:  # saturates at 2**31 - 1
             self.count.assign_add(1)  # not in place on the tensor: under a StatelessScope it is the caller's
         elif not on_host:
             self.count.assign(after.count)
-        for variable, value in [*zip(self.auto, after.auto or ()), *zip(self.sample, after.sample if given else ())]:
+        given = after.sample if measured.sample is not None else ()
+        for variable, value in [*zip(self.auto, after.auto or ()), *zip(self.sample, given)]:
             variable.assign(value)
         if on_host:
             self.host_count(after.count)
-        return new, after.sample
 
-    def advance_in_place(self, views: LossScaleState, finite: bool) -> None:
-        """:meth:`advance` of a torch CPU step known to be unsampled: the core's numpy
-        :func:`~lossscale._sampler.advance_sampler_in_place` on ``views`` of the scale variables and on views of these."""
-        auto = AutoState(*(v.value.detach().numpy() for v in self.auto)) if self.auto else None
-        count = advance_sampler_in_place(self.policy, views, self.host_count(), auto, finite)
+    def auto_views(self) -> AutoState | None:
+        """torch CPU: writable numpy views of the auto state's variables (None without ``AutoLossScale``)."""
+        return AutoState(*(v.value.detach().numpy() for v in self.auto)) if self.auto else None
+
+    def store_on_host(self, count: int) -> None:
+        """torch CPU: writes the count the core's host twin computed into the count's variable, in place."""
         self.count.value.detach().numpy()[...] = count  # type: ignore[attr-defined]
         self.host_count(count)
 
@@ -194,7 +231,7 @@ class StatsVariables:
             known = self._host_count = (value, version_counter(value), _host_int(value) if written is None else written)
         return known[2]
 
-    def _torch_sample(self, slots: Sequence[Any], sizes: list[int], scale: Any, already: bool) -> GradientStats:
+    def _torch_sample(self, ordered: Sequence[Any], sizes: list[int], scale: Any, already: bool) -> GradientStats:
         """The sample on torch: the torch binding's kernels (multi-tensor off the CPU), the sizes copied once."""
         from .._torch._kernels import sample_columns
 
@@ -203,7 +240,7 @@ class StatsVariables:
         if key not in self._sizes:
             self._sizes = {key: sizes_of(sizes, XP, device=count.device)}
         empty = count.new_zeros((0,), dtype=scale.dtype)  # a None gradient: size 0, sums 0
-        columns = sample_columns([g if n else empty for g, n in zip(slots, sizes)], scale if already else None)
+        columns = sample_columns([g if n else empty for g, n in zip(ordered, sizes)], scale if already else None)
         return summarize_columns(columns, self._sizes[key], count, XP)
 
     def mapping(self) -> dict[str, Any] | None:

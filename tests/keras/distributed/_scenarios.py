@@ -536,7 +536,7 @@ def stats_model():
 
 def stats_snapshot(opt) -> list[dict]:
     """Per local replica: the kept sample's 11 values, the sampler's count, the scale and the auto state."""
-    stats = opt._scale.stats
+    stats = opt._scale_variables.stats
     parts = {"count": _components(stats.count), "scale": _components(opt.dynamic_scale)}
     parts.update({v.name: _components(v) for v in stats.sample + stats.auto})
     count = max(len(p) for p in parts.values())
