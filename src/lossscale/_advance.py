@@ -31,10 +31,6 @@ from ._stats import GradientStats
 __all__ = ["advance", "advance_in_place"]
 
 
-def _params(policy: LossScale | RuleParams) -> RuleParams:
-    return policy if isinstance(policy, RuleParams) else policy.rule_params()
-
-
 def advance(
     policy: LossScale | RuleParams, scale: LossScaleState, finite: Any, xp: Any, *,
     sampler: SamplerState | None = None, sample: GradientStats | None = None, sampled: Any = False,
@@ -92,7 +88,7 @@ def advance(
                                       sampled, xp, micro_batches=micro_batches)
         return scale, SamplerState(next_count(sampler.count, xp), kept, auto)
     else:
-        scale = next_state(_params(policy), scale, finite, xp)
+        scale = next_state(policy, scale, finite, xp)
     if sampler is None:
         return scale, None
     kept = kept_sample(sampled, sample, sampler.sample, xp)
@@ -135,7 +131,8 @@ def advance_in_place(
     if auto is None or not isinstance(policy, AutoLossScale):
         scalars = LossScaleState(*(view[()] for view in scale))
         with np.errstate(over="ignore"):  # a refused growth computes an inf on purpose
-            new = _next_state(_params(policy), scalars, np.bool_(finite), HOST_SCALARS)
+            params = policy if isinstance(policy, RuleParams) else policy.rule_params()  # inline: a hot path
+            new = _next_state(params, scalars, np.bool_(finite), HOST_SCALARS)
         for view, value in zip(scale, new):
             view[...] = value
         return new_count
