@@ -22,17 +22,13 @@ from typing import Any
 
 import numpy as np
 
-from ._auto import AutoLossScale, AutoState
+from ._auto import AutoLossScale, AutoState, next_auto_state
 from ._policy import LossScale, RuleParams
-from ._rule import LossScaleState, _finite_flag, _HostScalars, _next_state, next_skip_counters, next_state
-from ._sampler import SamplerState, _kept, _next_count, next_sampler_state
+from ._rule import HOST_SCALARS, LossScaleState, _finite_flag, _next_state, next_state, skip_counters
+from ._sampler import SamplerState, kept_sample, next_count
 from ._stats import GradientStats
 
 __all__ = ["advance", "advance_in_place"]
-
-
-def _params(policy: LossScale | RuleParams) -> RuleParams:
-    return policy if isinstance(policy, RuleParams) else policy.rule_params()
 
 
 def advance(
@@ -79,19 +75,24 @@ def advance(
     >>> float(s.loss_scale), int(s.skipped_steps), int(s.consecutive_skips)
     (16.0, 1, 1)
     """
+    if sampler is not None and not isinstance(policy, LossScale):
+        raise TypeError("advance with a sampler needs the policy itself, not its RuleParams.")
     if not moves_scale:
         flag = _finite_flag(finite, scale.loss_scale, xp)
-        skipped, streak = next_skip_counters(scale.skipped_steps, scale.consecutive_skips, flag, xp)
-        moved = scale._replace(skipped_steps=skipped, consecutive_skips=streak)
-        if sampler is None:
-            return moved, None
-        kept = _kept(sampled, sample, sampler.sample, xp)
-        return moved, SamplerState(_next_count(sampler.count, xp), kept, sampler.auto)
+        skipped, streak = skip_counters(scale.skipped_steps, scale.consecutive_skips, flag, xp)
+        scale = scale._replace(skipped_steps=skipped, consecutive_skips=streak)
+    elif sampler is not None and sampler.auto is not None and isinstance(policy, AutoLossScale):
+        # A step known on the host to be unsampled gives the rule no statistics: it skips their ~30 ops.
+        kept = kept_sample(sampled, sample, sampler.sample, xp)
+        scale, auto = next_auto_state(policy, scale, sampler.auto, finite, None if sampled is False else kept,
+                                      sampled, xp, micro_batches=micro_batches)
+        return scale, SamplerState(next_count(sampler.count, xp), kept, auto)
+    else:
+        scale = next_state(policy, scale, finite, xp)
     if sampler is None:
-        return next_state(_params(policy), scale, finite, xp), None
-    if not isinstance(policy, LossScale):
-        raise TypeError("advance with a sampler needs the policy itself, not its RuleParams.")
-    return next_sampler_state(policy, scale, sampler, finite, sample, sampled, xp, micro_batches=micro_batches)
+        return scale, None
+    kept = kept_sample(sampled, sample, sampler.sample, xp)
+    return scale, SamplerState(next_count(sampler.count, xp), kept, sampler.auto)
 
 
 def advance_in_place(
@@ -120,25 +121,26 @@ def advance_in_place(
     >>> advance_in_place(DynamicLossScale(8.0, 1), views, True, count=41), float(views.loss_scale)
     (42, 16.0)
     """
-    new_count = None if count is None else _next_count(count, np)
+    new_count = None if count is None else next_count(count, np)
     if not moves_scale:
-        skipped, streak = next_skip_counters(
-            scale.skipped_steps[()], scale.consecutive_skips[()], bool(finite), _HostScalars)
+        skipped, streak = skip_counters(
+            scale.skipped_steps[()], scale.consecutive_skips[()], bool(finite), HOST_SCALARS)
         scale.skipped_steps[...] = skipped
         scale.consecutive_skips[...] = streak
         return new_count
     if auto is None or not isinstance(policy, AutoLossScale):
         scalars = LossScaleState(*(view[()] for view in scale))
         with np.errstate(over="ignore"):  # a refused growth computes an inf on purpose
-            new = _next_state(_params(policy), scalars, np.bool_(finite), _HostScalars)
+            params = policy if isinstance(policy, RuleParams) else policy.rule_params()  # inline: a hot path
+            new = _next_state(params, scalars, np.bool_(finite), HOST_SCALARS)
         for view, value in zip(scale, new):
             view[...] = value
         return new_count
     # Copies: no result may alias a view written before it.
     before = LossScaleState(*(view.copy() for view in scale))
-    sampler = SamplerState(0, None, AutoState(*(view.copy() for view in auto)))  # type: ignore[arg-type]
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-        after, moved = next_sampler_state(policy, before, sampler, np.bool_(finite), None, False, np)
-    for view, value in [*zip(scale, after), *zip(auto, moved.auto or ())]:
+        after, moved = next_auto_state(policy, before, AutoState(*(view.copy() for view in auto)), np.bool_(finite),
+                                       None, False, np)
+    for view, value in [*zip(scale, after), *zip(auto, moved)]:
         view[...] = value
     return new_count

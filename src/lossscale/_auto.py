@@ -9,7 +9,7 @@ from numbers import Integral
 from typing import Any, NamedTuple
 
 from ._policy import COUNTER_MAX, LossScale, RuleParams, _extensions, _set, count, scale_bounds
-from ._rule import LossScaleState, _finite_flag, count_up, next_skip_counters
+from ._rule import LossScaleState, _finite_flag, count_up, skip_counters
 from ._stats import LOG2_FLOAT16_MAX, GradientStats
 
 __all__ = ["AutoLossScale", "AutoState", "check_stats_every", "initial_auto_state", "next_auto_state"]
@@ -203,7 +203,7 @@ def next_auto_state(
     if stats is not None and isinstance(sampled, bool):
         sampled = xp.full_like(finite, sampled)
     scale, good, bad, skipped, streak = state
-    skipped, streak = next_skip_counters(skipped, streak, finite, xp)
+    skipped, streak = skip_counters(skipped, streak, finite, xp)
     m = auto.margin
     e = _floor_log2(scale, xp)
     window = auto.window

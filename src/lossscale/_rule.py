@@ -1,6 +1,8 @@
 """The one scale-update rule over an array namespace ``xp`` (numpy, torch, jax.numpy, keras.ops): arithmetic,
 comparisons and ``xp.where`` only, so no host sync and traceable under ``jax.jit`` and ``torch.compile``.
-:func:`advance_in_place` runs it on numpy scalars on the host (the same arithmetic, about 5x less overhead)."""
+A binding does not call it directly: :func:`lossscale._advance.advance` applies it, and
+:func:`lossscale._advance.advance_in_place` runs the same arithmetic on numpy scalars on the host (through
+:data:`HOST_SCALARS`, about 5x less overhead than numpy's 0-d arrays)."""
 
 from __future__ import annotations
 
@@ -12,8 +14,8 @@ import numpy as np
 
 from ._policy import COUNTER_MAX, LossScale, RuleParams
 
-__all__ = ["COUNTER_MAX", "KernelForm", "LossScaleState", "advance_in_place", "count_up", "initial_state",
-           "kernel_form", "next_skip_counters", "next_state"]
+__all__ = ["COUNTER_MAX", "HOST_SCALARS", "KernelForm", "LossScaleState", "count_up", "initial_state", "kernel_form",
+           "next_state", "skip_counters"]
 
 
 class LossScaleState(NamedTuple):
@@ -105,9 +107,10 @@ def _finite_flag(finite: Any, like: Any, xp: Any) -> Any:
     return finite
 
 
-def next_skip_counters(skipped: Any, streak: Any, finite: Any, xp: Any) -> tuple[Any, Any]:
+def skip_counters(skipped: Any, streak: Any, finite: Any, xp: Any) -> tuple[Any, Any]:
     """``skipped += not finite``, ``streak = 0 if finite else streak + 1``, saturating: part of :func:`next_state`,
-    also alone for an optimizer's own counters when several share a scale. Cost: about 6 scalar ops."""
+    also of :func:`~lossscale._auto.next_auto_state`, and all that moves when another rule moved the scale
+    (``advance(..., moves_scale=False)``). Cost: about 6 scalar ops."""
     return xp.where(finite, skipped, count_up(skipped, xp)), xp.where(finite, 0, count_up(streak, xp))
 
 
@@ -120,7 +123,7 @@ def count_up(counter: Any, xp: Any) -> Any:
 def _next_state(params: RuleParams, state: LossScaleState, finite: Any, xp: Any) -> LossScaleState:
     scale, good, bad, skipped, streak = state
     not_finite = ~finite
-    skipped, streak = next_skip_counters(skipped, streak, finite, xp)
+    skipped, streak = skip_counters(skipped, streak, finite, xp)
     if not params.dynamic:
         return LossScaleState(scale, good, bad, skipped, streak)
 
@@ -173,14 +176,8 @@ class _HostScalars:
         return math.isfinite(x)
 
 
-def advance_in_place(params: RuleParams, views: LossScaleState, finite: bool) -> None:
-    """``views <- next_state(params, views, finite, numpy)`` bit for bit, in place, on writable 0-d numpy arrays
-    (e.g. ``tensor.numpy()`` of CPU tensors); ``finite`` is a Python or numpy bool. Cost: a few microseconds."""
-    scalars = LossScaleState(*(view[()] for view in views))
-    with np.errstate(over="ignore"):  # a refused growth computes an inf on purpose
-        new = _next_state(params, scalars, np.bool_(finite), _HostScalars)
-    for view, value in zip(views, new):
-        view[...] = value
+#: The array namespace of the host twin: the rule's ``where``/``isfinite`` on numpy scalars and Python bools.
+HOST_SCALARS = _HostScalars()
 
 
 class KernelForm(NamedTuple):
