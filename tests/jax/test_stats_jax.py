@@ -167,7 +167,8 @@ def test_history_carries_the_sampled_statistics(every):
 
 def _reference_run(policy, every, grads_seq):
     """The numpy core's scale and sampler states after ``grads_seq`` (scaled gradients per step)."""
-    from lossscale._sampler import initial_sampler_state, is_due, next_sampler_state
+    from lossscale._advance import advance
+    from lossscale._sampler import initial_sampler_state, is_due
 
     scale, sampler = lossscale.initial_state(policy, np), initial_sampler_state(policy, 2, np)
     for grads in grads_seq:
@@ -176,7 +177,7 @@ def _reference_run(policy, every, grads_seq):
         sampled = is_due(every, sampler.count)
         with np.errstate(all="ignore"):
             sample = gradient_stats(leaves, np, sampler.count) if sampled else None
-        scale, sampler = next_sampler_state(policy, scale, sampler, finite, sample, sampled, np)
+        scale, sampler = advance(policy, scale, finite, np, sampler=sampler, sample=sample, sampled=sampled)
     return scale, sampler
 
 

@@ -16,8 +16,9 @@ from keras import ops
 
 import lossscale
 import lossscale.keras as lsk
+from lossscale._advance import advance
 from lossscale._auto import initial_auto_state, next_auto_state
-from lossscale._sampler import initial_sampler_state, is_due, next_sampler_state
+from lossscale._sampler import initial_sampler_state, is_due
 from lossscale._stats import gradient_stats
 
 BACKEND = keras.backend.backend()
@@ -502,8 +503,9 @@ def test_unsampled_steps_follow_the_core_sampler(compiled, kind, gpu_path, monke
         step(grads)
         sampled = is_due(3, i)
         with np.errstate(all="ignore"):
-            ref, sampler = next_sampler_state(policy, ref, sampler, np.bool_(bad is None),
-                                              gradient_stats(grads, np, i) if sampled else None, sampled, np)
+            sample = gradient_stats(grads, np, i) if sampled else None
+            finite = np.bool_(bad is None)
+            ref, sampler = advance(policy, ref, finite, np, sampler=sampler, sample=sample, sampled=sampled)
         assert scale_of(opt) == float(ref.loss_scale), i
         assert int(ops.convert_to_numpy(opt.skipped_steps)) == int(ref.skipped_steps), i
         assert int(ops.convert_to_numpy(opt._scale_variables.stats.count)) == sampler.count == i + 1

@@ -4,7 +4,7 @@ per backend (KERAS_BACKEND).
 Every sample is compared with the numpy core's (:func:`lossscale._stats.gradient_stats`) on the same scaled
 gradients, known in advance: a ``Dense(1)`` at zero weights, one row ``x`` and ``y = -1`` give the MSE gradients
 ``2 S x`` (kernel) and ``2 S`` (bias); powers of two keep them exact in float32, float16 and bfloat16. The scale
-and the auto state are compared with the core's sampler (:func:`lossscale._sampler.next_sampler_state`) on the
+and the auto state are compared with the core's sampler (:func:`lossscale._advance.advance`) on the
 reference sample. tf.distribute and keras.distribution: tests/keras/distributed.
 """
 
@@ -17,7 +17,8 @@ from keras import ops
 
 import lossscale
 import lossscale.keras as lsk
-from lossscale._sampler import initial_sampler_state, next_sampler_state
+from lossscale._advance import advance
+from lossscale._sampler import initial_sampler_state
 from lossscale._stats import gradient_stats
 
 BACKEND = keras.backend.backend()
@@ -67,7 +68,7 @@ def assert_rule(opt, policy, samples):
     every = opt.stats_every
     for i, (sample, finite) in enumerate(samples):
         with np.errstate(all="ignore"):
-            state, sampler = next_sampler_state(policy, state, sampler, finite, sample, i % every == 0, np)
+            state, sampler = advance(policy, state, finite, np, sampler=sampler, sample=sample, sampled=i % every == 0)
     assert float(host(opt.loss_scale)) == float(state.loss_scale)
     assert int(host(opt._scale_variables.stats.count)) == len(samples)
     for variable, value in zip(opt._scale_variables.stats.auto, sampler.auto or ()):
@@ -214,5 +215,5 @@ def test_inner_gradient_accumulation_samples_each_micro_batch():
     state, _ = assert_rule(opt, policy, samples)
     twice = lossscale.initial_state(policy, np), initial_sampler_state(policy, 2, np)
     for sample, finite in samples:
-        twice = next_sampler_state(policy, *twice, finite, sample, True, np, micro_batches=2)
+        twice = advance(policy, twice[0], finite, np, sampler=twice[1], sample=sample, sampled=True, micro_batches=2)
     assert float(twice[0].loss_scale) != float(state.loss_scale)  # the test tells micro_batches 1 from 2

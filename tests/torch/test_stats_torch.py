@@ -404,14 +404,15 @@ def test_an_unsampled_auto_step_runs_only_the_backoff():
     """A step known on the host to be unsampled gives the auto rule no statistics: it computes the overflow backoff
     and the counters, 109 operators where the masked sample's path runs 200 (117 and 179 before the backoff was
     split off; 96 and 179 before the spike-cap change added about 13 to the backoff, the margin past 16 bits)."""
-    from lossscale._sampler import initial_sampler_state, next_sampler_state
+    from lossscale._advance import advance
+    from lossscale._sampler import initial_sampler_state
     from lossscale._torch._kernels import gradient_stats
 
     policy = lossscale.AutoLossScale()
     state, sampler = lossscale.initial_state(policy, torch), initial_sampler_state(policy, 1, torch)
     finite, sample = torch.tensor(True), gradient_stats([torch.full((4,), 2.0**-3)])
-    unsampled = count_ops(lambda: next_sampler_state(policy, state, sampler, finite, None, False, torch))
-    sampled = count_ops(lambda: next_sampler_state(policy, state, sampler, finite, sample, True, torch))
+    unsampled = count_ops(lambda: advance(policy, state, finite, torch, sampler=sampler, sample=None, sampled=False))
+    sampled = count_ops(lambda: advance(policy, state, finite, torch, sampler=sampler, sample=sample, sampled=True))
     assert unsampled <= 112, unsampled
     assert sampled - unsampled >= 80, (sampled, unsampled)
 

@@ -26,6 +26,7 @@ from .._auto import AutoLossScale, AutoState
 from .._policy import DynamicLossScale, LossScale
 from .._resolve import resolve_loss_scale
 from .._rule import COUNTER_MAX, LossScaleState, initial_state, kernel_form
+from .._sampler import next_count
 from .._torch._kernels import advance_scale_, move, reciprocal
 from ._checkpoint import CounterRecord, ScaleRecord
 from ._compat import foreach_copy_
@@ -298,7 +299,7 @@ def _count(sampler: Any) -> None:
     ``advance(..., moves_scale=False)`` would count it too, but also run the skip counters' 6 operators on the
     device for a result thrown away; the count is a Python int, so this costs no operator."""
     if sampler is not None:
-        sampler.state = sampler.state._replace(count=min(sampler.state.count + 1, COUNTER_MAX))
+        sampler.state = sampler.state._replace(count=next_count(sampler.state.count, torch))
 
 
 class StepScale(NamedTuple):

@@ -221,14 +221,16 @@ def check_stats(records: list[dict], policy: str, per_replica: bool, copies: int
     """Every replica holds the reference sample (step 0), the count 1, and the scale the core's sampler gives
     (``copies``: of the variables, one per replica but under CentralStorageStrategy)."""
     import lossscale
-    from lossscale._sampler import initial_sampler_state, next_sampler_state
+    from lossscale._advance import advance
+    from lossscale._sampler import initial_sampler_state
 
     ref = stats_reference(per_replica)
     assert float(ref.zero_fraction) != float(stats_reference(not per_replica).zero_fraction)  # the test can tell
     assert len(records) == copies, records
     policy_ = lossscale.AutoLossScale(STATS_SCALE) if policy == "auto" else lossscale.DynamicLossScale(STATS_SCALE)
     sampler = initial_sampler_state(policy_, 2, np)
-    scale, sampler = next_sampler_state(policy_, lossscale.initial_state(policy_, np), sampler, True, ref, True, np)
+    start = lossscale.initial_state(policy_, np)
+    scale, sampler = advance(policy_, start, True, np, sampler=sampler, sample=ref, sampled=True)
     for i, record in enumerate(records):
         assert record["count"] == 1 and record["stats_step"] == 0, f"replica {i}: {record}"
         for field in ref._fields[1:]:

@@ -27,12 +27,13 @@ def attach(accelerator: Accelerator, scaler: Any, *, sync_skips: bool = True) ->
     """Make ``accelerator`` (and the optimizers it already prepared) use ``scaler`` for float16 loss scaling.
 
     Call it right after creating the ``Accelerator`` (or the Trainer), before ``prepare(model)``; on CPU it turns
-    float16 autocast on. ``sync_skips`` (default True) is set on a lossscale GradScaler: a fused step's skip is
-    decided on the host (one sync), so accelerate's ``step_was_skipped`` and the LR schedule see it.
+    float16 autocast on.
 
     Args:
         accelerator: an ``accelerate.Accelerator`` with ``mixed_precision="fp16"`` (``TrainingArguments(fp16=True)``).
         scaler: ``lossscale.torch.GradScaler`` or ``torch.amp.GradScaler``.
+        sync_skips: set on a lossscale GradScaler (default True): a fused step's skip is then decided on the host
+            (one sync a step), so accelerate's ``step_was_skipped`` and the LR schedule see it. Ignored for torch's.
 
     Raises:
         TypeError: not an ``Accelerator``, or ``scaler`` lacks a GradScaler method.
