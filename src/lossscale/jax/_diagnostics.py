@@ -79,18 +79,18 @@ def _unbatched_vmap(axis_size: int, in_batched: Any, finite: jax.Array) -> tuple
 
 
 class Recorder(HistoryRecorder):
-    """The core's :class:`~lossscale._diagnostics.HistoryRecorder` fed from inside ``jit``: :meth:`record` stages one
+    """The core's :class:`~lossscale._diagnostics.HistoryRecorder` fed from inside ``jit``: :meth:`stage` stages one
     ``jax.debug.callback`` per step that appends ``(step, scale used, skipped)`` and, on a sampled step, the sample's
     columns (loss: NaN). Under ``pmap``/``shard_map`` only the first device along the axes calls back (across
     processes: the process holding device 0), so the History gets one row per step."""
 
-    def _append(self, scale: Any, finite: Any, sampled: Any = False, *columns: Any) -> None:
+    def _append_row(self, scale: Any, finite: Any, sampled: Any = False, *columns: Any) -> None:
         stats = None
         if bool(np.asarray(sampled)):
             stats = {name: float(np.asarray(value)) for name, value in zip(STATS_COLUMNS, columns)}
         self.append(float(np.asarray(scale)), not bool(np.asarray(finite)), stats=stats)
 
-    def record(
+    def stage(
         self, scale: jax.Array, finite: jax.Array, axes: tuple[Hashable, ...] | None, sample: Any = None,
         sampled: Any = False,
     ) -> None:
@@ -107,6 +107,6 @@ class Recorder(HistoryRecorder):
         if sample is not None:
             args += (jnp.asarray(sampled), *(getattr(sample, name) for name in STATS_COLUMNS))
         if axes is None:
-            jax.debug.callback(self._append, *args)
+            jax.debug.callback(self._append_row, *args)
         else:
-            _call_back_if(lax.axis_index(axes) == 0, self._append, *args)
+            _call_back_if(lax.axis_index(axes) == 0, self._append_row, *args)

@@ -103,7 +103,7 @@ def step(settings: StepSettings, grads: Any, state: Any, params: Any, extra_args
     new = advance(settings.policy, state, finite, inner_state, measurement)
     if settings.recorder is not None:
         sampled = False if measurement is None else measurement.sampled
-        settings.recorder.record(scale, finite, settings.axes, None if new.stats is None else new.stats.sample, sampled)
+        settings.recorder.stage(scale, finite, settings.axes, None if new.stats is None else new.stats.sample, sampled)
     if settings.guard is not None:  # the streak reaches the limit only on a skipped step
         guard_skip(settings.guard, new.consecutive_skips, new.loss_scale)
     return first, new

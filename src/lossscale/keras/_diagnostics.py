@@ -166,11 +166,11 @@ class StepObserver:
         if self.history is not None:
             stats = () if measured is None else (measured.sampled, kept.headroom_bits, kept.zero_fraction,
                                                  kept.subnormal_fraction)
-            on_host(self._record, scale_used, finite, *stats)
+            on_host(self._append, scale_used, finite, *stats)
         if self.guard is not None:
             on_host(self._guard, new.consecutive_skips, new.loss_scale, every_device=True)
 
-    def _record(self, scale_used: Any, finite: Any, sampled: Any = False, *stats: Any) -> None:
+    def _append(self, scale_used: Any, finite: Any, sampled: Any = False, *stats: Any) -> None:
         loss, self._loss = self._loss, None
         loss_value = None if loss is None else float(np.asarray(ops.convert_to_numpy(loss), np.float64).reshape(()))
         if self._recorder is not None:
