@@ -164,7 +164,7 @@ class GradScaler:
         self._steps: weakref.WeakKeyDictionary[torch.optim.Optimizer, OptimizerStep] = weakref.WeakKeyDictionary()
         self._recorder = None if history is None or history is False else StepRecorder(history)
         self.sync_skips = bool(sync_skips)
-        self._updates = self._slots = 0
+        self._updates = self._optimizers_seen = 0
         self._pending_progress: dict[int, StepProgress] = {}  # written through _per_optimizer_states before a step
 
     def scale(self, outputs: Any) -> Any:
@@ -283,11 +283,11 @@ class GradScaler:
             ref = weakref.ref(optimizer)  # the value must not keep its weak key alive
             params = lambda: [p for g in ref().param_groups for p in g["params"]]  # type: ignore[union-attr]
             step = OptimizerStep(self._owner, FlagAgreement(None, params), self._diagnostics, self._sampler,
-                                 self._slots, own_counters=False)
+                                 self._optimizers_seen, own_counters=False)
             pending = self._pending_progress.pop(id(optimizer), None)
             if pending is not None:  # what client code wrote through _per_optimizer_states
                 step.progress = pending
-            self._slots += 1
+            self._optimizers_seen += 1
             self._steps[optimizer] = step
         step.number = self._updates  # the overflow report's step: update() calls so far (pickled, as History's rows)
         return step
@@ -519,7 +519,7 @@ class GradScaler:
         self._device, self._enabled, self._placed = state["device"], bool(state["enabled"]), bool(state["placed"])
         self._owner, self._diagnostics = state["scale"], state["diagnostics"]
         self._sampler = state.get("sampler")
-        self._steps, self._slots = weakref.WeakKeyDictionary(), 0
+        self._steps, self._optimizers_seen = weakref.WeakKeyDictionary(), 0
         self._pending_progress = {}
         self._recorder = None if state["history"] is None else StepRecorder(state["history"])
         self.sync_skips, self._updates = bool(state["sync_skips"]), int(state["updates"])

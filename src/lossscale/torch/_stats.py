@@ -49,7 +49,7 @@ class StatsSampler:
         self.state = core.initial_sampler_state(policy, 0, torch, count=count)
         if auto is not None:  # a checkpoint's (numpy, from read_sampler_record)
             self.state = self.state._replace(auto=AutoState(*(torch.as_tensor(v).clone() for v in auto)))
-        self._sums: dict[int, _Measured] = {}  # optimizer slot -> its measurement of this step
+        self._sums: dict[int, _Measured] = {}  # optimizer index -> its measurement of this step
         self._columns: tuple | None = None  # (columns, sizes, count) of a sample not summarized yet (see take)
         self._sets: dict[Any, tuple[tuple[str, ...], Sizes]] = {}  # parameter set -> (names, sizes)
 
@@ -58,11 +58,11 @@ class StatsSampler:
         """Whether this step is sampled (a Python int's modulo: no device work)."""
         return core.is_due(self.every, self.state.count)
 
-    def measure(self, slot: int, grads: Triples, name_of: Callable[[Any], str], factor: Any = None) -> None:
+    def measure(self, index: int, grads: Triples, name_of: Callable[[Any], str], factor: Any = None) -> None:
         """Keeps the sums of one optimizer's scaled gradients for this step's sample; call it when :attr:`due`.
 
         Args:
-            slot: the optimizer's index among those sharing this sampler (a GradScaler's; 0 for one optimizer).
+            index: the optimizer's index among those sharing this sampler (a GradScaler's; 0 for one optimizer).
             grads: ``(where, parameter, gradient)`` triples; ``where`` is handed to ``name_of``.
             name_of: gives a gradient's name in :attr:`gradient_stats` (called once per parameter set).
             factor: a 0-d tensor the gradients are multiplied by first (None: 1).
@@ -72,13 +72,13 @@ class StatsSampler:
         """
         if not grads:
             return
-        key = (slot, grads[0][2].device, tuple((where, id(p), g.numel()) for where, p, g in grads))
+        key = (index, grads[0][2].device, tuple((where, id(p), g.numel()) for where, p, g in grads))
         known = self._sets.get(key)
         if known is None:  # a new parameter set: its names and sizes, once (the sizes' one copy to the device)
             self._sets = dict(list(self._sets.items())[-7:])
             sizes = sizes_of([g.numel() for _, _, g in grads], torch, device=key[1])
             known = self._sets[key] = (tuple(name_of(where) for where, _, _ in grads), sizes)
-        self._sums[slot] = _Measured(sample_columns([g for _, _, g in grads], factor), *known, max(1, self.backwards))
+        self._sums[index] = _Measured(sample_columns([g for _, _, g in grads], factor), *known, max(1, self.backwards))
 
     def forget(self) -> None:
         """``zero_grad()``: this step's measurements and backward count are dropped (the kept sample stays)."""

@@ -101,14 +101,14 @@ class OptimizerStep:
         agree: the groups the found-inf flag is MAX-reduced over, or None (one process).
         diagnostics: the optimizer's guard, reporter and recorder (None: all off).
         sampler: the ``stats_every`` sampler, or None.
-        slot: this optimizer's index in a GradScaler's shared ``sampler`` (its names are prefixed ``opt{slot}.``;
+        index: this optimizer's index in a GradScaler's shared ``sampler`` (its names are prefixed ``opt{index}.``;
             the GradScaler's update counts the sampler), or None for a ``LossScaleOptimizer``'s own.
         own_counters: with a shared ``owner``, whether this optimizer keeps skip counters of its own (a
             GradScaler's optimizers keep them only for a stall guard).
     """
 
     def __init__(self, owner: PrivateLossScale | SharedLossScale, agree: FlagAgreement | None = None, diagnostics: Diagnostics | None = None,
-                 sampler: StatsSampler | None = None, slot: int | None = None, *, own_counters: bool = True) -> None:
+                 sampler: StatsSampler | None = None, index: int | None = None, *, own_counters: bool = True) -> None:
         self.owner = owner
         self.agree = agree
         self.diagnostics = Diagnostics(None, False, None, None) if diagnostics is None else diagnostics
@@ -116,7 +116,7 @@ class OptimizerStep:
         self.tracker = FusedStateTracker()
         private = owner if owner.advances_each_step else None
         self.counters = SkipCounters(private, own_counters or self.diagnostics.guard is not None)
-        self.sampler, self.slot = sampler, slot
+        self.sampler, self.index = sampler, index
         self.number: int | None = None  # the overflow report's step number, set by a GradScaler (None: counters.steps)
         self._in_closure = False
 
@@ -130,7 +130,7 @@ class OptimizerStep:
         if pairs is None:
             pairs = [((g, i), p, p.grad) for g, group in enumerate(inner.param_groups)
                      for i, p in enumerate(group["params"]) if p.grad is not None]
-        reporter, prefix = self.diagnostics.reporter, "" if self.slot is None else f"opt{self.slot}."
+        reporter, prefix = self.diagnostics.reporter, "" if self.index is None else f"opt{self.index}."
 
         def name_of(where: tuple[int, int]) -> str:
             g, i = where
@@ -138,7 +138,7 @@ class OptimizerStep:
                 return prefix + reporter.name_of(inner.param_groups[g]["params"][i], g, i)
             return f"{prefix}param_groups[{g}]['params'][{i}]"
 
-        sampler.measure(0 if self.slot is None else self.slot, pairs, name_of, factor)
+        sampler.measure(0 if self.index is None else self.index, pairs, name_of, factor)
 
     def _collect(self, inner: torch.optim.Optimizer) -> GradGroups:
         grads = GradGroups.of(inner.param_groups)
@@ -256,7 +256,7 @@ class OptimizerStep:
             progress.reset()
         else:
             progress.stepped(found_inf)
-        sampler = self.sampler if self.slot is None else None  # a GradScaler's update counts its shared sampler
+        sampler = self.sampler if self.index is None else None  # a GradScaler's update counts its shared sampler
         owner.add_step(found_inf, progress, counters, sampler, diagnostics.recorder)
         if diagnostics.recorder is not None:
             diagnostics.recorder.append(step, scale_used, found_inf > 0)  # type: ignore[arg-type]
@@ -287,7 +287,7 @@ class OptimizerStep:
             return loss
 
         self.progress.reset()
-        if self.sampler is not None and self.slot is None:
+        if self.sampler is not None and self.index is None:
             self.sampler.forget()  # the backward passes counted for the sample are the closure's own
         self._in_closure = True
         try:
@@ -311,7 +311,7 @@ class OptimizerStep:
     def forget(self) -> None:
         """``zero_grad()``: a pending check and sample are forgotten."""
         self.progress.forget_check()
-        if self.sampler is not None and self.slot is None and not self._in_closure:
+        if self.sampler is not None and self.index is None and not self._in_closure:
             self.sampler.forget()
 
     def reset(self) -> None:
