@@ -10,10 +10,11 @@ import torch
 
 import lossscale
 from lossscale._auto import initial_auto_state, next_auto_state
+from lossscale._sampler import check_stats_every
 from lossscale._stats import gradient_stats as numpy_stats
 from lossscale._torch._kernels import gradient_stats
 from lossscale.torch._state import PrivateLossScale, count_sampler
-from lossscale.torch._stats import StatsSampler, check_stats_every
+from lossscale.torch._stats import StatsSampler
 from tests.torch.op_counter import count_ops
 
 

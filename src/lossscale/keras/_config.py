@@ -15,8 +15,8 @@ from typing import Any
 import keras
 
 from .. import DynamicLossScale, FixedLossScale, LossScale, get, serialize
-from .._auto import check_stats_every
 from .._resolve import stable_form
+from .._sampler import check_stats_every
 
 __all__ = ["BASE_DEFAULTS", "read_config", "restore", "write_config"]
 

@@ -15,8 +15,8 @@ import keras
 from keras import ops
 
 from .. import LossScale
-from .._auto import check_stats_every
 from .._resolve import resolve_loss_scale, stable_form
+from .._sampler import check_stats_every
 from ._checkpoint import check_store, guard_restores, keras3_store
 from ._compat import (
     HIDDEN_FROM_DIR,

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from .._policy import DynamicLossScale
+from .._sampler import check_stats_every
 from .._torch._kernels import unscale_grads_per_device
 from ._checkpoint import gradscaler_record, gradscaler_state_dict, replace_policy, with_torch_names
 from ._checkpoint import growth_interval as checked_interval
@@ -17,7 +18,7 @@ from ._compat import AMP_SCALING, GRAD_SCALER_WARNING, OptState, takes_grad_scal
 from ._diagnostics import Diagnostics, OverflowReport, StepRecorder
 from ._distributed import FlagAgreement
 from ._state import IterationScale
-from ._stats import StatsSampler, check_stats_every
+from ._stats import StatsSampler
 from ._step import OptimizerStep, Stage, StepProgress
 
 __all__ = ["GradScaler"]

@@ -10,7 +10,8 @@ from typing import Any
 import torch
 
 from .._policy import LossScale
-from .._resolve import serialize, stable_form
+from .._resolve import resolve_loss_scale, serialize, stable_form
+from .._sampler import check_stats_every
 from .._torch._kernels import GradGroups, check_finite, unscaled_copies
 from ._checkpoint import Checkpoint, load_inner, read_policy
 from ._compat import init_step_hooks
@@ -18,8 +19,8 @@ from ._diagnostics import Diagnostics, OverflowReport
 from ._distributed import FlagAgreement, agreement_groups, validate_process_group
 from ._distributed import check_replicas_agree as _check_replicas_agree
 from ._grads import CheckedGrads
-from ._state import ScaleState, require_own_scale, scale_owner_for
-from ._stats import StatsSampler, check_stats_every
+from ._state import ScaleState, SharedLossScale, require_own_scale, scale_owner
+from ._stats import StatsSampler
 from ._step import OptimizerStep
 
 __all__ = ["LossScaleOptimizer", "optimizer_class"]
@@ -105,11 +106,13 @@ class LossScaleOptimizer(torch.optim.Optimizer):
         if removed:
             raise TypeError(f"LossScaleOptimizer() got an unexpected keyword argument {next(iter(removed))!r}")
         _check_wrappable(optimizer)
-        owner = scale_owner_for(
-            optimizer, loss_scale, dynamic=dynamic, initial_scale=initial_scale,
-            dynamic_growth_steps=dynamic_growth_steps, min_loss_scale=min_loss_scale,
-            max_loss_scale=max_loss_scale, hysteresis=hysteresis,
-        )
+        stable: dict[str, Any] = {"dynamic": dynamic, "initial_scale": initial_scale,
+                                  "dynamic_growth_steps": dynamic_growth_steps,
+                                  "min_loss_scale": min_loss_scale, "max_loss_scale": max_loss_scale,
+                                  "hysteresis": hysteresis}
+        # The policy is resolved here, as in every binding's constructor; a SharedLossScale carries its own.
+        scale = loss_scale if isinstance(loss_scale, SharedLossScale) else resolve_loss_scale(loss_scale, **stable)
+        owner = scale_owner(optimizer, scale, stable)
         diagnostics = Diagnostics(max_consecutive_skips, overflow_report, named_parameters, history)
         every = check_stats_every(stats_every, owner.policy)
         self._inner = optimizer

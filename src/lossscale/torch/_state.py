@@ -33,7 +33,7 @@ from ._compat import foreach_copy_
 
 __all__ = [
     "IterationScale", "PrivateLossScale", "ScaleState", "SharedLossScale", "SkipCounters", "StepScale",
-    "count_sampler", "require_own_scale", "scale_owner_for",
+    "count_sampler", "require_own_scale", "scale_owner",
 ]
 
 
@@ -453,20 +453,29 @@ def require_own_scale(policy: LossScale, owner: ScaleState, fix: str) -> None:
                          f"several optimizers (SharedLossScale) is not supported yet. {fix}")
 
 
-_SCALE_KEYWORDS = ("dynamic", "initial_scale", "dynamic_growth_steps", "min_loss_scale", "max_loss_scale", "hysteresis")
 
 
-def scale_owner_for(optimizer: torch.optim.Optimizer, loss_scale: Any, **stable: Any) -> PrivateLossScale | SharedLossScale:
-    """The given :class:`SharedLossScale`, or a private scale on the device of ``optimizer``'s parameters."""
-    if isinstance(loss_scale, SharedLossScale):
-        given = [k for k in _SCALE_KEYWORDS if stable.get(k) is not None]
+def scale_owner(optimizer: torch.optim.Optimizer, scale: LossScale | SharedLossScale,
+                stable: Mapping[str, Any]) -> PrivateLossScale | SharedLossScale:
+    """Who owns the scale of a ``LossScaleOptimizer``: the given :class:`SharedLossScale`, or a private scale of the
+    resolved ``policy`` on the device of ``optimizer``'s parameters.
+
+    Args:
+        optimizer: the inner optimizer (its first parameter's device is the scale's).
+        scale: the resolved policy, or the ``SharedLossScale`` the user passed.
+        stable: the stable form's keywords as passed (None where not given); refused beside a ``SharedLossScale``.
+
+    Raises:
+        ValueError: a ``SharedLossScale`` with stable-form keywords (it carries its own policy).
+    """
+    if isinstance(scale, SharedLossScale):
+        given = [k for k, v in stable.items() if v is not None]
         if given:
             raise ValueError(f"A SharedLossScale carries its own policy; drop {', '.join(f'{k}=' for k in given)} "
                              "or give them to SharedLossScale(...).")
-        return loss_scale
-    policy = resolve_loss_scale(loss_scale, **stable)
+        return scale
     device = next((p.device for g in optimizer.param_groups for p in g["params"]), None)
-    return PrivateLossScale(policy, device)
+    return PrivateLossScale(scale, device)
 
 
 class IterationScale(SharedLossScale):

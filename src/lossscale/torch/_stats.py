@@ -13,9 +13,7 @@ from .._policy import LossScale
 from .._stats import GradientStats, Sizes, as_mapping, sizes_of, summarize_columns
 from .._torch._kernels import sample_columns
 
-__all__ = ["StatsSampler", "Taken", "check_stats_every"]
-
-check_stats_every = core.check_stats_every
+__all__ = ["StatsSampler", "Taken"]
 
 Triples = list[tuple[Any, torch.Tensor, torch.Tensor]]  # (where, parameter, gradient); ``where`` gives the name
 
