@@ -24,6 +24,7 @@ from lossscale import (
 )
 from lossscale._rule import COUNTER_MAX, kernel_form
 from lossscale._torch._kernels import advance_scale_, reciprocal
+from lossscale.torch import _state
 from lossscale.torch._checkpoint import ScaleRecord
 from lossscale.torch._state import PrivateLossScale
 from tests.reference import POLICIES, as_numbers
@@ -100,9 +101,10 @@ def test_the_two_operator_floor_equals_the_rule_from_a_scale_below_the_floor(pol
         assert _numbers(live) == _numbers(ref)
 
 
-def _device_path(owner: PrivateLossScale, monkeypatch) -> PrivateLossScale:
+def _device_path(owner, monkeypatch):
     """The owner as on a GPU: its numpy host path off, so advance() chooses between the fused form and the rule."""
-    monkeypatch.setattr(owner, "_host_views_now", lambda: None)
+    real = _state._host_views
+    monkeypatch.setattr(_state, "_host_views", lambda holder, tensors: None if holder is owner else real(holder, tensors))
     return owner
 
 
@@ -125,8 +127,7 @@ def test_owner_after_a_shorter_growth_interval_grows_as_the_rule(monkeypatch):
     from lossscale.torch._state import IterationScale
 
     long, short = DynamicLossScale(8.0, 10), DynamicLossScale(8.0, 3)
-    owner = IterationScale(long)
-    monkeypatch.setattr(owner, "_host_views_now", lambda: None)
+    owner = _device_path(IterationScale(long), monkeypatch)
     ref = initial_state(long, np)
     for _ in range(6):
         ref = next_state(long, ref, np.bool_(True), np)
@@ -142,8 +143,7 @@ def test_owner_after_a_scale_set_below_the_floor_keeps_it_until_a_backoff(monkey
     from lossscale.torch._state import IterationScale
 
     policy = DynamicLossScale(16.0, 2, min_loss_scale=4.0)
-    owner = IterationScale(policy)
-    monkeypatch.setattr(owner, "_host_views_now", lambda: None)
+    owner = _device_path(IterationScale(policy), monkeypatch)
     owner.set_scale(torch.tensor(0.5))
     ref = initial_state(policy, np)._replace(loss_scale=np.float32(0.5))
     for finite in [True, True, True, False, True, False] + _pattern(5, 40, 0.3):

@@ -96,7 +96,7 @@ class ScaleState:
 
     def inv_scale(self) -> torch.Tensor:
         """``1 / S`` in float32 (computed in float64 on the host for CPU state; one operator elsewhere)."""
-        views = self._host_views_now()
+        views = _host_views(self, self.tensors)
         if views is not None:
             with np.errstate(over="ignore"):  # 1/S beyond float32 is inf, as on the device
                 return torch.from_numpy(np.asarray(1.0 / float(views.loss_scale), dtype=np.float32))
@@ -164,7 +164,7 @@ class ScaleState:
                                          micro_batches=taken.micro_batches)
             self._write(new)
             return
-        views = self._host_views_now()
+        views = _host_views(self, self.tensors)
         if views is not None:
             count = advance_in_place(self._params, views, float(found_inf.detach().numpy()) == 0.0,
                                      count=None if sampler is None else sampler.state.count)
@@ -268,10 +268,6 @@ class ScaleState:
                 room = COUNTER_MAX - 1 - int(max(values.skipped_steps, values.consecutive_skips))
                 self._above_floor = values.loss_scale >= self._params.min_scale
         self._room = max(room, 0)
-
-    def _host_views_now(self) -> LossScaleState | None:
-        """Numpy views of the CPU tensors' memory; None off the CPU or compiling."""
-        return _host_views(self, self.tensors)
 
 
 def _host_views(holder: Any, tensors: LossScaleState) -> LossScaleState | None:
