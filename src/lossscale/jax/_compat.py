@@ -24,6 +24,8 @@ from typing import Any
 import jax
 from jax import lax
 
+from .._jax._compat import is_tracer
+
 __all__ = ["eval_jaxpr_choosing", "is_tracer", "like", "serialize_namedtuples_with"]
 
 #: Public replacement: ``jax.typeof`` (JAX >= 0.6). ``jax.core.get_aval`` is its older, deprecated spelling.
@@ -33,12 +35,6 @@ try:  # jax.extend.core: JAX's API for library authors, with weaker stability pr
     from jax.extend.core import Literal
 except ImportError:  # pragma: no cover - JAX < 0.4.36
     Literal = jax.core.Literal  # type: ignore[misc]
-
-
-def is_tracer(x: Any) -> bool:
-    """Whether ``x`` is a tracer (``jit``, ``grad``, ``vmap``, ...). ``jax.core`` is the module JAX keeps shrinking;
-    no public replacement (``value_and_grad`` needs to know whether a concrete state would be staged out)."""
-    return isinstance(x, jax.core.Tracer)
 
 
 def varying_axes(aval: Any) -> frozenset | None:

@@ -333,12 +333,10 @@ class LegacyCheckpoint:
 
 
 def is_jax_tracer(x: Any) -> bool:
-    """Whether ``x`` is a JAX tracer (a value being traced, not readable on the host): ``jax.core.Tracer``, which JAX
-    is retiring from its public API. Public replacement: none without a cost (converting ``x`` to numpy raises
-    ``jax.errors.TracerArrayConversionError`` for a tracer, at the price of a host copy of a concrete array)."""
-    import jax
+    """:func:`lossscale._jax._compat.is_tracer`, imported only when asked (Keras may run on another backend)."""
+    from .._jax._compat import is_tracer
 
-    return isinstance(x, jax.core.Tracer)
+    return is_tracer(x)
 
 
 def trace_of(tensor: Any) -> Any:
