@@ -12,7 +12,8 @@ from ._policy import COUNTER_MAX, LossScale, RuleParams, _extensions, _set, coun
 from ._rule import LossScaleState, _finite_flag, count_up, skip_counters
 from ._stats import LOG2_FLOAT16_MAX, GradientStats
 
-__all__ = ["AutoLossScale", "AutoState", "check_stats_every", "initial_auto_state", "next_auto_state"]
+__all__ = ["AutoLossScale", "AutoState", "check_stats_every", "initial_auto_state", "next_auto_state",
+           "overflow_outcome", "overflow_table", "table_key"]
 
 #: log2 of float16's smallest normal.
 _LOG2_TINY = -14.0
@@ -48,7 +49,7 @@ class AutoLossScale(LossScale):
             if e < lo:  e = max(e, min(lo + 1, hi - 1, e + max_jump_bits))  # raise only when short of "enough"
             e = min(e, hi)                          # lower at once when too close to overflow
         S = clamp(2**e, min, max)
-        every relax_steps finite steps in a row:  m = max(m - 1, margin_bits)
+        sampled, after relax_steps finite steps in a row:  m = max(m - 1, margin_bits)
 
     The band ``[lo, hi]`` is the hysteresis; ``hi`` wins over ``lo``. Without statistics it runs the TF rule of
     :meth:`rule_params` (x2 after 2000 finite steps, /2 on overflow). docs/gradient_stats.md explains the rule.
@@ -61,7 +62,9 @@ class AutoLossScale(LossScale):
             underflow room (16); past it the margin grows to a spike's height only, into the normal range only.
         window: samples of ``amax`` remembered for ``hi`` (16).
         underflow_bits: ``b``, bits between the smallest tensor RMS and float16's smallest normal (8).
-        relax_steps: finite steps in a row after which ``m`` shrinks by one (2000).
+        relax_steps: finite steps in a row after which ``m`` shrinks by one, at the next sampled step (2000).
+            Only a sample moves the margin down, so between two samples an unsampled step changes nothing but
+            the counters, or backs off: a binding can look that up (:func:`overflow_table`).
         search_bits: the jump when every sampled gradient is zero (12).
         max_jump_bits: the largest rise in one sample (16); lowering is not capped.
         start_backoff_bits: the backoff on an overflow before the first measured sample (16).
@@ -207,28 +210,14 @@ def next_auto_state(
     m = auto.margin
     e = _floor_log2(scale, xp)
     window = auto.window
-    top, low = _window_range(window, xp)
-
-    # Overflow before any measured sample (lo is NaN): back off start_backoff_bits; after one: grow m, go to its hi.
-    measured = auto.lo == auto.lo  # False for NaN
-    filled = top > -math.inf
-    guess = LOG2_FLOAT16_MAX - e - m  # an empty window: as if the scale sat at the margin
-    top_ref, low_ref = xp.where(filled, top, guess), xp.where(filled, low, guess)
-    implied = xp.ceil(LOG2_FLOAT16_MAX - e - low_ref) + 1.0
-    doubled = xp.where(2.0 * m > policy.max_margin_bits, float(policy.max_margin_bits), 2.0 * m)
-    doubled = xp.where(doubled > m, doubled, m)  # doubling stops at max_margin_bits; past it, only a spike's height
-    grown = xp.where(implied > doubled, implied, doubled)
-    grown = xp.where(grown > _MARGIN_LIMIT, _MARGIN_LIMIT, grown)
-    spike_hi = _overflow_bound(policy, grown, top_ref, low_ref, auto.lo - policy.underflow_bits, xp)  # NaN: unused
-    spike_e = xp.where(spike_hi < e - 1, spike_hi, e - 1)
-    backed_e = xp.where(measured, spike_e, e - policy.start_backoff_bits)
-    backed = _pow2(xp.where(backed_e < -_MAX_EXPONENT, -_MAX_EXPONENT, backed_e), xp)
-    backed = xp.where(backed < policy.min_loss_scale, policy.min_loss_scale, backed)
-    overflow_m = xp.where(measured, grown, m)
+    backed, overflow_m = overflow_outcome(policy, e, m, auto, xp)
 
     lo, hi = auto.lo, auto.hi
-    if stats is None:  # a step known to be unsampled: the scale stays or backs off (about 20 ops fewer)
+    calm = count_up(auto.calm_steps, xp)
+    if stats is None:  # a step known to be unsampled: the scale stays or backs off, the margin waits for a sample
         new_scale = xp.where(finite, scale, backed)
+        new_m = xp.where(finite, m, overflow_m)
+        calm = xp.where(finite, calm, 0)
     else:
         log_s = e + xp.log2(scale / _pow2(e, xp))  # exact for the powers of two the rule produces
         amax, rms_min = stats.amax, stats.rms_min
@@ -253,13 +242,70 @@ def next_auto_state(
         moved = xp.where(moved < policy.min_loss_scale, policy.min_loss_scale, moved)
         moved = xp.where(moved > policy.ceiling, policy.ceiling, moved)
         new_scale = xp.where(finite, xp.where(target != e, moved, scale), backed)
-
-    calm = auto.calm_steps + 1
-    relax = finite & (calm >= policy.relax_steps)
-    new_m = xp.where(finite, xp.where(relax & (m - 1 >= policy.margin_bits), m - 1, m), overflow_m)
+        relax = finite & sampled & (calm >= policy.relax_steps)
+        new_m = xp.where(finite, xp.where(relax & (m - 1 >= policy.margin_bits), m - 1, m), overflow_m)
+        calm = xp.where(finite & ~relax, calm, 0)
     good = xp.where(finite & (new_scale == scale), count_up(good, xp), 0)
-    calm = xp.where(finite & ~relax, calm, 0)
     return LossScaleState(new_scale, good, bad, skipped, streak), AutoState(new_m, window, calm, lo, hi)
+
+
+def overflow_outcome(policy: AutoLossScale, e: Any, m: Any, auto: AutoState, xp: Any) -> tuple[Any, Any]:
+    """``(scale, margin)`` after an overflow at ``S`` with ``floor(log2 S) = e`` and margin ``m``, the rest of the
+    state ``auto``'s: the rule's overflow branch (the class docstring's first two cases). Elementwise in ``e`` and
+    ``m``: 0-d arrays for one step, or any broadcast shape (:func:`overflow_table` runs it on a grid).
+
+    Cost: about 45 operators, whatever the shape of ``e`` and ``m``."""
+    top, low = _window_range(auto.window, xp)
+    # Overflow before any measured sample (lo is NaN): back off start_backoff_bits; after one: grow m, go to its hi.
+    measured = auto.lo == auto.lo  # False for NaN
+    filled = top > -math.inf
+    guess = LOG2_FLOAT16_MAX - e - m  # an empty window: as if the scale sat at the margin
+    top_ref, low_ref = xp.where(filled, top, guess), xp.where(filled, low, guess)
+    implied = xp.ceil(LOG2_FLOAT16_MAX - e - low_ref) + 1.0
+    doubled = xp.where(2.0 * m > policy.max_margin_bits, float(policy.max_margin_bits), 2.0 * m)
+    doubled = xp.where(doubled > m, doubled, m)  # doubling stops at max_margin_bits; past it, only a spike's height
+    grown = xp.where(implied > doubled, implied, doubled)
+    grown = xp.where(grown > _MARGIN_LIMIT, _MARGIN_LIMIT, grown)
+    spike_hi = _overflow_bound(policy, grown, top_ref, low_ref, auto.lo - policy.underflow_bits, xp)  # NaN: unused
+    spike_e = xp.where(spike_hi < e - 1, spike_hi, e - 1)
+    backed_e = xp.where(measured, spike_e, e - policy.start_backoff_bits)
+    backed = _pow2(xp.where(backed_e < -_MAX_EXPONENT, -_MAX_EXPONENT, backed_e), xp)
+    backed = xp.where(backed < policy.min_loss_scale, policy.min_loss_scale, backed)
+    return backed, xp.where(measured, grown, m)
+
+
+#: The exponents ``floor(log2 S)`` of every positive finite float32, and the margins an :class:`AutoLossScale`
+#: reaches (``0`` to ``_MARGIN_LIMIT`` bits, whole numbers): the grid of :func:`overflow_table`.
+TABLE_EXPONENTS = (-149, 127)
+TABLE_MARGINS = int(_MARGIN_LIMIT) + 1
+
+
+def table_key(e: Any, m: Any) -> Any:
+    """The row of :func:`overflow_table` for exponent ``e`` and margin ``m`` (float32, exact: under 2**24)."""
+    return (e - TABLE_EXPONENTS[0]) * TABLE_MARGINS + m
+
+
+def overflow_table(policy: AutoLossScale, auto: AutoState, xp: Any) -> Any:
+    """Every overflow's outcome while ``auto``'s window and bounds stay: a float32 ``(rows, 3)`` array whose row
+    :func:`table_key` ``(e, m)`` is ``(scale, margin, key)`` after an overflow at exponent ``e`` and margin ``m``
+    (``key`` that of the state it leads to), for every float32 exponent and every whole margin 0 to 40.
+
+    Between two samples the window and bounds of an ``AutoLossScale`` do not move, so an unsampled step is one row
+    of this table on an overflow and two counters otherwise: a binding that looks the row up instead of running
+    :func:`overflow_outcome` runs a handful of operators per unsampled step, where :func:`next_auto_state` runs
+    about 110 (the torch binding does, off the CPU). The same bits, by construction: the table *is*
+    :func:`overflow_outcome`, run once on the grid.
+
+    Cost: :func:`overflow_outcome`'s operators once, on arrays of 11,357 elements (about 130 KB); no host sync.
+    """
+    e0, e1 = TABLE_EXPONENTS
+    like = auto.margin
+    ones = xp.ones_like(xp.reshape(like, (1,)))
+    e = xp.reshape(xp.cumsum(xp.broadcast_to(ones, (e1 - e0 + 1,)), 0) + (e0 - 1.0), (-1, 1))
+    m = xp.reshape(xp.cumsum(xp.broadcast_to(ones, (TABLE_MARGINS,)), 0) - 1.0, (1, -1))
+    scale, margin = overflow_outcome(policy, e, m, auto, xp)
+    key = table_key(_floor_log2(scale, xp), margin)
+    return xp.reshape(xp.stack([scale, margin, key], axis=-1), (-1, 3))
 
 
 def check_stats_every(stats_every: Any, policy: LossScale) -> int | None:

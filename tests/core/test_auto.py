@@ -18,7 +18,9 @@ import pytest
 
 import lossscale
 from lossscale import AutoLossScale, DynamicLossScale, initial_state, next_state
-from lossscale._auto import AutoState, initial_auto_state, next_auto_state
+from lossscale._auto import (
+    TABLE_EXPONENTS, TABLE_MARGINS, AutoState, initial_auto_state, next_auto_state, overflow_table, table_key,
+)
 from lossscale._rule import LossScaleState
 from lossscale._stats import gradient_stats
 
@@ -36,7 +38,8 @@ class Ref:
         self.skipped = self.streak = self.good = 0
         self.lo = None  # no measured sample yet
 
-    def step(self, finite: bool, amax: float | None, rms_min: float | None, micro_batches: int = 1) -> None:
+    def step(self, finite: bool, amax: float | None, rms_min: float | None, micro_batches: int = 1,
+             sampled: bool | None = None) -> None:
         p = self.p
         old = self.S
         e = math.floor(math.log2(self.S))
@@ -71,7 +74,7 @@ class Ref:
         if target != e:
             self.S = min(max(2.0**target, p.min_loss_scale), p.ceiling)
         self.calm += 1
-        if self.calm >= p.relax_steps:
+        if (amax is not None if sampled is None else sampled) and self.calm >= p.relax_steps:  # at a sample only
             self.m = max(self.m - 1, p.margin_bits)
             self.calm = 0
         self.good = self.good + 1 if self.S == old else 0
@@ -107,7 +110,7 @@ def run(policy, events, seed=0, micro_batches=1):
             state, auto = next_auto_state(
                 policy, state, auto, np.bool_(finite), stats, np.bool_(sampled), np, micro_batches=micro_batches
             )
-        ref.step(finite, amax, rms, micro_batches)
+        ref.step(finite, amax, rms, micro_batches, sampled)
         assert float(state.loss_scale) == ref.S, (i, float(state.loss_scale), ref.S)
         assert float(auto.margin) == ref.m
         assert (int(state.skipped_steps), int(state.consecutive_skips), int(state.good_steps)) == (
@@ -425,7 +428,8 @@ def test_micro_batches_raise_lo_by_log2_k():
 
 
 def test_the_margin_relaxes_after_calm_steps():
-    """Once per ``relax_steps`` finite steps in a row the margin shrinks by a bit, down to ``margin_bits``."""
+    """After ``relax_steps`` finite steps in a row the margin shrinks by a bit at the next sample, down to
+    ``margin_bits``; an unsampled step never moves it."""
     policy = AutoLossScale(2.0**20, relax_steps=3)
     state, auto = initial_state(policy, np), initial_auto_state(policy, np)
     stats = gradient_stats([np.full(8, 2.0**12, np.float32)], np)
@@ -435,9 +439,18 @@ def test_the_margin_relaxes_after_calm_steps():
     assert float(auto.margin) == 8  # doubled
     margins = []
     for _ in range(15):
-        state, auto = next_auto_state(policy, state, auto, True, None, False, np)
+        state, auto = next_auto_state(policy, state, auto, True, stats, True, np)
         margins.append(float(auto.margin))
     assert margins == [8, 8, 7, 7, 7, 6, 6, 6, 5, 5, 5, 4, 4, 4, 4]
+    # Unsampled steps count the calm but wait for a sample to relax: the first sample after 3 calm steps does.
+    state, auto = next_auto_state(policy, state, auto, False, None, False, np)
+    grown = float(auto.margin)
+    assert grown > 8  # the overflow grew it to the spike's height
+    margins = []
+    for sampled in [False] * 5 + [True, False, True]:
+        state, auto = next_auto_state(policy, state, auto, True, stats if sampled else None, sampled, np)
+        margins.append(float(auto.margin))
+    assert margins == [grown] * 5 + [grown - 1] * 3  # the last sample came 2 calm steps after the relax
     assert AutoLossScale().relax_steps == 2000  # the TF rule's growth interval: relaxes no faster than TF grows
 
 
@@ -537,3 +550,38 @@ def test_a_step_known_unsampled_moves_as_a_step_whose_sample_is_masked(seed):
             state, auto = next_auto_state(policy, state, auto, finite, gradient_stats(g, np), np.bool_(True), np)
         else:
             state, auto = known
+
+
+# ----------------------------------------------------------------------------- the overflow table
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_overflow_table_is_the_rules_overflow_branch(seed):
+    """Row ``table_key(e, m)`` of ``overflow_table`` is what ``next_auto_state`` does on an overflow at any scale of
+    exponent ``e`` and margin ``m``, bit for bit, with and without a measured sample, at the grid's edges too."""
+    r = random.Random(seed)
+    policy = AutoLossScale(2.0**10, min_loss_scale=r.choice([2.0**-126, 2.0**-3, 3.0]), max_margin_bits=r.randint(4, 16),
+                           margin_bits=r.randint(1, 4), window=r.randint(1, 6), start_backoff_bits=r.randint(1, 20))
+    e0, e1 = TABLE_EXPONENTS
+    for case in range(40):
+        filled = r.randint(0, policy.window)
+        window = np.full(policy.window, -np.inf, np.float32)
+        window[:filled] = [r.uniform(-60, 10) for _ in range(filled)]
+        lo = np.float32(np.nan if case % 4 == 0 else r.randint(-40, 60))
+        auto = AutoState(np.float32(0), window, np.int32(r.randint(0, 50)), lo, np.float32(r.randint(-40, 60)))
+        with np.errstate(all="ignore"):
+            table = overflow_table(policy, auto, np)
+        assert table.shape == ((e1 - e0 + 1) * TABLE_MARGINS, 3) and table.dtype == np.float32
+        for e in [e0, e1, *(r.randint(e0, e1) for _ in range(6))]:
+            m = np.float32(r.choice([0, TABLE_MARGINS - 1, r.randint(0, TABLE_MARGINS - 1)]))
+            scale = np.float32(np.ldexp(np.float32(r.choice([1.0, 1.5, 1.9999999])), e))
+            if not np.isfinite(scale) or scale == 0:
+                continue
+            state = LossScaleState(scale, np.int32(3), np.int32(0), np.int32(1), np.int32(0))
+            with np.errstate(all="ignore"):
+                after, moved = next_auto_state(policy, state, auto._replace(margin=m), np.bool_(False), None, False, np)
+            row = table[int(table_key(np.float32(e), m))]
+            assert row[0].tobytes() == np.float32(after.loss_scale).tobytes(), (e, m)
+            assert row[1] == moved.margin
+            e_after = math.floor(math.log2(float(after.loss_scale)))
+            assert row[2] == table_key(e_after, float(moved.margin))
