@@ -40,13 +40,14 @@ from lossscale.torch import GradScaler, LossScaleOptimizer
 SCALE = 1024.0
 VARIANTS = ("GradScaler", "lossscale GradScaler", "dynamic", "auto", "stats N=16")
 OPTIMIZERS = ("adamw-fused", "adamw-foreach", "sgd")
-_ALLOCATIONS = {"empty.memory_format", "empty_strided.default"}
+#: Operators that launch no kernel: allocations, and ``set_`` (a tensor made to share another's memory).
+_ALLOCATIONS = {"empty.memory_format", "empty_strided.default", "set_.source_Storage_storage_offset"}
 _READ = torch.ops.aten._local_scalar_dense.default
 
 
 class OpCounter(TorchDispatchMode):
-    """Counts the operators dispatched inside it, by name: views, allocations and the profiler's markers left out
-    (they launch no kernel). A host read of a meta tensor is counted and answered with 0."""
+    """Counts the operators dispatched inside it, by name: views, allocations, ``set_`` and the profiler's markers
+    left out (they launch no kernel). A host read of a meta tensor is counted and answered with 0."""
 
     def __init__(self) -> None:
         super().__init__()

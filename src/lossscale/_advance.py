@@ -34,7 +34,7 @@ __all__ = ["advance", "advance_in_place"]
 def advance(
     policy: LossScale | RuleParams, scale: LossScaleState, finite: Any, xp: Any, *,
     sampler: SamplerState | None = None, sample: GradientStats | None = None, sampled: Any = False,
-    micro_batches: Any = 1, moves_scale: bool = True,
+    micro_batches: Any = 1, moves_scale: bool = True, overflow: tuple[Any, Any] | None = None,
 ) -> tuple[LossScaleState, SamplerState | None]:
     """The scale state, and the sampler's when given, after one step whose gradients were all finite iff ``finite``.
 
@@ -50,6 +50,8 @@ def advance(
         sampled: whether ``sample`` was measured on this step: a Python bool (known on the host) or a 0-d bool
             array (decided on the device).
         micro_batches: backward passes summed into the measured gradients (an ``AutoLossScale`` reads it).
+        overflow: an ``AutoLossScale``'s overflow outcome when the caller looked it up
+            (:func:`~lossscale._auto.overflow_table`); None: computed.
         moves_scale: False when another rule moved the scale (torch's GradScaler, a scale shared by several
             optimizers): ``loss_scale``, ``good_steps`` and ``bad_steps`` come back as the very objects given, and
             only the skip counters (and the sampler) move. An optimizer keeping its own skip counters beside a shared
@@ -85,7 +87,7 @@ def advance(
         # A step known on the host to be unsampled gives the rule no statistics: it skips their ~30 ops.
         kept = kept_sample(sampled, sample, sampler.sample, xp)
         scale, auto = next_auto_state(policy, scale, sampler.auto, finite, None if sampled is False else kept,
-                                      sampled, xp, micro_batches=micro_batches)
+                                      sampled, xp, micro_batches=micro_batches, overflow=overflow)
         return scale, SamplerState(next_count(sampler.count, xp), kept, auto)
     else:
         scale = next_state(policy, scale, finite, xp)

@@ -13,7 +13,8 @@ from ._rule import LossScaleState, _finite_flag, count_up, skip_counters
 from ._stats import LOG2_FLOAT16_MAX, GradientStats
 
 __all__ = ["AutoLossScale", "AutoState", "check_stats_every", "initial_auto_state", "next_auto_state",
-           "overflow_outcome", "overflow_table", "table_key"]
+           "overflow_grid", "overflow_key", "overflow_outcome", "overflow_table",
+           "table_key"]
 
 #: log2 of float16's smallest normal.
 _LOG2_TINY = -14.0
@@ -186,7 +187,7 @@ def _floor_log2(scale: Any, xp: Any) -> Any:
 
 def next_auto_state(
     policy: AutoLossScale, state: LossScaleState, auto: AutoState, finite: Any, stats: GradientStats | None,
-    sampled: Any, xp: Any, *, micro_batches: Any = 1,
+    sampled: Any, xp: Any, *, micro_batches: Any = 1, overflow: tuple[Any, Any] | None = None,
 ) -> tuple[LossScaleState, AutoState]:
     """``(state, auto)`` after one step (the rule is in :class:`AutoLossScale`'s docstring).
 
@@ -197,6 +198,8 @@ def next_auto_state(
         sampled: a 0-d bool array or Python bool, whether ``stats`` was measured on this step.
         micro_batches: the backward passes summed into the measured gradients (gradient accumulation): ``lo``
             reads ``rms_min / micro_batches``, so the scale suits one float16 backward; ``amax`` is read as is.
+        overflow: :func:`overflow_outcome` of this state when the caller has it (a row of :func:`overflow_table`),
+            or None to compute it here (about 45 operators).
 
     The skip counters move as in :func:`lossscale.next_state`; ``bad_steps`` stays 0. Cost, in torch operators
     dispatched (eager: each one kernel): about 200 on 0-d arrays and a few on the ``(window,)`` array, or about 110
@@ -210,7 +213,7 @@ def next_auto_state(
     m = auto.margin
     e = _floor_log2(scale, xp)
     window = auto.window
-    backed, overflow_m = overflow_outcome(policy, e, m, auto, xp)
+    backed, overflow_m = overflow_outcome(policy, e, m, auto, xp) if overflow is None else overflow
 
     lo, hi = auto.lo, auto.hi
     calm = count_up(auto.calm_steps, xp)
@@ -285,7 +288,22 @@ def table_key(e: Any, m: Any) -> Any:
     return (e - TABLE_EXPONENTS[0]) * TABLE_MARGINS + m
 
 
-def overflow_table(policy: AutoLossScale, auto: AutoState, xp: Any) -> Any:
+def overflow_key(scale: Any, margin: Any, xp: Any) -> Any:
+    """:func:`table_key` of a state: its scale's exponent ``floor(log2 S)`` and its margin (about 10 operators)."""
+    return table_key(_floor_log2(scale, xp), margin)
+
+
+def overflow_grid(like: Any, xp: Any) -> tuple[Any, Any]:
+    """``(e, m)``: float32 arrays of shape ``(exponents, 1)`` and ``(1, margins)`` on ``like``'s device, the grid of
+    :func:`overflow_table` (a binding may keep them: they never change)."""
+    e0, e1 = TABLE_EXPONENTS
+    ones = xp.ones_like(xp.reshape(like, (-1,))[:1], dtype=xp.float32)
+    e = xp.reshape(xp.cumsum(xp.broadcast_to(ones, (e1 - e0 + 1,)), 0) + (e0 - 1.0), (-1, 1))
+    m = xp.reshape(xp.cumsum(xp.broadcast_to(ones, (TABLE_MARGINS,)), 0) - 1.0, (1, -1))
+    return e, m
+
+
+def overflow_table(policy: AutoLossScale, auto: AutoState, xp: Any, grid: tuple[Any, Any] | None = None) -> Any:
     """Every overflow's outcome while ``auto``'s window and bounds stay: a float32 ``(rows, 3)`` array whose row
     :func:`table_key` ``(e, m)`` is ``(scale, margin, key)`` after an overflow at exponent ``e`` and margin ``m``
     (``key`` that of the state it leads to), for every float32 exponent and every whole margin 0 to 40.
@@ -296,15 +314,18 @@ def overflow_table(policy: AutoLossScale, auto: AutoState, xp: Any) -> Any:
     about 110 (the torch binding does, off the CPU). The same bits, by construction: the table *is*
     :func:`overflow_outcome`, run once on the grid.
 
-    Cost: :func:`overflow_outcome`'s operators once, on arrays of 11,357 elements (about 130 KB); no host sync.
+    Args:
+        policy: the policy.
+        auto: the state whose window and bounds the table is for (its margin is not read: the grid's are).
+        xp: the array namespace.
+        grid: :func:`overflow_grid`'s arrays, or None to make them (6 operators).
+
+    Cost: :func:`overflow_outcome`'s operators and :func:`overflow_key`'s once, on arrays of 11,357 elements
+    (about 130 KB); no host sync.
     """
-    e0, e1 = TABLE_EXPONENTS
-    like = auto.margin
-    ones = xp.ones_like(xp.reshape(like, (1,)))
-    e = xp.reshape(xp.cumsum(xp.broadcast_to(ones, (e1 - e0 + 1,)), 0) + (e0 - 1.0), (-1, 1))
-    m = xp.reshape(xp.cumsum(xp.broadcast_to(ones, (TABLE_MARGINS,)), 0) - 1.0, (1, -1))
+    e, m = overflow_grid(auto.margin, xp) if grid is None else grid
     scale, margin = overflow_outcome(policy, e, m, auto, xp)
-    key = table_key(_floor_log2(scale, xp), margin)
+    key = overflow_key(scale, margin, xp)
     return xp.reshape(xp.stack([scale, margin, key], axis=-1), (-1, 3))
 
 

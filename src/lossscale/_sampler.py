@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ._auto import AutoLossScale, AutoState, check_stats_every, initial_auto_state
+from ._auto import TABLE_MARGINS, AutoLossScale, AutoState, check_stats_every, initial_auto_state
 from ._policy import LossScale
 from ._rule import COUNTER_MAX
 from ._stats import GradientStats, empty_stats, host_array
@@ -96,6 +96,13 @@ def read_sampler_record(record: Any, policy: LossScale) -> tuple[int, AutoState 
         raise ValueError(
             f"The checkpoint's AutoLossScale window has {auto.window.shape[0] if auto.window.ndim else 0} entries, "
             f"the policy {policy.window}: load it with the policy it was saved with."
+        )
+    margin, calm = float(auto.margin), int(auto.calm_steps)
+    if not (margin.is_integer() and 0 <= margin <= TABLE_MARGINS - 1) or calm < 0:
+        raise ValueError(
+            f"The checkpoint's AutoLossScale state has margin={margin!r} and calm_steps={calm}: the rule keeps the "
+            f"margin a whole number of bits in [0, {TABLE_MARGINS - 1}] and calm_steps >= 0. Load a checkpoint "
+            "saved by lossscale, unedited."
         )
     return int(iteration), auto
 

@@ -188,3 +188,51 @@ def test_a_flag_summed_over_ranks_counts_as_one_overflow(above_floor):
         ref = next_state(policy, ref, np.bool_(flag == 0.0), np)
         advance_scale_(form, live, torch.tensor(flag), above_floor=above_floor)
         assert _numbers(live) == _numbers(ref)
+
+
+# ----------------------------------------------------------------------------- AutoLossScale's unsampled step by table
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_an_unsampled_auto_step_by_table_is_the_core_rule_bit_for_bit(seed):
+    """``advance_auto_unsampled_`` against ``next_auto_state`` (numpy, no sample) on random runs of overflows and
+    finite steps, from random windows and bounds (measured or not), scales that are or are not powers of two, the
+    floor, margins up to the limit, and the flag summed over ranks (2.0)."""
+    from lossscale import AutoLossScale
+    from lossscale._auto import AutoState, next_auto_state, overflow_key, overflow_table
+    from lossscale._torch._kernels import AUTO_COUNTER_MOVES, AutoTable, advance_auto_unsampled_
+    from lossscale._auto import overflow_grid
+
+    r = random.Random(seed)
+    for _ in range(12):
+        policy = AutoLossScale(2.0 ** r.randint(2, 40), min_loss_scale=r.choice([2.0**-126, 2.0**-3, 1.0, 3.0]),
+                               max_margin_bits=r.randint(4, 16), margin_bits=r.randint(1, 4), window=r.randint(1, 6),
+                               start_backoff_bits=r.randint(1, 20))
+        filled = r.randint(0, policy.window)
+        window = np.full(policy.window, -np.inf, np.float32)
+        window[:filled] = [r.uniform(-60, 10) for _ in range(filled)]
+        lo = np.float32(np.nan if r.random() < 0.3 else r.randint(-40, 60))
+        auto = AutoState(np.float32(r.randint(policy.margin_bits, 40)), window, np.int32(r.randint(0, 90)), lo,
+                         np.float32(r.randint(-40, 60)))
+        scale = np.float32(max(policy.min_loss_scale, np.ldexp(r.choice([1.0, 1.5, 1.25]), r.randint(-20, 120))))
+        state = LossScaleState(scale, *(np.int32(r.randint(0, 50)) for _ in range(2)), np.int32(r.randint(0, 9)),
+                               np.int32(r.randint(0, 3)))
+
+        floats = torch.tensor([float(scale), float(auto.margin), 0.0])
+        floats[2] = overflow_key(floats[0], floats[1], torch)
+        counters = torch.tensor([int(state.good_steps), int(auto.calm_steps), int(state.consecutive_skips),
+                                 int(state.skipped_steps)], dtype=torch.int32)
+        with np.errstate(all="ignore"):
+            rows = overflow_table(policy, AutoState(*(torch.as_tensor(np.asarray(v)) for v in auto)), torch)
+        table = AutoTable(floats, counters, rows, torch.tensor(AUTO_COUNTER_MOVES, dtype=torch.int32),
+                          overflow_grid(floats, torch))
+        for _ in range(20):
+            finite = r.random() < 0.6
+            with np.errstate(all="ignore"):
+                state, auto = next_auto_state(policy, state, auto, np.bool_(finite), None, False, np)
+            advance_auto_unsampled_(table, torch.tensor(0.0 if finite else r.choice([1.0, 2.0])))
+            assert floats[0].numpy().tobytes() == np.float32(state.loss_scale).tobytes()
+            assert float(floats[1]) == float(auto.margin)
+            assert counters.tolist() == [int(state.good_steps), int(auto.calm_steps), int(state.consecutive_skips),
+                                         int(state.skipped_steps)]
+            assert float(floats[2]) == float(overflow_key(np.float32(state.loss_scale), auto.margin, np))

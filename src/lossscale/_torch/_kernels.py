@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 import sys
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -28,8 +28,8 @@ from ._compat import (
     update_scale_,
 )
 
-__all__ = ["GradGroups", "advance_scale_", "check_finite", "combine_flags", "dtensor_type",
-           "gradient_stats", "move", "reciprocal", "sample_columns", "scaled_norm", "tensor_sums",
+__all__ = ["AUTO_COUNTER_MOVES", "AutoTable", "GradGroups", "advance_auto_unsampled_", "advance_scale_", "check_finite",
+           "combine_flags", "dtensor_type", "gradient_stats", "move", "reciprocal", "sample_columns", "scaled_norm", "tensor_sums",
            "unscale_and_check_", "unscale_grads_per_device", "unscaled_copies"]
 
 
@@ -117,6 +117,56 @@ def advance_scale_(form: KernelForm, state: LossScaleState, found_inf: torch.Ten
                 torch.maximum(state.loss_scale, inf * form.floor, out=state.loss_scale)
         state.skipped_steps.add_(inf)
         torch.addcmul(inf, inf, state.consecutive_skips, out=state.consecutive_skips)
+
+
+class AutoTable(NamedTuple):
+    """Where an ``AutoLossScale``'s unsampled step runs by table (:func:`advance_auto_unsampled_`): the state the
+    step writes, packed so that it writes it in two operators, and the core's
+    :func:`~lossscale._auto.overflow_table`. The binding's live 0-d tensors are views of ``floats`` and
+    ``counters``."""
+
+    floats: torch.Tensor  # (3,) float32: the scale, the margin, the table key of the two
+    counters: torch.Tensor  # (4,) int32: good_steps, calm_steps, consecutive_skips, skipped_steps
+    table: torch.Tensor  # (rows, 3) float32: overflow_table's rows (scale, margin, key)
+    moves: torch.Tensor  # (2, 2, 4) int32: [finite, overflow] x [multiplier, addend] of the counters
+    grid: tuple[torch.Tensor, torch.Tensor]  # overflow_grid's (e, m), kept
+
+    def overflow(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The current state's overflow outcome ``(scale, margin)``, looked up (2 operators)."""
+        row = self.table.index_select(0, self.floats[2:].long())[0]
+        return row[0], row[1]
+
+
+#: :attr:`AutoTable.moves`: a finite step counts good_steps and calm_steps up and ends the skip streak; an
+#: overflow zeroes the first two and counts both skip counters up (``counter <- multiplier * counter + addend``).
+AUTO_COUNTER_MOVES = (((1, 1, 0, 1), (1, 1, 0, 0)), ((0, 0, 1, 1), (0, 0, 1, 1)))
+
+
+def advance_auto_unsampled_(table: AutoTable, found_inf: torch.Tensor) -> None:
+    """An ``AutoLossScale``'s unsampled step in place, by table: 6 operators, no host sync.
+
+    The core's rule (:func:`~lossscale._auto.next_auto_state` with no sample) on such a step keeps the scale and
+    the margin and counts ``good_steps`` and ``calm_steps`` up, or on an overflow takes the scale and margin of
+    :func:`~lossscale._auto.overflow_outcome` and zeroes them; the skip counters move as in every mode. Here the
+    overflow's outcome is row ``key`` of the table, and the four counters move by one multiply-add::
+
+        row = table[key]                                   # index_select
+        floats = row if overflow else floats               # S, m, key
+        counters = multiplier * counters + addend          # the multiplier and addend of finite or overflow
+
+    The same bits as the core rule while no counter reaches 2**31 - 1 (these do not saturate; the caller checks
+    that on the host) and the table is that of the current window and bounds (rebuilt at every sample).
+
+    Args:
+        table: the packed state and its table.
+        found_inf: a 0-d float32 flag on the state's device, nonzero for an overflow.
+    """
+    with torch.no_grad():
+        inf = found_inf.to(torch.bool)
+        row = table.table.index_select(0, table.floats[2:].long())
+        moves = torch.where(inf, table.moves[1], table.moves[0])
+        torch.addcmul(moves[1], moves[0], table.counters, out=table.counters)
+        torch.where(inf, row[0], table.floats, out=table.floats)
 
 
 def combine_flags(flags: list[torch.Tensor], device: torch.device) -> torch.Tensor:

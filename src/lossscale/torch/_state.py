@@ -22,12 +22,12 @@ import numpy as np
 import torch
 
 from .._advance import advance, advance_in_place
-from .._auto import AutoLossScale, AutoState
+from .._auto import AutoLossScale, AutoState, overflow_grid, overflow_key, overflow_table
 from .._policy import DynamicLossScale, LossScale
 from .._resolve import resolve_loss_scale
 from .._rule import COUNTER_MAX, LossScaleState, initial_state, kernel_form
 from .._sampler import next_count
-from .._torch._kernels import advance_scale_, move, reciprocal
+from .._torch._kernels import AUTO_COUNTER_MOVES, AutoTable, advance_auto_unsampled_, advance_scale_, move, reciprocal
 from ._checkpoint import CounterRecord, ScaleRecord
 from ._compat import foreach_copy_
 
@@ -68,6 +68,9 @@ class ScaleState:
     _room: int
     _growth_known: bool
     _above_floor: bool
+    #: An ``AutoLossScale``'s packed state and overflow table (:meth:`_advance_auto`), once its first step ran.
+    _auto_table: AutoTable | None = None
+    _auto_members: tuple[torch.Tensor, ...] | None = None
 
     def __init__(self, policy: LossScale, device: torch.device | str | None = None) -> None:
         self._growth_known = self._above_floor = True
@@ -156,13 +159,7 @@ class ScaleState:
             found_inf = move(found_inf, self.device)
         taken = None if sampler is None else sampler.take(recorder)
         if taken is not None and sampler.state.auto is not None and isinstance(self._policy, AutoLossScale):
-            state = sampler.state
-            if state.auto.margin.device != self.device:  # once, after the scale moved
-                state = state._replace(auto=AutoState(*(t.to(self.device) for t in state.auto)))
-            new, sampler.state = advance(self._policy, self.tensors, found_inf == 0, torch, sampler=state,
-                                         sample=taken.sample, sampled=taken.sampled,
-                                         micro_batches=taken.micro_batches)
-            self._write(new)
+            self._advance_auto(found_inf, sampler, taken)
             return
         views = _host_views(self, self.tensors)
         if views is not None:
@@ -182,6 +179,76 @@ class ScaleState:
             if sampler is not None:
                 sampler.state = moved
         self._room = max(self._room - 1, 0)
+
+    def _advance_auto(self, found_inf: torch.Tensor, sampler: Any, taken: Any) -> None:
+        """An ``AutoLossScale``'s step: an unsampled one by table (:func:`~lossscale._torch._kernels.
+        advance_auto_unsampled_`, 6 operators), a sampled one by the core's rule (about 200), after which the table
+        is rebuilt for the new window (about 60 more, on 11,357 elements).
+
+        The table form gives the core rule's bits while no counter can reach 2**31 - 1, known on the host: ``_room``
+        for the scale's counters, the sampler's :meth:`calm_bound` for ``calm_steps``; past that the core rule runs
+        (it saturates)."""
+        if not taken.sampled and self._room > 0 and sampler.calm_bound() < COUNTER_MAX - 1:
+            table = self._auto_table if self._packed(sampler) else self._pack(sampler)
+            advance_auto_unsampled_(table, found_inf)
+            self._room -= 1
+            _count(sampler)
+            return
+        state = sampler.state
+        if state.auto.margin.device != self.device:  # once, after the scale moved
+            state = state._replace(auto=AutoState(*(t.to(self.device) for t in state.auto)))
+        looked_up = self._auto_table.overflow() if self._packed(sampler) else None
+        new, sampler.state = advance(self._policy, self.tensors, found_inf == 0, torch, sampler=state,
+                                     sample=taken.sample, sampled=taken.sampled, micro_batches=taken.micro_batches,
+                                     overflow=looked_up)
+        self._write(new)
+        if self._room > 0:
+            self._pack(sampler)  # the new window's table, now: the next unsampled steps run by it
+
+    def _members(self, sampler: Any) -> tuple[torch.Tensor, ...]:
+        """The live tensors the table form writes, in :class:`~lossscale._torch._kernels.AutoTable`'s order: the
+        scale and margin, then good, calm, streak and skipped."""
+        live, auto = self.tensors, sampler.state.auto
+        return (live.loss_scale, auto.margin, live.good_steps, auto.calm_steps, live.consecutive_skips,
+                live.skipped_steps)
+
+    def _packed(self, sampler: Any) -> bool:
+        """Whether the live tensors are those :meth:`_pack` made share the table form's memory, so that its table is
+        that of their window (a sampled step rebuilds it; a load or a move replaces the tensors)."""
+        packed = self._auto_members
+        return packed is not None and all(t is p for t, p in zip(self._members(sampler), packed))
+
+    def _pack(self, sampler: Any) -> AutoTable:
+        """Puts the live tensors' values in the table form's packed memory (allocated once per device) and makes
+        the tensors share it, the same objects (``Tensor.set_``: whoever holds them sees the table form's writes);
+        then builds the table of the current window. About 70 operators, no host sync."""
+        device = self.device
+        table = self._auto_table
+        if table is None or table.floats.device != device:
+            floats = torch.empty(3, dtype=torch.float32, device=device)
+            counters = torch.empty(4, dtype=torch.int32, device=device)
+            moves = torch.tensor(AUTO_COUNTER_MOVES, dtype=torch.int32).to(device)
+            table = AutoTable(floats, counters, floats.new_empty(0), moves, overflow_grid(floats, torch))
+        auto = sampler.state.auto
+        if auto.margin.device != device:
+            sampler.state = sampler.state._replace(auto=AutoState(*(t.to(device) for t in auto)))
+        current = self._members(sampler)
+        members = current
+        old = self._auto_members
+        if old is not None and old[0] is current[0] and old[0].device == device:
+            members = (current[0], old[1], current[2], old[3], *current[4:])  # the sampler's, as before the sample
+        slots = [*table.floats[:2].unbind(), *table.counters.unbind()]
+        with torch.no_grad():
+            foreach_copy_(slots, list(current))  # the values, from wherever they are now
+            for member, slot in zip(members, slots):  # metadata only: no kernel
+                member.set_(slot.untyped_storage(), slot.storage_offset(), (), ())
+            table.floats[2].copy_(overflow_key(members[0], members[1], torch))
+        sampler.state = sampler.state._replace(auto=sampler.state.auto._replace(margin=members[1],
+                                                                                calm_steps=members[3]))
+        self._host_views = None
+        self._auto_members = members
+        self._auto_table = table._replace(table=overflow_table(self._policy, sampler.state.auto, torch, table.grid))
+        return self._auto_table
 
     def set_scale(self, value: torch.Tensor, found_inf: torch.Tensor | None = None) -> None:
         """``S <- value`` in place, the growth counters kept, ``found_inf`` (if any) counted as for a fixed scale;
@@ -265,7 +332,7 @@ class ScaleState:
                 room, self._above_floor = 0, False
             else:
                 values = LossScaleState(*torch.stack([t.detach().double() for t in tensors]).tolist())
-                room = COUNTER_MAX - 1 - int(max(values.skipped_steps, values.consecutive_skips))
+                room = COUNTER_MAX - 1 - int(max(values.skipped_steps, values.consecutive_skips, values.good_steps))
                 self._above_floor = values.loss_scale >= self._params.min_scale
         self._room = max(room, 0)
 

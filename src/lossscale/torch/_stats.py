@@ -47,9 +47,16 @@ class StatsSampler:
         self.state = core.initial_sampler_state(policy, 0, torch, count=count)
         if auto is not None:  # a checkpoint's (numpy, from read_sampler_record)
             self.state = self.state._replace(auto=AutoState(*(torch.as_tensor(v).clone() for v in auto)))
+        self._calm_from = (0 if auto is None else int(auto.calm_steps), count)  # host values: no sync
         self._sums: dict[int, _Measured] = {}  # optimizer index -> its measurement of this step
         self._columns: tuple | None = None  # (columns, sizes, count) of a sample not summarized yet (see take)
         self._sets: dict[Any, tuple[tuple[str, ...], Sizes]] = {}  # parameter set -> (names, sizes)
+
+    def calm_bound(self) -> int:
+        """An upper bound of an ``AutoLossScale``'s ``calm_steps``, known on the host: the value it started from
+        (0, or a checkpoint's) plus the steps counted since (it grows by at most one a step)."""
+        calm, count = self._calm_from
+        return calm + self.state.count - count
 
     @property
     def due(self) -> bool:
