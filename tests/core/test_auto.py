@@ -19,7 +19,13 @@ import pytest
 import lossscale
 from lossscale import AutoLossScale, DynamicLossScale, initial_state, next_state
 from lossscale._auto import (
-    TABLE_EXPONENTS, TABLE_MARGINS, AutoState, initial_auto_state, next_auto_state, overflow_table, table_key,
+    TABLE_EXPONENTS,
+    TABLE_MARGINS,
+    AutoState,
+    initial_auto_state,
+    next_auto_state,
+    overflow_table,
+    table_key,
 )
 from lossscale._rule import LossScaleState
 from lossscale._stats import gradient_stats

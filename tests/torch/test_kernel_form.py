@@ -199,9 +199,8 @@ def test_an_unsampled_auto_step_by_table_is_the_core_rule_bit_for_bit(seed):
     finite steps, from random windows and bounds (measured or not), scales that are or are not powers of two, the
     floor, margins up to the limit, and the flag summed over ranks (2.0)."""
     from lossscale import AutoLossScale
-    from lossscale._auto import AutoState, next_auto_state, overflow_key, overflow_table
+    from lossscale._auto import AutoState, next_auto_state, overflow_grid, overflow_key, overflow_table
     from lossscale._torch._kernels import AUTO_COUNTER_MOVES, AutoTable, advance_auto_unsampled_
-    from lossscale._auto import overflow_grid
 
     r = random.Random(seed)
     for _ in range(12):

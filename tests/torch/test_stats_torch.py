@@ -402,9 +402,10 @@ def test_a_step_that_reads_no_sample_leaves_its_summary_to_the_first_read():
 
 
 def test_an_unsampled_auto_step_runs_only_the_backoff():
-    """A step known on the host to be unsampled gives the auto rule no statistics: it computes the overflow backoff
-    and the counters, 109 operators where the masked sample's path runs 200 (117 and 179 before the backoff was
-    split off; 96 and 179 before the spike-cap change added about 13 to the backoff, the margin past 16 bits)."""
+    """A step known on the host to be unsampled gives the core's auto rule no statistics: it computes the overflow
+    backoff and the counters, 91 operators where the masked sample's path runs 192 (109 and 200 before the scale's
+    exponent came from ``frexp``). The torch binding looks that backoff up instead (tests/torch/test_kernel_form.py);
+    this is the rule it falls back to."""
     from lossscale._advance import advance
     from lossscale._sampler import initial_sampler_state
     from lossscale._torch._kernels import gradient_stats
@@ -414,7 +415,7 @@ def test_an_unsampled_auto_step_runs_only_the_backoff():
     finite, sample = torch.tensor(True), gradient_stats([torch.full((4,), 2.0**-3)])
     unsampled = count_ops(lambda: advance(policy, state, finite, torch, sampler=sampler, sample=None, sampled=False))
     sampled = count_ops(lambda: advance(policy, state, finite, torch, sampler=sampler, sample=sample, sampled=True))
-    assert unsampled <= 112, unsampled
+    assert unsampled <= 91, unsampled
     assert sampled - unsampled >= 80, (sampled, unsampled)
 
 

@@ -70,7 +70,7 @@ class ScaleState:
     _above_floor: bool
     #: An ``AutoLossScale``'s packed state and overflow table (:meth:`_advance_auto`), once its first step ran.
     _auto_table: AutoTable | None = None
-    _auto_members: tuple[torch.Tensor, ...] | None = None
+    _auto_sharing: tuple[torch.Tensor, ...] | None = None
 
     def __init__(self, policy: LossScale, device: torch.device | str | None = None) -> None:
         self._growth_known = self._above_floor = True
@@ -189,15 +189,17 @@ class ScaleState:
         for the scale's counters, the sampler's :meth:`calm_bound` for ``calm_steps``; past that the core rule runs
         (it saturates)."""
         if not taken.sampled and self._room > 0 and sampler.calm_bound() < COUNTER_MAX - 1:
-            table = self._auto_table if self._packed(sampler) else self._pack(sampler)
-            advance_auto_unsampled_(table, found_inf)
+            table = self._auto_table
+            advance_auto_unsampled_(table if table is not None and self._packed(sampler) else self._pack(sampler),
+                                    found_inf)
             self._room -= 1
             _count(sampler)
             return
         state = sampler.state
         if state.auto.margin.device != self.device:  # once, after the scale moved
             state = state._replace(auto=AutoState(*(t.to(self.device) for t in state.auto)))
-        looked_up = self._auto_table.overflow() if self._packed(sampler) else None
+        table = self._auto_table
+        looked_up = table.overflow() if table is not None and self._packed(sampler) else None
         new, sampler.state = advance(self._policy, self.tensors, found_inf == 0, torch, sampler=state,
                                      sample=taken.sample, sampled=taken.sampled, micro_batches=taken.micro_batches,
                                      overflow=looked_up)
@@ -205,7 +207,7 @@ class ScaleState:
         if self._room > 0:
             self._pack(sampler)  # the new window's table, now: the next unsampled steps run by it
 
-    def _members(self, sampler: Any) -> tuple[torch.Tensor, ...]:
+    def _auto_live(self, sampler: Any) -> tuple[torch.Tensor, ...]:
         """The live tensors the table form writes, in :class:`~lossscale._torch._kernels.AutoTable`'s order: the
         scale and margin, then good, calm, streak and skipped."""
         live, auto = self.tensors, sampler.state.auto
@@ -215,8 +217,8 @@ class ScaleState:
     def _packed(self, sampler: Any) -> bool:
         """Whether the live tensors are those :meth:`_pack` made share the table form's memory, so that its table is
         that of their window (a sampled step rebuilds it; a load or a move replaces the tensors)."""
-        packed = self._auto_members
-        return packed is not None and all(t is p for t, p in zip(self._members(sampler), packed))
+        packed = self._auto_sharing
+        return packed is not None and all(t is p for t, p in zip(self._auto_live(sampler), packed))
 
     def _pack(self, sampler: Any) -> AutoTable:
         """Puts the live tensors' values in the table form's packed memory (allocated once per device) and makes
@@ -232,22 +234,22 @@ class ScaleState:
         auto = sampler.state.auto
         if auto.margin.device != device:
             sampler.state = sampler.state._replace(auto=AutoState(*(t.to(device) for t in auto)))
-        current = self._members(sampler)
-        members = current
-        old = self._auto_members
+        current = self._auto_live(sampler)
+        sharing = current
+        old = self._auto_sharing
         if old is not None and old[0] is current[0] and old[0].device == device:
-            members = (current[0], old[1], current[2], old[3], *current[4:])  # the sampler's, as before the sample
+            sharing = (current[0], old[1], current[2], old[3], *current[4:])  # the sampler's, as before the sample
         slots = [*table.floats[:2].unbind(), *table.counters.unbind()]
         with torch.no_grad():
             foreach_copy_(slots, list(current))  # the values, from wherever they are now
-            for member, slot in zip(members, slots):  # metadata only: no kernel
-                member.set_(slot.untyped_storage(), slot.storage_offset(), (), ())
-            table.floats[2].copy_(overflow_key(members[0], members[1], torch))
-        sampler.state = sampler.state._replace(auto=sampler.state.auto._replace(margin=members[1],
-                                                                                calm_steps=members[3]))
-        self._host_views = None
-        self._auto_members = members
-        self._auto_table = table._replace(table=overflow_table(self._policy, sampler.state.auto, torch, table.grid))
+            for tensor, slot in zip(sharing, slots):  # metadata only: no kernel
+                tensor.set_(slot.untyped_storage(), slot.storage_offset(), (), ())
+            table.floats[2].copy_(overflow_key(sharing[0], sharing[1], torch))
+        sampler.state = sampler.state._replace(auto=sampler.state.auto._replace(margin=sharing[1],
+                                                                                calm_steps=sharing[3]))
+        self._auto_sharing = sharing
+        rows = overflow_table(cast(AutoLossScale, self._policy), sampler.state.auto, torch, table.grid)
+        self._auto_table = table._replace(table=rows)
         return self._auto_table
 
     def set_scale(self, value: torch.Tensor, found_inf: torch.Tensor | None = None) -> None:
