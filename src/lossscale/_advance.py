@@ -64,7 +64,7 @@ def advance(
         TypeError: ``finite`` is not a bool or a 0-d bool array.
 
     Cost: the rule's scalar operators on 0-d arrays (about 20 for ``DynamicLossScale``, 6 with
-    ``moves_scale=False``, about 110 for an unsampled ``AutoLossScale`` step and 200 for a sampled one), plus
+    ``moves_scale=False``, about 80 for an unsampled ``AutoLossScale`` step and 175 for a sampled one), plus
     about 15 on the ``(T,)`` sample when ``sampled`` is an array. No host sync, no pass over the gradients.
 
     >>> from lossscale import DynamicLossScale, initial_state

@@ -204,11 +204,11 @@ def next_auto_state(
         micro_batches: the backward passes summed into the measured gradients (gradient accumulation): ``lo``
             reads ``rms_min / micro_batches``, so the scale suits one float16 backward; ``amax`` is read as is.
         overflow: :func:`overflow_outcome` of this state when the caller has it (a row of :func:`overflow_table`),
-            or None to compute it here (about 45 operators).
+            or None to compute it here (about 50 operators).
 
     The skip counters move as in :func:`lossscale.next_state`; ``bad_steps`` stays 0. Cost, in torch operators
-    dispatched (eager: each one kernel): about 200 on 0-d arrays and a few on the ``(window,)`` array, or about 110
-    with ``stats`` None (a step known on the host to be unsampled: the scale stays or backs off). No host sync.
+    dispatched (eager: each one kernel): about 175 on 0-d arrays and a few on the ``(window,)`` array (125 given
+    ``overflow``), or about 80 with ``stats`` None (a step known on the host to be unsampled: the scale stays or backs off). No host sync.
     """
     finite = _finite_flag(finite, state.loss_scale, xp)
     if stats is not None and isinstance(sampled, bool):
@@ -245,10 +245,8 @@ def next_auto_state(
         target = xp.where(seen, chosen, xp.where(sampled & finite, searched, e))
         lo = xp.where(seen, lo_new, lo)
         hi = xp.where(seen, hi_new, hi)
-        target = xp.where(target > _MAX_EXPONENT, _MAX_EXPONENT, target)
-        moved = _pow2(target, xp)
-        moved = xp.where(moved < policy.min_loss_scale, policy.min_loss_scale, moved)
-        moved = xp.where(moved > policy.ceiling, policy.ceiling, moved)
+        target = xp.clip(target, -math.inf, _MAX_EXPONENT)
+        moved = xp.clip(_pow2(target, xp), policy.min_loss_scale, policy.ceiling)
         new_scale = xp.where(finite, xp.where(target != e, moved, scale), backed)
         relax = finite & sampled & (calm >= policy.relax_steps)
         new_m = xp.where(finite, xp.where(relax & (m - 1 >= policy.margin_bits), m - 1, m), overflow_m)
@@ -262,7 +260,7 @@ def overflow_outcome(policy: AutoLossScale, e: Any, m: Any, auto: AutoState, xp:
     state ``auto``'s: the rule's overflow branch (the class docstring's first two cases). Elementwise in ``e`` and
     ``m``: 0-d arrays for one step, or any broadcast shape (:func:`overflow_table` runs it on a grid).
 
-    Cost: about 45 operators, whatever the shape of ``e`` and ``m``."""
+    Cost: about 50 operators, whatever the shape of ``e`` and ``m``."""
     top, low = _window_range(auto.window, xp)
     # Overflow before any measured sample (lo is NaN): back off start_backoff_bits; after one: grow m, go to its hi.
     measured = auto.lo == auto.lo  # False for NaN
@@ -270,15 +268,14 @@ def overflow_outcome(policy: AutoLossScale, e: Any, m: Any, auto: AutoState, xp:
     guess = LOG2_FLOAT16_MAX - e - m  # an empty window: as if the scale sat at the margin
     top_ref, low_ref = xp.where(filled, top, guess), xp.where(filled, low, guess)
     implied = xp.ceil(LOG2_FLOAT16_MAX - e - low_ref) + 1.0
-    doubled = xp.where(2.0 * m > policy.max_margin_bits, float(policy.max_margin_bits), 2.0 * m)
+    doubled = xp.clip(2.0 * m, -math.inf, float(policy.max_margin_bits))
     doubled = xp.where(doubled > m, doubled, m)  # doubling stops at max_margin_bits; past it, only a spike's height
     grown = xp.where(implied > doubled, implied, doubled)
-    grown = xp.where(grown > _MARGIN_LIMIT, _MARGIN_LIMIT, grown)
+    grown = xp.clip(grown, -math.inf, _MARGIN_LIMIT)
     spike_hi = _overflow_bound(policy, grown, top_ref, low_ref, auto.lo - policy.underflow_bits, xp)  # NaN: unused
     spike_e = xp.where(spike_hi < e - 1, spike_hi, e - 1)
     backed_e = xp.where(measured, spike_e, e - policy.start_backoff_bits)
-    backed = _pow2(xp.where(backed_e < -_MAX_EXPONENT, -_MAX_EXPONENT, backed_e), xp)
-    backed = xp.where(backed < policy.min_loss_scale, policy.min_loss_scale, backed)
+    backed = xp.clip(_pow2(xp.clip(backed_e, -_MAX_EXPONENT, math.inf), xp), policy.min_loss_scale, math.inf)
     return backed, xp.where(measured, grown, m)
 
 
@@ -316,7 +313,7 @@ def overflow_table(policy: AutoLossScale, auto: AutoState, xp: Any, grid: tuple[
     Between two samples the window and bounds of an ``AutoLossScale`` do not move, so an unsampled step is one row
     of this table on an overflow and two counters otherwise: a binding that looks the row up instead of running
     :func:`overflow_outcome` runs a handful of operators per unsampled step, where :func:`next_auto_state` runs
-    about 110 (the torch binding does, off the CPU). The same bits, by construction: the table *is*
+    about 80 (the torch binding does). The same bits, by construction: the table *is*
     :func:`overflow_outcome`, run once on the grid.
 
     Args:

@@ -403,8 +403,8 @@ def test_a_step_that_reads_no_sample_leaves_its_summary_to_the_first_read():
 
 def test_an_unsampled_auto_step_runs_only_the_backoff():
     """A step known on the host to be unsampled gives the core's auto rule no statistics: it computes the overflow
-    backoff and the counters, 91 operators where the masked sample's path runs 192 (109 and 200 before the scale's
-    exponent came from ``frexp``). The torch binding looks that backoff up instead (tests/torch/test_kernel_form.py);
+    backoff and the counters, 82 operators where the masked sample's path runs 176 (109 and 200 before the scale's
+    exponent came from ``frexp`` and the bounds from ``clip``). The torch binding looks that backoff up instead (tests/torch/test_kernel_form.py);
     this is the rule it falls back to."""
     from lossscale._advance import advance
     from lossscale._sampler import initial_sampler_state
@@ -415,7 +415,7 @@ def test_an_unsampled_auto_step_runs_only_the_backoff():
     finite, sample = torch.tensor(True), gradient_stats([torch.full((4,), 2.0**-3)])
     unsampled = count_ops(lambda: advance(policy, state, finite, torch, sampler=sampler, sample=None, sampled=False))
     sampled = count_ops(lambda: advance(policy, state, finite, torch, sampler=sampler, sample=sample, sampled=True))
-    assert unsampled <= 91, unsampled
+    assert unsampled <= 82, unsampled
     assert sampled - unsampled >= 80, (sampled, unsampled)
 
 

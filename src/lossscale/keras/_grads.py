@@ -35,7 +35,7 @@ def _namespace() -> Any:
         e = tf.clip_by_value(tf.cast(e, tf.int32), -126, 127)
         return x * tf.bitcast((e + 127) * (1 << 23), tf.float32)
 
-    names = "abs ceil cumsum floor full full_like isfinite log2 max min ones_like roll sqrt stack sum where"
+    names = "abs ceil clip cumsum floor full full_like isfinite log2 max min ones_like roll sqrt stack sum where"
     functions = {name: getattr(ops, name) for name in names.split()}
     return SimpleNamespace(float32="float32", int32="int32", bool="bool", asarray=asarray, ldexp=ldexp, **functions)
 

@@ -49,6 +49,9 @@ class ScaleState:
       after a scale was set by hand, 3 for a fixed scale);
     - otherwise :func:`~lossscale._advance.advance` on the tensors: about 33 operators.
 
+    An ``AutoLossScale`` moves by :meth:`_advance_auto`, on the CPU too: between two samples a lookup in a table
+    of its overflows (6 operators), at a sample its rule (about 190, the table's rebuild included).
+
     None reads the device. What the kernel form needs known of the state is kept here as plain Python, known at
     construction and read once at a load (one host read off the CPU):
 
@@ -152,8 +155,8 @@ class ScaleState:
                 ``AutoLossScale`` its rule moves the scale (on the tensors); otherwise it is counted beside.
             recorder: where a taken sample's statistics are noted for the history row; or None.
 
-        Cost: on the CPU no operator; elsewhere 5 operators by the kernel form, else about 33 (an ``AutoLossScale``
-        about 110, 200 on a sampled step).
+        Cost: on the CPU no operator (an ``AutoLossScale``: 6 small ones); elsewhere 5 operators by the kernel form,
+        else about 33; an ``AutoLossScale`` 6 between samples, about 200 on a sampled step (:meth:`_advance_auto`).
         """
         if found_inf.device != self.device:
             found_inf = move(found_inf, self.device)
@@ -182,8 +185,8 @@ class ScaleState:
 
     def _advance_auto(self, found_inf: torch.Tensor, sampler: Any, taken: Any) -> None:
         """An ``AutoLossScale``'s step: an unsampled one by table (:func:`~lossscale._torch._kernels.
-        advance_auto_unsampled_`, 6 operators), a sampled one by the core's rule (about 200), after which the table
-        is rebuilt for the new window (about 60 more, on 11,357 elements).
+        advance_auto_unsampled_`, 6 operators), a sampled one by the core's rule (about 125, its overflow looked up
+        too), after which the table is rebuilt for the new window (about 65 more, on 11,357 elements).
 
         The table form gives the core rule's bits while no counter can reach 2**31 - 1, known on the host: ``_room``
         for the scale's counters, the sampler's :meth:`calm_bound` for ``calm_steps``; past that the core rule runs
