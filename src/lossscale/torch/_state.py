@@ -207,7 +207,7 @@ class ScaleState:
                                      sample=taken.sample, sampled=taken.sampled, micro_batches=taken.micro_batches,
                                      overflow=looked_up)
         self._write(new)
-        if self._room > 0:
+        if taken.sampled and self._room > 0:
             self._pack(sampler)  # the new window's table, now: the next unsampled steps run by it
 
     def _auto_live(self, sampler: Any) -> tuple[torch.Tensor, ...]:
