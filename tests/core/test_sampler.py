@@ -130,6 +130,10 @@ def test_the_record_round_trips_and_refuses_what_does_not_fit():
         read_sampler_record({"iteration": 3}, policy)
     with pytest.raises(ValueError, match="window has 4 entries, the policy 16"):
         read_sampler_record(record, lossscale.AutoLossScale())
+    for field, value in [("margin", 5.5), ("margin", 41.0), ("margin", -1.0), ("margin", np.nan), ("calm_steps", -1)]:
+        bad = {**record, "auto": {**record["auto"], field: np.asarray(value, record["auto"][field].dtype)}}
+        with pytest.raises(ValueError, match=r"whole number of bits in \[0, 40\] and calm_steps >= 0"):
+            read_sampler_record(bad, policy)
 
 
 def test_the_state_is_a_named_tuple_of_three():
