@@ -25,7 +25,7 @@ Keras 3's ``keras.optimizers.LossScaleOptimizer``; ``lossscale.keras.LossScaleOp
 
 Run:  python benchmarks/kernel_count_keras.py
 (it runs the count in a subprocess with ``KERAS_BACKEND=torch KERAS_TORCH_DEVICE=meta:0``; Keras picks its backend
-once per process). Deterministic, so tests/keras/test_keras_launch_counts.py pins the counts.
+once per process). Deterministic, so tests/keras/test_keras_torch_device.py pins the counts.
 """
 
 from __future__ import annotations
