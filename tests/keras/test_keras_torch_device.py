@@ -171,14 +171,12 @@ def test_default_step_adds_no_more_than_gradscaler_and_reads_the_flag_once(shape
 
 
 @pytest.mark.parametrize("shapes", ["Dense 32-64-4", "100 x 10000"])
-def test_statistics_cost_no_more_than_gradscaler_unsampled_and_do_not_grow_with_tensors(shapes):
-    """The sampled step is not yet at the bar of 40 (the sample's 11 variables are assigned one by one): pinned so
-    that it can only fall."""
+def test_statistics_cost_no_more_than_gradscaler_unsampled_and_40_sampled_at_any_number_of_tensors(shapes):
     from benchmarks.kernel_count_keras import MODELS, SAMPLED_ROW, count_steps
 
     rows = count_steps("lossscale.keras, stats_every=16", MODELS[shapes])
     unsampled, sampled = rows[0], rows[SAMPLED_ROW]
-    assert unsampled[0] <= GRADSCALER and sampled[0] <= 53
+    assert unsampled[0] <= GRADSCALER and sampled[0] <= 40
     assert {r for i, r in enumerate(rows) if i != SAMPLED_ROW} == {unsampled} and unsampled[1] == sampled[1] == 1
 
 
@@ -188,4 +186,4 @@ def test_auto_counts_do_not_regress():
     from benchmarks.kernel_count_keras import MODELS, SAMPLED_ROW, count_steps
 
     rows = count_steps('lossscale.keras, loss_scale="auto"', MODELS["Dense 32-64-4"])
-    assert rows[0][0] <= 132 and rows[SAMPLED_ROW][0] <= 267 and all(r[1] == 1 for r in rows)
+    assert rows[0][0] <= 132 and rows[SAMPLED_ROW][0] <= 265 and all(r[1] == 1 for r in rows)

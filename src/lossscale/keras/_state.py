@@ -19,12 +19,13 @@ from .._advance import advance, advance_in_place
 from .._auto import AutoLossScale
 from .._policy import LossScale
 from .._rule import COUNTER_MAX, LossScaleState, initial_state, kernel_form
-from .._sampler import SamplerState, next_count
+from .._sampler import next_count
 from .._stats import GradientStats
 from ._compat import version_counter
 from ._grads import XP
 
 if TYPE_CHECKING:
+    from .._sampler import SamplerState
     from ._stats import Measurement, StatsVariables
 
 __all__ = ["STATE_NAMES", "ScaleVariables", "on_host"]
@@ -227,7 +228,7 @@ class ScaleVariables:
             if measured is not None:  # the sampler's count, and its sample on a sampled step, as the core's
                 stats = cast("StatsVariables", self.stats)  # a measurement comes only from the sampler
                 kept = stats.sampler_state(measured).sample
-                stats.store(measured, SamplerState(next_count(measured.count, np), kept, None))
+                stats.store_eager(measured, next_count(measured.count, np))
         else:
             kept = self.advance(old if copy else self.read(copy=False), finite, measured)[1]
             self._growth_known = True  # the rule leaves good_steps below growth_interval

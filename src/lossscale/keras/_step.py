@@ -223,7 +223,8 @@ def eager(state: ScaleVariables, observer: StepObserver, inner: Any, grads: list
 
     with torch.no_grad():  # updates must not be recorded by autograd
         scale = state.fields().loss_scale.value
-        measured = None if state.stats is None else state.stats.measure(grads, variables, scale, already)[1]
+        measured = None if state.stats is None else state.stats.measure(grads, variables, scale, already,
+                                                                             eager=True)[1]
         as_given = [already or k for k in overwritten(variables)]
         flags: list[Any] = []
         copies = unscaled_copies([None if a else g for g, a in zip(grads, as_given)], reciprocal(scale), flags)
