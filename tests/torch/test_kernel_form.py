@@ -23,7 +23,7 @@ from lossscale import (
     next_state,
 )
 from lossscale._rule import COUNTER_MAX, kernel_form
-from lossscale._torch._kernels import advance_scale_, reciprocal
+from lossscale._torch._kernels import advance_scale_, advance_scale_read_, reciprocal
 from lossscale.torch import _state
 from lossscale.torch._checkpoint import ScaleRecord
 from lossscale.torch._state import PrivateLossScale
@@ -87,6 +87,38 @@ def test_fused_form_equals_the_rule_bit_for_bit(policy, p_bad):
         ref = next_state(policy, ref, np.bool_(finite), np)
         advance_scale_(form, live, _flag(finite), above_floor=True)
         assert _numbers(live) == _numbers(ref), (i, finite)
+
+
+@pytest.mark.parametrize("policy", COVERED, ids=repr)
+@pytest.mark.parametrize("p_bad", [0.05, 0.4, 0.9])
+@pytest.mark.parametrize("track_streak", [True, False], ids=["streak-known", "streak-unknown"])
+def test_form_with_the_flag_read_on_the_host_equals_the_rule_bit_for_bit(policy, p_bad, track_streak):
+    """Keras on torch reads the flag for its Python ``if``: the operators it makes no-ops are left out. From the
+    initial state and from a scale set below the floor (a backoff lands on the floor, growth from below it)."""
+    form = kernel_form(policy.rule_params())
+    low = np.float32(policy.rule_params().min_scale / 4) if policy.rule_params().dynamic else None
+    for start in [None, low] if low is not None else [None]:
+        ref, live = initial_state(policy, np), initial_state(policy, torch)
+        if start is not None:
+            ref, live = ref._replace(loss_scale=start), live._replace(loss_scale=torch.tensor(start))
+        streak_zero = True
+        for i, finite in enumerate(_pattern(hash((repr(policy), p_bad, 1)) % 2**32, 500, p_bad)):
+            ref = next_state(policy, ref, np.bool_(finite), np)
+            advance_scale_read_(form, live, _flag(finite), finite=finite, streak_is_zero=streak_zero and track_streak)
+            streak_zero = finite
+            assert _numbers(live) == _numbers(ref), (start, i, finite)
+
+
+def test_form_with_the_flag_read_on_the_host_finite_step_is_one_operator():
+    from tests.torch.op_counter import count_ops
+
+    policy = DynamicLossScale()
+    form = kernel_form(policy.rule_params())
+    live = initial_state(policy, torch, device="meta")
+    zero, one = torch.zeros((), device="meta"), torch.ones((), device="meta")
+    assert count_ops(lambda: advance_scale_read_(form, live, zero, finite=True, streak_is_zero=True), False) == 1
+    assert count_ops(lambda: advance_scale_read_(form, live, zero, finite=True, streak_is_zero=False), False) == 2
+    assert count_ops(lambda: advance_scale_read_(form, live, one, finite=False, streak_is_zero=True), False) == 4
 
 
 @pytest.mark.parametrize("policy", COVERED[:9], ids=repr)

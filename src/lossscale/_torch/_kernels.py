@@ -28,8 +28,9 @@ from ._compat import (
     update_scale_,
 )
 
-__all__ = ["AUTO_COUNTER_MOVES", "AutoTable", "GradGroups", "advance_auto_unsampled_", "advance_scale_", "check_finite",
-           "combine_flags", "dtensor_type", "gradient_stats", "move", "reciprocal", "sample_columns", "scaled_norm", "tensor_sums",
+__all__ = ["AUTO_COUNTER_MOVES", "AutoTable", "GradGroups", "advance_auto_unsampled_", "advance_scale_",
+           "advance_scale_read_", "check_finite", "combine_flags", "dtensor_type", "gradient_stats", "move",
+           "reciprocal", "sample_columns", "scaled_norm", "tensor_sums",
            "unscale_and_check_", "unscale_grads_per_device", "unscaled_copies"]
 
 
@@ -119,10 +120,44 @@ def advance_scale_(form: KernelForm, state: LossScaleState, found_inf: torch.Ten
         torch.addcmul(inf, inf, state.consecutive_skips, out=state.consecutive_skips)
 
 
+def advance_scale_read_(form: KernelForm, state: LossScaleState, found_inf: torch.Tensor, *, finite: bool,
+                        streak_is_zero: bool) -> None:
+    """:func:`advance_scale_` for a step whose flag the caller has already read on the host (``finite``, Keras on
+    torch's Python ``if``): the operators that the flag makes no-ops are left out, the same bits.
+
+    - A finite step: GradScaler's update kernel (``good += 1``, the growth), then ``consecutive_skips = 0`` unless
+      ``streak_is_zero``. No floor (the scale does not back off) and ``skipped_steps`` stays: 1-2 operators (a fixed
+      scale: 0-1).
+    - An overflow: the kernel (the backoff), the floor as ``clamp_min_`` (``max(S, floor)`` after a backoff, whatever
+      the scale was before), both skip counters ``+ 1``: 4 operators (a fixed scale: 2).
+
+    Args:
+        form: the policy's :class:`~lossscale._rule.KernelForm`.
+        state: the live state tensors, changed in place.
+        found_inf: the step's 0-d float32 flag on the state's device (the kernel reads it there): 0.0 iff
+            ``finite``.
+        finite: the flag as read on the host.
+        streak_is_zero: known that ``consecutive_skips`` is 0 before the step.
+
+    The caller checks :func:`advance_scale_`'s host conditions (room below the counters' limit,
+    ``good_steps < growth_interval``); ``S >= floor`` is not needed. No host sync."""
+    with torch.no_grad():
+        if form.dynamic:
+            update_scale_(state.loss_scale, state.good_steps, found_inf, form.growth_factor, form.backoff_factor,
+                          form.growth_interval)
+            if not finite:
+                state.loss_scale.clamp_min_(form.floor)
+        if not finite:
+            state.skipped_steps.add_(1)
+            state.consecutive_skips.add_(1)
+        elif not streak_is_zero:
+            state.consecutive_skips.zero_()
+
+
 class AutoTable(NamedTuple):
     """Where an ``AutoLossScale``'s unsampled step runs by table (:func:`advance_auto_unsampled_`): the state the
     step writes, packed so that it writes it in two operators, and the core's
-    :func:`~lossscale._auto.overflow_table`. The binding's live 0-d tensors are views of ``floats`` and
+    :func:`~lossscale._auto.overflow_table`. The binding's live 0-d tensors share the memory of ``floats`` and
     ``counters``."""
 
     floats: torch.Tensor  # (3,) float32: the scale, the margin, the table key of the two

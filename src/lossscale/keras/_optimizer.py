@@ -252,7 +252,7 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             or ``max_consecutive_skips`` of the wrong type.
 
     Cost per step: one multiply per gradient element, one read pass for the check, about 20 scalar ops for the
-    scale. Host syncs: none under ``tf.function`` and ``jit``; one in eager TensorFlow and on torch;
+    scale (torch off the CPU: GradScaler's update kernel, 1 operator on a finite step). Host syncs: none under ``tf.function`` and ``jit``; one in eager TensorFlow and on torch;
     ``history``/``max_consecutive_skips`` add one transfer of three scalars.
     """
 
@@ -487,8 +487,8 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
                 optimizer was not built with (JAX), or a mixture of scaled and unscaled gradients.
 
         Under ``tf.distribute`` the gradients are summed over the replicas first. Cost: one multiply and one read
-        pass over the gradients, about 20 scalar ops; host syncs: none when traced, one in eager TensorFlow and on
-        torch.
+        pass over the gradients, about 20 scalar ops (torch off the CPU: 1); host syncs: none when traced, one in
+        eager TensorFlow and on torch.
         """
         self._apply(grads, trainable_variables, aggregate=True)
 

@@ -1,9 +1,9 @@
 """The scale's live state: five 0-d Keras variables, and the one place in the binding that moves them by a step.
 
-Every step of every backend ends in :meth:`ScaleVariables.advance` (or its host twin
-:meth:`ScaleVariables.advance_on_host`), which runs the core's rule (and the core's sampler, with ``stats_every``)
-and writes the variables. No other code of the binding assigns them; loads go through Keras' own loader after
-:mod:`._checkpoint`'s check.
+Every step of every backend ends in :meth:`ScaleVariables.advance` (or one of torch's two other forms of it,
+:meth:`ScaleVariables.advance_on_host` on the CPU and :meth:`ScaleVariables.advance_on_device` elsewhere), which runs
+the core's rule (and the core's sampler, with ``stats_every``) and writes the variables. No other code of the binding
+assigns them; loads go through Keras' own loader after :mod:`._checkpoint`'s check.
 """
 
 from __future__ import annotations
@@ -16,20 +16,29 @@ import numpy as np
 from keras import ops
 
 from .._advance import advance, advance_in_place
+from .._auto import AutoLossScale
 from .._policy import LossScale
-from .._rule import LossScaleState, initial_state
+from .._rule import COUNTER_MAX, LossScaleState, initial_state, kernel_form
+from .._sampler import next_count
 from .._stats import GradientStats
+from ._compat import version_counter
 from ._grads import XP
 
 if TYPE_CHECKING:
     from .._sampler import SamplerState
     from ._stats import Measurement, StatsVariables
 
-__all__ = ["STATE_NAMES", "ScaleVariables"]
+__all__ = ["STATE_NAMES", "ScaleVariables", "on_host"]
 
 #: The Keras variables' names, in :class:`~lossscale.LossScaleState`'s field order. ``dynamic_scale`` and
 #: ``step_counter`` are Keras 3's own class's names (its files and configs load into ours).
 STATE_NAMES = ("dynamic_scale", "step_counter", "bad_steps", "skipped_steps", "consecutive_skips")
+
+
+def on_host(value: Any) -> bool:
+    """Whether a torch variable's tensor ``value`` is moved in numpy on the host (the CPU) rather than by operators
+    on its device. (A function of its own: tests switch the host path off to run the device's on CPU tensors.)"""
+    return value.device.type == "cpu"  # type: ignore[no-any-return]
 
 
 class ScaleVariables:
@@ -49,6 +58,10 @@ class ScaleVariables:
         self.at_least_one = p.initial_scale >= 1 and (p.min_scale >= 1 if p.dynamic else True)
         # The variables the rule can move (the others are never assigned): up to three writes fewer per step.
         self._moving = LossScaleState(p.dynamic, p.dynamic, p.dynamic and p.hysteresis > 1, True, True)
+        # torch off the CPU: the rule as GradScaler's update kernel where it gives the same bits (advance_on_device).
+        self._form = None if isinstance(policy, AutoLossScale) else kernel_form(p)
+        self._known: tuple[Any, ...] | None = None  # the tensors' (id, address, version) as this class last wrote them
+        self._room, self._growth_known, self._streak_is_zero = 0, False, False
 
     def build(self, add_variable: Callable[..., Any]) -> list[Any]:
         """Creates the five variables through the optimizer's ``add_variable``, at the policy's initial state.
@@ -66,6 +79,9 @@ class ScaleVariables:
             )
             for name, value in zip(STATE_NAMES, initial_state(self.params, np))
         ]
+        if keras.backend.backend() == "torch":  # the initial state: known without a read
+            self._room, self._growth_known, self._streak_is_zero = COUNTER_MAX - 1, True, True
+            self._remember()
         return self.variables
 
     def fields(self) -> LossScaleState:
@@ -153,7 +169,7 @@ class ScaleVariables:
             CPU, on a sampled step, or when the variables are not float32 torch tensors.
         """
         value = self.variables[0].value
-        if value.device.type != "cpu" or str(value.dtype) != "torch.float32" or (measured is not None and measured.sampled):
+        if not on_host(value) or str(value.dtype) != "torch.float32" or (measured is not None and measured.sampled):
             return None
         views = LossScaleState(*(v.value.detach().numpy() for v in self.variables))
         old = LossScaleState(*(view[()] for view in views))
@@ -164,3 +180,83 @@ class ScaleVariables:
             count = advance_in_place(self.policy, views, finite, count=stats.host_count(), auto=stats.auto_views())
             stats.store_on_host(cast(int, count))  # given a count, advance_in_place returns the new one
         return old, views
+
+    def advance_on_device(
+        self, finite: bool, found_inf: Any, measured: Measurement | None = None, copy: bool = False
+    ) -> tuple[LossScaleState, LossScaleState, GradientStats | None]:
+        """:meth:`advance` of an eager torch step (the CPU's sampled steps, and every step elsewhere): by the kernel
+        form where it gives the core rule's bits, else by the rule's operators; the variables written in place.
+
+        The kernel form (:func:`lossscale._rule.kernel_form`; :func:`lossscale._torch._kernels.advance_scale_read_`,
+        GradScaler's update kernel and the skip counters, the flag already read on the host for the step's ``if``)
+        covers the default dynamic policy and most others (not hysteresis, a ``max_loss_scale``, ``AutoLossScale``).
+        It runs off the CPU (on the CPU the rule is cheaper in numpy, :meth:`advance_on_host`), and needs three facts
+        of the state known on the host, as ``lossscale.torch`` keeps them: room below the counters' limit,
+        ``good_steps < growth_interval``, and whether ``consecutive_skips`` is 0. They are known from the initial
+        state and kept through this class's own writes; each tensor's identity, address and write count (torch's
+        version counter) tell whether anything else wrote a variable since (a load, an ``assign``). Then the state
+        is read once (one host sync; on ``meta`` nothing is read and the rule runs from then on) and one step of the
+        rule restores ``good_steps < growth_interval``.
+
+        Args:
+            finite: whether the step's gradients were all finite (a Python bool, read from ``found_inf``).
+            found_inf: the step's found-inf flag, a 0-d float32 tensor on the variables' device: 0.0 iff ``finite``.
+            measured: the step's measurement with ``stats_every``, or None.
+            copy: return the state before the step as copies (for the observer); else it is not copied.
+
+        Returns:
+            ``(old, new, kept)``: the state before the step (copies with ``copy``, else the variables' tensors, which
+            the step changes), the variables' tensors after it, and the sample kept after the step (None without
+            ``measured``).
+
+        Cost, by the kernel form: 1 operator on a finite step (2 after a skipped one), 4 on an overflow (a fixed
+        scale: 0-1 and 2); by the rule about 35. No host sync but the one after another writer.
+        """
+        values = [v.value for v in self.variables]
+        old = LossScaleState(*(v.clone() for v in values)) if copy else LossScaleState(*values)
+        form = None if on_host(values[0]) else self._form
+        if form is not None:
+            known = _identity(values)
+            if known is None or known != self._known:
+                self._learn(values, known)
+        if form is not None and self._room > 0 and self._growth_known:
+            from .._torch._kernels import advance_scale_read_
+
+            advance_scale_read_(form, LossScaleState(*values), found_inf, finite=finite,
+                                streak_is_zero=self._streak_is_zero)
+            kept = None
+            if measured is not None:  # the sampler's count, and its sample on a sampled step, as the core's
+                stats = cast("StatsVariables", self.stats)  # a measurement comes only from the sampler
+                kept = stats.sampler_state(measured).sample
+                stats.store_eager(measured, next_count(measured.count, np))
+        else:
+            kept = self.advance(old if copy else self.read(copy=False), finite, measured)[1]
+            self._growth_known = True  # the rule leaves good_steps below growth_interval
+        self._room, self._streak_is_zero = max(self._room - 1, 0), finite
+        self._remember()
+        return old, LossScaleState(*values), kept
+
+    def _remember(self) -> None:
+        """Notes the variables' tensors as this class wrote them."""
+        self._known = _identity([v.value for v in self.variables])
+
+    def _learn(self, values: list[Any], known: tuple[Any, ...] | None) -> None:
+        """After another writer: the host facts of :meth:`advance_on_device` read from ``values`` (one host sync).
+        ``known``: their identity (None: a tensor keeps no version, so no write can be seen: the rule from now on)."""
+        import torch
+
+        self._growth_known = self._streak_is_zero = False
+        fits = values[0].dtype == torch.float32 and all(v.dtype == torch.int32 for v in values[1:])
+        if known is None or values[0].device.type == "meta" or not fits:  # nothing to read; or not the kernel's
+            self._room = 0
+            return
+        host = LossScaleState(*torch.stack([v.detach().double() for v in values]).tolist())
+        self._room = max(COUNTER_MAX - 1 - int(max(host.skipped_steps, host.consecutive_skips)), 0)
+        self._streak_is_zero = host.consecutive_skips == 0
+
+
+def _identity(values: list[Any]) -> tuple[Any, ...] | None:
+    """Each tensor's identity, address and version (any other write since changes one of them); None when a tensor
+    keeps no version (an inference tensor)."""
+    out = tuple((id(v), v.data_ptr(), version_counter(v)) for v in values)
+    return None if any(version is None for _, _, version in out) else out

@@ -139,7 +139,7 @@ class StatsVariables:
     def measure(
         self, grads: Sequence[Any], variables: Sequence[Any], scale: Any, already: bool, *,
         check: Callable[[], Any] | None = None, fuse: bool = False,
-        in_branch: Callable[[Any, Measurement], None] | None = None,
+        in_branch: Callable[[Any, Measurement], None] | None = None, eager: bool = False,
     ) -> tuple[Any, Measurement | None]:
         """This step's sample, in a ``cond`` on whether it is due (the kept sample otherwise), and the finite flag.
 
@@ -156,6 +156,9 @@ class StatsVariables:
                 branch's flag and measurement (the step advances there), so that an unsampled step neither reads
                 nor writes the sample (for 8 gradients, 50 nodes more than without statistics; 215 when the kept
                 sample was selected and written on every step).
+            eager: torch's eager step, which writes the variables in place, the count after the sample: the
+                sample's ``step`` is then the count variable's tensor, not a copy of it (one operator fewer). Under
+                a ``StatelessScope`` the caller may write the values back in any order, so a copy is kept.
 
         Returns:
             ``(finite, measured)``: ``finite`` the flag (None on torch); ``measured`` the :class:`Measurement`
@@ -168,7 +171,7 @@ class StatsVariables:
         if keras.backend.backend() == "torch":  # eager: the flag from the count on the host, a Python bool
             count = self.host_count()
             flag = is_due(self.every, count)
-            sample = self._torch_sample(*self.in_build_order(grads, variables), scale, already) if flag else None
+            sample = self._torch_sample(*self.in_build_order(grads, variables), scale, already, eager) if flag else None
             return None, Measurement(sample, flag, count)
         ordered, sizes = self.in_build_order(grads, variables)
         count, sampled = self.due()
@@ -198,19 +201,33 @@ class StatsVariables:
         return SamplerState(measured.count, kept, auto)
 
     def store(self, measured: Measurement, after: SamplerState) -> None:
-        """Writes the core sampler's state ``after`` the step: the count, the auto state, and the sample where the
-        step gave one (an unsampled step leaves the sample variables alone). torch counts on the host and adds 1 with
-        ``assign_add`` unless saturated: no copy from the host, two kernels on a GPU for an unsampled step."""
+        """Writes the core sampler's state ``after`` the step: the auto state, the sample where the step gave one (an
+        unsampled step leaves the sample variables alone), then the count (last: on torch the sample's ``step`` is
+        the count variable's own tensor). torch counts on the host and adds 1 with ``assign_add`` unless saturated:
+        no copy from the host, two kernels on a GPU for an unsampled step."""
         on_host = keras.backend.backend() == "torch"
+        given = after.sample if measured.sample is not None else ()
+        for variable, value in [*zip(self.auto, after.auto or ()), *zip(self.sample, given)]:
+            variable.assign(value)
         if on_host and after.count != measured.count:  # saturates at 2**31 - 1
             self.count.assign_add(1)  # not in place on the tensor: under a StatelessScope it is the caller's
         elif not on_host:
             self.count.assign(after.count)
-        given = after.sample if measured.sample is not None else ()
-        for variable, value in [*zip(self.auto, after.auto or ()), *zip(self.sample, given)]:
-            variable.assign(value)
         if on_host:
             self.host_count(after.count)
+
+    def store_eager(self, measured: Measurement, count: int) -> None:
+        """:meth:`store` for torch's eager step off the CPU, whose scale another form moved: the count + 1 in place
+        (``count``: the new count, saturating) and on a sampled step the sample by one multi-tensor copy, written as
+        :meth:`store` writes them. 1 operator unsampled, 2 sampled (:meth:`store`: 2 and 13). Not under a
+        ``StatelessScope`` (its variables are the caller's values there)."""
+        from .._torch._compat import foreach_copy_
+
+        if measured.sample is not None:  # first: its step is the count variable's tensor
+            foreach_copy_([v.value for v in self.sample], list(measured.sample))
+        if count != measured.count:
+            self.count.value.add_(1)
+        self.host_count(count)
 
     def auto_views(self) -> AutoState | None:
         """torch CPU: writable numpy views of the auto state's variables (None without ``AutoLossScale``)."""
@@ -231,15 +248,16 @@ class StatsVariables:
             known = self._host_count = (value, version_counter(value), _host_int(value) if written is None else written)
         return known[2]
 
-    def _torch_sample(self, ordered: Sequence[Any], sizes: list[int], scale: Any, already: bool) -> GradientStats:
+    def _torch_sample(self, ordered: Sequence[Any], sizes: list[int], scale: Any, already: bool,
+                      eager: bool) -> GradientStats:
         """The sample on torch: the torch binding's kernels (multi-tensor off the CPU), the sizes copied once."""
         from .._torch._kernels import sample_columns
 
-        count = _read(self.count)
+        count = ops.convert_to_tensor(self.count) if eager else _read(self.count)  # see measure's ``eager``
         key = (count.device, tuple(sizes))
         if key not in self._sizes:
             self._sizes = {key: sizes_of(sizes, XP, device=count.device)}
-        empty = count.new_zeros((0,), dtype=scale.dtype)  # a None gradient: size 0, sums 0
+        empty: Any = count.new_zeros((0,), dtype=scale.dtype) if 0 in sizes else None  # a None gradient: sums 0
         columns = sample_columns([g if n else empty for g, n in zip(ordered, sizes)], scale if already else None)
         return summarize_columns(columns, self._sizes[key], count, XP)
 
