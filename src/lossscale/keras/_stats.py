@@ -197,8 +197,11 @@ class StatsVariables:
         """The core's :class:`~lossscale._sampler.SamplerState` before the step: ``measured``'s count, the kept
         sample's variables (not read: the core keeps them on an unsampled step), the auto state read."""
         auto = AutoState(*(_read(v) for v in self.auto)) if self.auto else None
-        kept = measured.sample or GradientStats(*self.sample)
-        return SamplerState(measured.count, kept, auto)
+        return SamplerState(measured.count, self.kept(measured), auto)
+
+    def kept(self, measured: Measurement) -> GradientStats:
+        """The sample as the step leaves it: the step's where sampled, else the kept sample's variables (not read)."""
+        return measured.sample or GradientStats(*self.sample)
 
     def store(self, measured: Measurement, after: SamplerState) -> None:
         """Writes the core sampler's state ``after`` the step: the auto state, the sample where the step gave one (an
