@@ -133,18 +133,18 @@ def test_after_another_writer_the_state_is_read_once_and_the_trajectory_stays_th
     assert taken >= len(pattern) - 3 if "skipped_steps" not in written else taken <= 2  # the form resumes
 
 
-def test_statistics_off_the_cpu_equal_the_host_path(monkeypatch, kernel_calls):
-    """``stats_every``: the count and the kept sample, the state and the history, as the CPU's numpy path keeps them."""
-    rng = np.random.default_rng(0)
-    grads = [rng.normal(size=(2, 3)).astype(np.float32) * 2.0**k for k in range(30)]
-    for i in (4, 11, 12, 25):
-        grads[i][0, 0] = np.inf
+def _device_and_host_runs(monkeypatch, policy, stats_every: int, grads: list) -> list[tuple]:
+    """The same steps with the device's path (on CPU tensors) and then with the CPU's numpy path: each run's state,
+    variables and History (scales, skips, headroom)."""
+    from lossscale.keras import _state
+
     runs = []
     for device in (True, False):
-        if not device:
-            monkeypatch.undo()
-        opt = lsk.LossScaleOptimizer(keras.optimizers.SGD(0.1), DynamicLossScale(2.0**10, 3), stats_every=4,
-                                     history=True)
+        if device:
+            monkeypatch.setattr(_state, "on_host", lambda value: False)
+        else:
+            monkeypatch.setattr(_state, "on_host", lambda value: value.device.type == "cpu")
+        opt = lsk.LossScaleOptimizer(keras.optimizers.SGD(0.1), policy, stats_every=stats_every, history=True)
         w = keras.Variable(np.zeros((2, 3), np.float32))
         opt.build([w])
         for g in grads:
@@ -153,6 +153,16 @@ def test_statistics_off_the_cpu_equal_the_host_path(monkeypatch, kernel_calls):
         runs.append((numbers(opt), [ops.convert_to_numpy(v).tolist() for v in opt.variables],
                      history.loss_scales.tolist(), history.skipped.tolist(),
                      np.nan_to_num(history.stat("headroom_bits"), nan=-1.0).tolist()))
+    return runs
+
+
+def test_statistics_off_the_cpu_equal_the_host_path(monkeypatch, kernel_calls):
+    """``stats_every``: the count and the kept sample, the state and the history, as the CPU's numpy path keeps them."""
+    rng = np.random.default_rng(0)
+    grads = [rng.normal(size=(2, 3)).astype(np.float32) * 2.0**k for k in range(30)]
+    for i in (4, 11, 12, 25):
+        grads[i][0, 0] = np.inf
+    runs = _device_and_host_runs(monkeypatch, DynamicLossScale(2.0**10, 3), 4, grads)
     assert len(kernel_calls) == len(grads)
     assert runs[0] == runs[1]
 
@@ -198,26 +208,11 @@ def test_auto_off_the_cpu_equals_the_host_path(monkeypatch):
     """``loss_scale="auto"`` with overflows, samples every 3rd step and a History: the device's path (counters in
     place between samples, the rule otherwise) keeps the numbers and the rows the CPU's numpy path keeps."""
     from lossscale import AutoLossScale
-    from lossscale.keras import _state
 
     rng = np.random.default_rng(1)
     grads = [rng.normal(size=(2, 3)).astype(np.float32) * 2.0 ** (k % 7 - 20) for k in range(40)]
     for i in (2, 5, 6, 13, 27):
         grads[i][1, 1] = np.nan if i % 2 else np.inf
-    runs = []
-    for device in (True, False):
-        if device:
-            monkeypatch.setattr(_state, "on_host", lambda value: False)
-        else:
-            monkeypatch.undo()
-        opt = lsk.LossScaleOptimizer(keras.optimizers.SGD(0.1), AutoLossScale(2.0**20, relax_steps=4),
-                                     stats_every=3, history=True)
-        w = keras.Variable(np.zeros((2, 3), np.float32))
-        opt.build([w])
-        for g in grads:
-            opt.apply([ops.convert_to_tensor(g)], [w])
-        history = opt.history
-        runs.append((numbers(opt), [ops.convert_to_numpy(v).tolist() for v in opt.variables],
-                     history.loss_scales.tolist(), history.skipped.tolist()))
+    runs = _device_and_host_runs(monkeypatch, AutoLossScale(2.0**20, relax_steps=4), 3, grads)
     assert runs[0] == runs[1]
     assert len(set(runs[0][2])) > 2 and sum(runs[0][3]) == 5  # the scale moved; the five overflows skipped
