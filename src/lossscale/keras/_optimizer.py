@@ -252,8 +252,9 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             or ``max_consecutive_skips`` of the wrong type.
 
     Cost per step: one multiply per gradient element, one read pass for the check, about 20 scalar ops for the
-    scale (torch off the CPU: GradScaler's update kernel, 1 operator on a finite step). Host syncs: none under ``tf.function`` and ``jit``; one in eager TensorFlow and on torch;
-    ``history``/``max_consecutive_skips`` add one transfer of three scalars.
+    scale (torch off the CPU: GradScaler's update kernel, 1 operator on a finite step). Host syncs: none under
+    ``tf.function`` and ``jit``; one in eager TensorFlow and on torch; ``history``/``max_consecutive_skips`` add one
+    transfer of three scalars.
     """
 
     def __init__(
