@@ -13,8 +13,7 @@ from ._rule import LossScaleState, _finite_flag, count_up, skip_counters
 from ._stats import LOG2_FLOAT16_MAX, GradientStats
 
 __all__ = ["AutoLossScale", "AutoState", "check_stats_every", "initial_auto_state", "next_auto_state",
-           "overflow_grid", "overflow_key", "overflow_outcome", "overflow_table",
-           "table_key"]
+           "overflow_grid", "overflow_key", "overflow_outcome", "overflow_table", "table_key"]
 
 #: log2 of float16's smallest normal.
 _LOG2_TINY = -14.0
@@ -208,7 +207,8 @@ def next_auto_state(
 
     The skip counters move as in :func:`lossscale.next_state`; ``bad_steps`` stays 0. Cost, in torch operators
     dispatched (eager: each one kernel): about 175 on 0-d arrays and a few on the ``(window,)`` array (125 given
-    ``overflow``), or about 80 with ``stats`` None (a step known on the host to be unsampled: the scale stays or backs off). No host sync.
+    ``overflow``), or about 80 with ``stats`` None (a step known on the host to be unsampled: the scale stays or
+    backs off). No host sync.
     """
     finite = _finite_flag(finite, state.loss_scale, xp)
     if stats is not None and isinstance(sampled, bool):
@@ -291,7 +291,7 @@ def table_key(e: Any, m: Any) -> Any:
 
 
 def overflow_key(scale: Any, margin: Any, xp: Any) -> Any:
-    """:func:`table_key` of a state: its scale's exponent ``floor(log2 S)`` and its margin (about 10 operators)."""
+    """:func:`table_key` of a state: its scale's exponent ``floor(log2 S)`` and its margin (about 6 operators)."""
     return table_key(_floor_log2(scale, xp), margin)
 
 
