@@ -20,6 +20,7 @@ nvidia-smi -L
 python3 -c "import torch, jax; print('torch', torch.__version__, 'jax', jax.__version__, jax.devices())"
 run cuda_tests 120 python3 -m pytest -q -p no:cacheprovider tests/torch/test_cuda.py tests/torch/test_stats_torch.py
 run kernel_count 90 python3 benchmarks/kernel_count.py --device cuda --tensors 100 1000
+run compile_auto 120 python3 benchmarks/compile_auto_rule.py --device cuda  # the sampled auto step compiled
 run bench_torch 90 python3 benchmarks/bench_torch.py --device cuda --sizes 1e6,1e7,5e7 --tensors 100 \
     --optimizers adamw-fused,adamw-foreach --clip off --rounds 7 --steps 10 --facade
 run bench_stats 240 python3 benchmarks/bench_stats.py --bindings torch jax keras-jax keras-torch --device cuda
