@@ -52,13 +52,13 @@ def kernel_calls(monkeypatch):
 
     monkeypatch.setattr(_state, "on_host", lambda value: False)
     calls: list[bool] = []
-    real = _kernels.advance_scale_read_
+    real = _kernels.advance_scale_
 
     def spy(*args, **kwargs):
         calls.append(kwargs["finite"])
         real(*args, **kwargs)
 
-    monkeypatch.setattr(_kernels, "advance_scale_read_", spy)
+    monkeypatch.setattr(_kernels, "advance_scale_", spy)
     return calls
 
 

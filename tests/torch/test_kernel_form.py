@@ -23,7 +23,7 @@ from lossscale import (
     next_state,
 )
 from lossscale._rule import COUNTER_MAX, kernel_form
-from lossscale._torch._kernels import advance_scale_, advance_scale_read_, reciprocal
+from lossscale._torch._kernels import advance_scale_, reciprocal
 from lossscale.torch import _state
 from lossscale.torch._checkpoint import ScaleRecord
 from lossscale.torch._state import PrivateLossScale
@@ -104,7 +104,7 @@ def test_form_with_the_flag_read_on_the_host_equals_the_rule_bit_for_bit(policy,
         streak_zero = True
         for i, finite in enumerate(_pattern(hash((repr(policy), p_bad, 1)) % 2**32, 500, p_bad)):
             ref = next_state(policy, ref, np.bool_(finite), np)
-            advance_scale_read_(form, live, _flag(finite), finite=finite, streak_is_zero=streak_zero and track_streak)
+            advance_scale_(form, live, _flag(finite), finite=finite, streak_is_zero=streak_zero and track_streak)
             streak_zero = finite
             assert _numbers(live) == _numbers(ref), (start, i, finite)
 
@@ -116,9 +116,9 @@ def test_form_with_the_flag_read_on_the_host_finite_step_is_one_operator():
     form = kernel_form(policy.rule_params())
     live = initial_state(policy, torch, device="meta")
     zero, one = torch.zeros((), device="meta"), torch.ones((), device="meta")
-    assert count_ops(lambda: advance_scale_read_(form, live, zero, finite=True, streak_is_zero=True), False) == 1
-    assert count_ops(lambda: advance_scale_read_(form, live, zero, finite=True, streak_is_zero=False), False) == 2
-    assert count_ops(lambda: advance_scale_read_(form, live, one, finite=False, streak_is_zero=True), False) == 4
+    assert count_ops(lambda: advance_scale_(form, live, zero, finite=True, streak_is_zero=True), False) == 1
+    assert count_ops(lambda: advance_scale_(form, live, zero, finite=True, streak_is_zero=False), False) == 2
+    assert count_ops(lambda: advance_scale_(form, live, one, finite=False, streak_is_zero=True), False) == 4
 
 
 @pytest.mark.parametrize("policy", COVERED[:9], ids=repr)

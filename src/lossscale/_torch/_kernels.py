@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from .._rule import KernelForm, LossScaleState
+from .._rule import COUNTER_MAX, KernelForm, LossScaleState
 from .._stats import FLOAT16_TINY, GradientStats, summarize_columns
 from ._compat import (
     foreach_abs,
@@ -29,7 +29,7 @@ from ._compat import (
 )
 
 __all__ = ["AUTO_COUNTER_MOVES", "AutoTable", "GradGroups", "advance_auto_unsampled_", "advance_scale_",
-           "advance_scale_read_", "check_finite", "combine_flags", "dtensor_type", "gradient_stats", "move",
+           "check_finite", "combine_flags", "dtensor_type", "gradient_stats", "host_state", "move",
            "reciprocal", "sample_columns", "scaled_norm", "tensor_sums",
            "unscale_and_check_", "unscale_grads_per_device", "unscaled_copies"]
 
@@ -92,66 +92,62 @@ def reciprocal(scale: torch.Tensor) -> torch.Tensor:
     return torch.reciprocal(scale)
 
 
-def advance_scale_(form: KernelForm, state: LossScaleState, found_inf: torch.Tensor, *, above_floor: bool) -> None:
+def advance_scale_(form: KernelForm, state: LossScaleState, found_inf: torch.Tensor, *, above_floor: bool = False,
+                   finite: bool | None = None, streak_is_zero: bool = False) -> None:
     """``state <- next_state(policy, state, found_inf == 0)`` in place, by :func:`lossscale._rule.kernel_form`'s
-    kernel form: 5 operators for a dynamic policy (GradScaler's update kernel, the floor, the skip counters in
-    three), 3 for a fixed one; no host sync.
+    kernel form; no host sync.
+
+    With the flag on the device only (``finite`` None): GradScaler's update kernel, the floor, the skip counters in
+    three: 5 operators for a dynamic policy, 3 for a fixed one. With the flag already read on the host (``finite``,
+    Keras on torch's Python ``if``), the operators it makes no-ops are left out, the same bits:
+
+    - a finite step: the update kernel (``good += 1``, the growth), then ``consecutive_skips = 0`` unless
+      ``streak_is_zero``. No floor (the scale does not back off) and ``skipped_steps`` stays: 1-2 operators (a fixed
+      scale: 0-1);
+    - an overflow: the kernel (the backoff), the floor as ``clamp_min_`` (``max(S, floor)`` after a backoff, whatever
+      the scale was before), both skip counters ``+ 1``: 4 operators (a fixed scale: 2).
 
     Args:
         form: the policy's :class:`~lossscale._rule.KernelForm`.
         state: the live state tensors, changed in place.
         found_inf: a 0-d float32 flag on the state's device, nonzero for an overflow (a flag summed over ranks,
             e.g. 2.0, counts once, as torch's update kernel reads it).
-        above_floor: known that ``S >= form.floor`` before the step: the floor is then ``clamp_min_`` (it can only
-            act after a backoff); otherwise ``S = max(S, found_inf * floor)``, one operator more.
+        above_floor: with ``finite`` None, known that ``S >= form.floor`` before the step: the floor is then
+            ``clamp_min_`` (it can only act after a backoff); otherwise ``S = max(S, found_inf * floor)``, one
+            operator more.
+        finite: the flag as read on the host (0.0 in ``found_inf`` iff True), or None.
+        streak_is_zero: with ``finite``, known that ``consecutive_skips`` is 0 before the step.
 
     The caller checks the form's other host conditions (``good_steps < growth_interval``, counters below their
     limit), which this does not read."""
     with torch.no_grad():
-        inf = found_inf.to(torch.bool)
         if form.dynamic:
             update_scale_(state.loss_scale, state.good_steps, found_inf, form.growth_factor, form.backoff_factor,
                           form.growth_interval)
-            if above_floor:
+        if finite is None:
+            inf = found_inf.to(torch.bool)
+            if form.dynamic and above_floor:
                 state.loss_scale.clamp_min_(form.floor)
-            else:
+            elif form.dynamic:
                 torch.maximum(state.loss_scale, inf * form.floor, out=state.loss_scale)
-        state.skipped_steps.add_(inf)
-        torch.addcmul(inf, inf, state.consecutive_skips, out=state.consecutive_skips)
-
-
-def advance_scale_read_(form: KernelForm, state: LossScaleState, found_inf: torch.Tensor, *, finite: bool,
-                        streak_is_zero: bool) -> None:
-    """:func:`advance_scale_` for a step whose flag the caller has already read on the host (``finite``, Keras on
-    torch's Python ``if``): the operators that the flag makes no-ops are left out, the same bits.
-
-    - A finite step: GradScaler's update kernel (``good += 1``, the growth), then ``consecutive_skips = 0`` unless
-      ``streak_is_zero``. No floor (the scale does not back off) and ``skipped_steps`` stays: 1-2 operators (a fixed
-      scale: 0-1).
-    - An overflow: the kernel (the backoff), the floor as ``clamp_min_`` (``max(S, floor)`` after a backoff, whatever
-      the scale was before), both skip counters ``+ 1``: 4 operators (a fixed scale: 2).
-
-    Args:
-        form: the policy's :class:`~lossscale._rule.KernelForm`.
-        state: the live state tensors, changed in place.
-        found_inf: the step's 0-d float32 flag on the state's device (the kernel reads it there): 0.0 iff
-            ``finite``.
-        finite: the flag as read on the host.
-        streak_is_zero: known that ``consecutive_skips`` is 0 before the step.
-
-    The caller checks :func:`advance_scale_`'s host conditions (room below the counters' limit,
-    ``good_steps < growth_interval``); ``S >= floor`` is not needed. No host sync."""
-    with torch.no_grad():
-        if form.dynamic:
-            update_scale_(state.loss_scale, state.good_steps, found_inf, form.growth_factor, form.backoff_factor,
-                          form.growth_interval)
-            if not finite:
+            state.skipped_steps.add_(inf)
+            torch.addcmul(inf, inf, state.consecutive_skips, out=state.consecutive_skips)
+        elif not finite:
+            if form.dynamic:
                 state.loss_scale.clamp_min_(form.floor)
-        if not finite:
             state.skipped_steps.add_(1)
             state.consecutive_skips.add_(1)
         elif not streak_is_zero:
             state.consecutive_skips.zero_()
+
+
+def host_state(tensors: LossScaleState) -> tuple[LossScaleState, int]:
+    """The state's values read on the host, as Python numbers, and the room below :data:`COUNTER_MAX`: how many
+    more steps cannot carry a counter past it (the kernel forms do not saturate). One host sync off the CPU (one
+    stacked copy)."""
+    values = LossScaleState(*torch.stack([t.detach().double() for t in tensors]).tolist())
+    most = max(values.good_steps, values.skipped_steps, values.consecutive_skips)
+    return values, max(COUNTER_MAX - 1 - int(most), 0)
 
 
 class AutoTable(NamedTuple):

@@ -187,7 +187,7 @@ class ScaleVariables:
         """:meth:`advance` of an eager torch step (the CPU's sampled steps, and every step elsewhere): by the kernel
         form where it gives the core rule's bits, else by the rule's operators; the variables written in place.
 
-        The kernel form (:func:`lossscale._rule.kernel_form`; :func:`lossscale._torch._kernels.advance_scale_read_`,
+        The kernel form (:func:`lossscale._rule.kernel_form`; :func:`lossscale._torch._kernels.advance_scale_`,
         GradScaler's update kernel and the skip counters, the flag already read on the host for the step's ``if``)
         covers the default dynamic policy and most others (not hysteresis, a ``max_loss_scale``, ``AutoLossScale``).
         It runs off the CPU (on the CPU the rule is cheaper in numpy, :meth:`advance_on_host`), and needs three facts
@@ -233,10 +233,9 @@ class ScaleVariables:
             if known is None or known != self._known:
                 self._learn(values, known)
         if form is not None and self._room > 0 and self._growth_known:
-            from .._torch._kernels import advance_scale_read_
+            from .._torch._kernels import advance_scale_
 
-            advance_scale_read_(form, LossScaleState(*values), found_inf, finite=finite,
-                                streak_is_zero=self._streak_is_zero)
+            advance_scale_(form, LossScaleState(*values), found_inf, finite=finite, streak_is_zero=self._streak_is_zero)
             kept = None
             if measured is not None:  # the sampler's count, and its sample on a sampled step, as the core's
                 stats = cast("StatsVariables", self.stats)  # a measurement comes only from the sampler
@@ -263,8 +262,9 @@ class ScaleVariables:
         if known is None or values[0].device.type == "meta" or not fits:  # nothing to read; or not the kernel's
             self._room = 0
             return
-        host = LossScaleState(*torch.stack([v.detach().double() for v in values]).tolist())
-        self._room = max(COUNTER_MAX - 1 - int(max(host.skipped_steps, host.consecutive_skips)), 0)
+        from .._torch._kernels import host_state
+
+        host, self._room = host_state(LossScaleState(*values))
         self._streak_is_zero = host.consecutive_skips == 0
 
 

@@ -27,7 +27,15 @@ from .._policy import DynamicLossScale, LossScale
 from .._resolve import resolve_loss_scale
 from .._rule import COUNTER_MAX, LossScaleState, initial_state, kernel_form
 from .._sampler import next_count
-from .._torch._kernels import AUTO_COUNTER_MOVES, AutoTable, advance_auto_unsampled_, advance_scale_, move, reciprocal
+from .._torch._kernels import (
+    AUTO_COUNTER_MOVES,
+    AutoTable,
+    advance_auto_unsampled_,
+    advance_scale_,
+    host_state,
+    move,
+    reciprocal,
+)
 from ._checkpoint import CounterRecord, ScaleRecord
 from ._compat import foreach_copy_
 
@@ -198,17 +206,21 @@ class ScaleState:
             self._room -= 1
             _count(sampler)
             return
-        state = sampler.state
-        if state.auto.margin.device != self.device:  # once, after the scale moved
-            state = state._replace(auto=AutoState(*(t.to(self.device) for t in state.auto)))
+        self._auto_to_device(sampler)
         table = self._auto_table
         looked_up = table.overflow() if table is not None and self._packed(sampler) else None
-        new, sampler.state = advance(self._policy, self.tensors, found_inf == 0, torch, sampler=state,
+        new, sampler.state = advance(self._policy, self.tensors, found_inf == 0, torch, sampler=sampler.state,
                                      sample=taken.sample, sampled=taken.sampled, micro_batches=taken.micro_batches,
                                      overflow=looked_up)
         self._write(new)
         if taken.sampled and self._room > 0:
             self._pack(sampler)  # the new window's table, now: the next unsampled steps run by it
+
+    def _auto_to_device(self, sampler: Any) -> None:
+        """Moves ``sampler``'s auto state to the scale's device (once, after the scale moved)."""
+        auto = sampler.state.auto
+        if auto.margin.device != self.device:
+            sampler.state = sampler.state._replace(auto=AutoState(*(t.to(self.device) for t in auto)))
 
     def _auto_live(self, sampler: Any) -> tuple[torch.Tensor, ...]:
         """The live tensors the table form writes, in :class:`~lossscale._torch._kernels.AutoTable`'s order: the
@@ -234,9 +246,7 @@ class ScaleState:
             counters = torch.empty(4, dtype=torch.int32, device=device)
             moves = torch.tensor(AUTO_COUNTER_MOVES, dtype=torch.int32).to(device)
             table = AutoTable(floats, counters, floats.new_empty(0), moves, overflow_grid(floats, torch))
-        auto = sampler.state.auto
-        if auto.margin.device != device:
-            sampler.state = sampler.state._replace(auto=AutoState(*(t.to(device) for t in auto)))
+        self._auto_to_device(sampler)
         current = self._auto_live(sampler)
         sharing = current
         old = self._auto_sharing
@@ -336,8 +346,7 @@ class ScaleState:
             if tensors.loss_scale.device.type == "meta":
                 room, self._above_floor = 0, False
             else:
-                values = LossScaleState(*torch.stack([t.detach().double() for t in tensors]).tolist())
-                room = COUNTER_MAX - 1 - int(max(values.skipped_steps, values.consecutive_skips, values.good_steps))
+                values, room = host_state(tensors)
                 self._above_floor = values.loss_scale >= self._params.min_scale
         self._room = max(room, 0)
 
