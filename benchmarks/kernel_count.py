@@ -19,8 +19,11 @@ Variants, each over a plain ``step()`` of the same inner optimizer:
 * ``auto``: ``loss_scale="auto"``, an unsampled and a sampled step;
 * ``stats N=16``: ``"dynamic"`` with ``stats_every=16``, an unsampled and a sampled step.
 
+* ``--depth`` (meta): also the critical path of each step, the longest chain of dependent operators
+  (:attr:`OpCounter.depth`): a floor under what any eager regrouping of the same operators launches.
+
 Run:  python benchmarks/kernel_count.py [--device meta|cuda] [--params 1e6] [--tensors 100 1000]
-          [--optimizers adamw-fused adamw-foreach sgd]
+          [--optimizers adamw-fused adamw-foreach sgd] [--depth]
 """
 
 from __future__ import annotations
@@ -47,26 +50,51 @@ _READ = torch.ops.aten._local_scalar_dense.default
 
 class OpCounter(TorchDispatchMode):
     """Counts the operators dispatched inside it, by name: views, allocations, ``set_`` and the profiler's markers
-    left out (they launch no kernel). A host read of a meta tensor is counted and answered with 0."""
+    left out (they launch no kernel). A host read of a meta tensor is counted and answered with 0.
+
+    It also measures :attr:`depth`, the critical path: the longest chain of counted operators each of which reads
+    what the one before wrote (a tensor it returned, or one it wrote in place). Operators that do not depend on each
+    other could share a kernel; dependent ones cannot, so however an eager form batches the same operators it
+    launches at least ``depth`` kernels. Dependencies are followed by tensor identity, not through shared memory,
+    so this is a lower bound of the true chain."""
 
     def __init__(self) -> None:
         super().__init__()
         self.ops: collections.Counter[str] = collections.Counter()
         self.reads = 0
+        self.depth = 0
+        self._depths: dict[int, tuple[torch.Tensor, int]] = {}  # id -> (tensor, kept alive so ids stay unique)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         if func is _READ and args[0].device.type == "meta":
             self.reads += 1
             return 0
         name = str(func)
-        if not func.is_view and func.__name__ not in _ALLOCATIONS and not name.startswith("profiler."):
+        counted = not func.is_view and func.__name__ not in _ALLOCATIONS and not name.startswith("profiler.")
+        if counted:
             self.ops[name] += func is not _READ
             self.reads += func is _READ
-        return func(*args, **(kwargs or {}))
+        kwargs = kwargs or {}
+        depth = max((self._depths.get(id(t), (t, 0))[1] for t in _tensors((args, kwargs))), default=0) + counted
+        out = func(*args, **kwargs)
+        written = [v for a, v in zip(func._schema.arguments, args) if a.alias_info is not None and a.alias_info.is_write]
+        for t in _tensors((out, written)):
+            self._depths[id(t)] = (t, depth)
+        self.depth = max(self.depth, depth)
+        return out
 
     @property
     def total(self) -> int:
         return sum(self.ops.values())
+
+
+def _tensors(tree: Any) -> list[torch.Tensor]:
+    """The tensors in nested lists, tuples and dicts (an operator's arguments or results)."""
+    if isinstance(tree, torch.Tensor):
+        return [tree]
+    if isinstance(tree, dict):
+        tree = list(tree.values())
+    return [t for item in tree for t in _tensors(item)] if isinstance(tree, (list, tuple)) else []
 
 
 @contextlib.contextmanager
@@ -134,6 +162,29 @@ def count_meta(variant: str, kind: str = "adamw-fused", params: float = 1e6, ten
     return [(ops - plain_ops, reads - plain_reads) for ops, reads in rows]
 
 
+def critical_paths(variant: str, kind: str = "adamw-fused", params: float = 1e6, tensors: int = 100) -> list[int]:
+    """:attr:`OpCounter.depth` of a whole step (the inner optimizer's included) of ``variant`` over ``kind``, for
+    each of 17 steps after 3 warm-up steps, as :func:`count_meta` runs them (step 13 is sampled, where any is)."""
+    size = max(1, int(params) // tensors)
+    with fused_on_meta():
+        weights = [torch.nn.Parameter(torch.empty(size, device="meta")) for _ in range(tensors)]
+        inner = make_inner(kind, weights)
+        for w in weights:
+            w.grad = torch.empty_like(w)
+        with OpCounter():
+            inner.step()
+        step = make_step(variant, inner, torch.ones((), device="meta"))
+        depths = []
+        for i in range(20):
+            for w in weights:
+                w.grad = torch.empty_like(w)
+            with OpCounter() as counter:
+                step()
+            if i >= 3:
+                depths.append(counter.depth)
+    return depths
+
+
 def summary(variant: str, kind: str, params: float, tensors: int) -> dict[str, Any]:
     """The added operators of an unsampled and (statistics) a sampled step, and the host reads per step."""
     rows = count_meta(variant, kind, params, tensors)
@@ -157,6 +208,19 @@ def main_meta(args: argparse.Namespace) -> None:
                 cells.append(text + (f" [{row['reads']:+d}]" if row["reads"] else ""))
             print(f"| {kind} | {tensors} | " + " | ".join(cells) + " |")
     print("\nauto and stats N=16: unsampled / sampled step.")
+    if args.depth:
+        print("\nCritical path: the longest chain of dependent operators in a whole step (the plain step's "
+              "included); an eager form launches at least this many kernels, however it batches the rest.\n")
+        print("| optimizer | tensors | plain | " + " | ".join(VARIANTS) + " |")
+        print("|---|---|---|" + "---|" * len(VARIANTS))
+        for kind in args.optimizers:
+            for tensors in args.tensors:
+                cells = []
+                for variant in ("plain", *VARIANTS):
+                    depths = critical_paths(variant, kind, args.params, tensors)
+                    sampled = variant in ("auto", "stats N=16")
+                    cells.append(f"{depths[1]} / {depths[13]}" if sampled else str(depths[0]))
+                print(f"| {kind} | {tensors} | " + " | ".join(cells) + " |")
 
 
 def main_cuda(args: argparse.Namespace) -> None:
@@ -203,6 +267,7 @@ def main() -> None:
     parser.add_argument("--tensors", type=int, nargs="+", default=[100, 1000])
     parser.add_argument("--optimizers", nargs="+", choices=OPTIMIZERS, default=list(OPTIMIZERS))
     parser.add_argument("--steps", type=int, default=32, help="profiled steps per variant (cuda)")
+    parser.add_argument("--depth", action="store_true", help="also each step's critical path (meta)")
     args = parser.parse_args()
     (main_meta if args.device == "meta" else main_cuda)(args)
 

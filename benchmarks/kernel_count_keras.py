@@ -21,7 +21,8 @@ of a meta variable into an ``empty_like``: an allocation, left out (on a GPU the
 
 Contenders, each over the plain Adam step, on 4 variables (Dense 32-64-4) and on 100 of 1M parameters in all:
 Keras 3's ``keras.optimizers.LossScaleOptimizer``; ``lossscale.keras.LossScaleOptimizer`` by default, with
-``stats_every=16`` and with ``loss_scale="auto"`` (an unsampled and a sampled step).
+``stats_every=16`` and with ``loss_scale="auto"`` (an unsampled and a sampled step). The last column is each step's
+critical path (``OpCounter.depth``), a floor under what any eager regrouping of its operators launches.
 
 Run:  python benchmarks/kernel_count_keras.py
 (it runs the count in a subprocess with ``KERAS_BACKEND=torch KERAS_TORCH_DEVICE=meta:0``; Keras picks its backend
@@ -103,10 +104,12 @@ def _contender(name: str) -> tuple[Callable[[], Any], tuple[Any, ...]]:
     return makers[name]
 
 
-def count_steps(contender: str, shapes: Sequence[tuple[int, ...]], steps: int = 17) -> list[tuple[int, int]]:
+def count_steps(contender: str, shapes: Sequence[tuple[int, ...]], steps: int = 17,
+                depths: list[int] | None = None) -> list[tuple[int, int]]:
     """``(operators, host reads)`` of ``scale_loss`` + ``apply`` for each of ``steps`` steps after 3 warm-up steps,
     over the plain Adam step's, on meta variables of ``shapes``. Row :data:`SAMPLED_ROW` is a sampled step of the
-    ``stats_every=16`` and ``"auto"`` contenders. Needs ``KERAS_BACKEND=torch``."""
+    ``stats_every=16`` and ``"auto"`` contenders. ``depths``, when given, receives each of those steps' critical
+    path (:attr:`benchmarks.kernel_count.OpCounter.depth`, of the whole step). Needs ``KERAS_BACKEND=torch``."""
     import keras
     import numpy as np
     import torch
@@ -129,6 +132,8 @@ def count_steps(contender: str, shapes: Sequence[tuple[int, ...]], steps: int = 
                     optimizer.apply(grads, variables)
                 if i >= 3 or name == "plain":
                     counts.append((counter.total, counter.reads))
+                if i >= 3 and name == contender and depths is not None:
+                    depths.append(counter.depth)
             out.append(counts)
     (plain_ops, plain_reads), rows = out[0][-1], out[1]
     return [(ops - plain_ops, reads - plain_reads) for ops, reads in rows]
@@ -136,12 +141,14 @@ def count_steps(contender: str, shapes: Sequence[tuple[int, ...]], steps: int = 
 
 def summary(contender: str, shapes: Sequence[tuple[int, ...]]) -> dict[str, Any]:
     """The added operators of an unsampled and (statistics) a sampled step, and the host reads per step."""
-    rows = count_steps(contender, shapes)
+    depths: list[int] = []
+    rows = count_steps(contender, shapes, depths=depths)
     ops = [r[0] for r in rows]
     sampled = "stats_every" in contender or "auto" in contender
     others = ops[:SAMPLED_ROW] + ops[SAMPLED_ROW + 1:]
     return {"contender": contender, "unsampled": ops[0], "sampled": ops[SAMPLED_ROW] if sampled else None,
-            "reads": max(r[1] for r in rows), "steady": len(set(others if sampled else ops)) == 1}
+            "reads": max(r[1] for r in rows), "steady": len(set(others if sampled else ops)) == 1,
+            "depth": f"{depths[0]} / {depths[SAMPLED_ROW]}" if sampled else str(depths[0])}
 
 
 def rows() -> list[dict[str, Any]]:
@@ -174,11 +181,12 @@ def main() -> None:
 
     print(f"# Keras {keras.__version__} on torch {torch.__version__}, meta tensors; operators that scale_loss + "
           "apply add over a plain Adam step, and host reads per step\n")
-    print("| model | optimizer | operators added | host reads |\n|---|---|---|---|")
+    print("| model | optimizer | operators added | host reads | critical path |\n|---|---|---|---|---|")
     for row in rows_in_subprocess():
         ops = str(row["unsampled"]) if row["sampled"] is None else f"{row['unsampled']} / {row['sampled']}"
-        print(f"| {row['model']} | {row['contender']} | {ops} | {row['reads']} |")
-    print("\nstats_every=16 and auto: an unsampled / a sampled step.")
+        print(f"| {row['model']} | {row['contender']} | {ops} | {row['reads']} | {row['depth']} |")
+    print("\nstats_every=16 and auto: an unsampled / a sampled step. Critical path: the longest chain of dependent "
+          "operators in the whole step (the plain Adam step's included), a floor under any eager regrouping.")
 
 
 if __name__ == "__main__":

@@ -4,8 +4,9 @@ operator is one kernel launch on a GPU, and a host read is a sync. Counts are de
 from __future__ import annotations
 
 import pytest
+import torch
 
-from benchmarks.kernel_count import count_meta
+from benchmarks.kernel_count import OpCounter, count_meta, critical_paths
 
 #: torch.amp.GradScaler's own cost over a fused AdamW step (scale, the check, the update): the bar.
 GRADSCALER_FUSED = 10
@@ -54,3 +55,26 @@ def test_an_unsampled_auto_step_adds_at_most_gradscalers_cost_plus_two(tensors):
     assert unsampled <= GRADSCALER_FUSED + 2 and all(r[1] == 0 for r in rows)
     assert {r[0] for i, r in enumerate(rows) if i != 13} == {unsampled}  # every unsampled step alike
     assert sampled <= 232
+
+
+def test_the_critical_path_follows_results_and_in_place_writes():
+    """``OpCounter.depth``: the longest chain of operators each reading what the one before wrote."""
+    x = torch.ones(3, device="meta")
+    with OpCounter() as counter:
+        a = x + 1  # 1
+        b = a * 2  # 2
+        x.add_(b)  # 3, in place
+        y = x.neg()  # 4: reads the write
+        _ = a - 1  # 2: beside the chain
+        torch._foreach_mul_([y, a], 2.0)  # 5, both written
+        _ = a.sqrt()  # 6
+    assert (counter.depth, counter.total) == (6, 7)
+
+
+def test_a_sampled_auto_step_is_a_chain_of_dependent_operators_longer_than_its_bar():
+    """Why a sampled ``"auto"`` step is not at 40 operators: its operators depend on each other in a chain of 54
+    (the measurement, then the rule on its result), so no eager batching of them launches fewer than 54 kernels.
+    A statistics-only sampled step's chain is 7. Pinned so that it can only fall."""
+    auto, stats = critical_paths("auto"), critical_paths("stats N=16")
+    assert (auto[1], stats[1], stats[13]) == (5, 4, 7)
+    assert 40 < auto[13] <= 54
