@@ -200,6 +200,9 @@ def test_getting_started_torch(capsys):
     # Seeded, the three steps are finite: the default scale, nothing skipped.
     assert capsys.readouterr().out.split() == ["32768.0", "False", "0"]
     opt, model = ns["opt"], ns["model"]
+    # "dynamic by default: 2**15, doubled after 2000 finite steps in a row, halved on an overflow"
+    assert opt.loss_scale_policy.get_config() == {"initial_loss_scale": 2.0**15, "increment_period": 2000,
+                                                  "multiplier": 2.0}
     # 3 loop steps, minimize, apply_gradients (which counted global_step), the clipped step: all applied.
     assert [int(opt.state[p]["step"]) for p in model.parameters()] == [6] * 4
     assert int(ns["step_tensor"]) == 1 and bool(torch.isfinite(ns["total_norm"])) and float(ns["total_norm"]) > 0
@@ -312,12 +315,20 @@ def check_flax_linen(ns):
 def check_nnx(ns):
     loss = ns["train_step"](ns["model"], ns["optimizer"], ns["x"], ns["y"])
     state = ns["optimizer"].opt_state
+    assert all(isinstance(v, ns["jax"].Array) for v in (state.last_step_skipped, state.loss_scale))  # "JAX arrays"
     assert math.isfinite(float(loss)) and not bool(state.last_step_skipped) and float(state.loss_scale) == 2.0**15
 
 
 def check_jax_quickstart(ns):
-    _params, state, loss = ns["train_step"](ns["params"], ns["state"], ns["batch"])
+    jax, jnp, opt, params = ns["jax"], ns["jnp"], ns["opt"], ns["params"]
+    _, state, loss = ns["train_step"](params, ns["state"], ns["batch"])
     assert math.isfinite(float(loss)) and float(state.loss_scale) == 2.0**15 and int(state.skipped_steps) == 0
+    # "dynamic: 2**15, doubled after 2000 finite steps in a row, halved on an overflow"
+    update = jax.jit(opt.update)
+    inf = jax.tree.map(lambda p: jnp.full_like(p, jnp.inf), params)
+    assert float(update(inf, state, params)[1].loss_scale) == 2.0**14
+    almost = state._replace(loss_scale_state=state.loss_scale_state._replace(good_steps=jnp.int32(1999)))
+    assert float(update(jax.tree.map(jnp.ones_like, params), almost, params)[1].loss_scale) == 2.0**16
 
 
 def check_restored(ns):

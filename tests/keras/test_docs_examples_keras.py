@@ -100,12 +100,17 @@ def check_strategy(ns):
 
 
 def check_resumed(ns):
-    # The Keras 3 run resumed in lossscale's class: its weights, its scale and step counter, AdamW's step.
+    # The Keras 3 run resumed in lossscale's class: its weights, its scale and step counter.
     model, keras3_model = ns["model"], ns["keras3_model"]
     assert isinstance(ns["opt"], ns["lsk"].LossScaleOptimizer) and model.optimizer is ns["opt"]
     assert numbers(ns["opt"]) == (1024.0, 1, 1)
     for ours, theirs in zip(model.get_weights(), keras3_model.get_weights()):
         np.testing.assert_array_equal(ours, theirs)
+    # "AdamW's slots and iterations"
+    ours, theirs = ns["opt"].inner_optimizer.variables, keras3_model.optimizer.inner_optimizer.variables
+    assert len(ours) == len(theirs) > 2
+    for a, b in zip(ours, theirs):
+        np.testing.assert_array_equal(keras.ops.convert_to_numpy(a), keras.ops.convert_to_numpy(b))
 
 
 def check_back_to_keras_3(ns):
