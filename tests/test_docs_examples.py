@@ -210,6 +210,17 @@ def test_getting_started_torch(capsys):
     for inner in (ns["adam_g"], ns["adam_d"]):
         assert {int(s["step"]) for s in inner.state.values()} == {1}
     assert float(ns["scale"].loss_scale) == 2.0**15 and int(ns["opt_d"].skipped_steps) == 0
+    # A second iteration, an Inf in the discriminator's gradients only: "each checks its own gradients and skips
+    # on its own", the update "backs off if either overflowed", and opt_d's counters are its own, in its state_dict.
+    gen, disc, scale, opt_g, opt_d = (ns[k] for k in ("gen", "disc", "scale", "opt_g", "opt_d"))
+    opt_g.zero_grad(), opt_d.zero_grad()
+    scale.get_scaled_loss(disc(gen(torch.randn(8, 4))).square().mean()).backward()
+    disc.bias.grad.fill_(math.inf)
+    opt_g.step(), opt_d.step()
+    scale.update()
+    assert (bool(opt_g.last_step_skipped), bool(opt_d.last_step_skipped)) == (False, True)
+    assert float(scale.loss_scale) == 2.0**14 and (int(opt_g.skipped_steps), int(opt_d.skipped_steps)) == (0, 1)
+    assert int(opt_d.state_dict()["lossscale"]["optimizer"]["skipped_steps"]) == 1
 
 
 def test_how_to_accumulation():
