@@ -125,7 +125,7 @@ def serialize_namedtuples_with(restore: Callable[[Any, Any, Callable], Any], own
 def nnx_value_and_grad(args: Sequence[Any], argnums: int | Sequence[int]) -> Callable[..., Any] | None:
     """``flax.nnx.value_and_grad`` when one of the positional ``args`` at ``argnums`` holds an nnx graph node (a
     ``Module``, ``Variable``, ``Optimizer``, ...), else None; None also while ``flax.nnx`` is not imported (never
-    imports it). Trace time only: a walk of those arguments' trees.
+    imports it). Cost: a Python walk of those arguments' trees per call (at trace time under ``jit``), no device work.
 
     Why nnx's transform there: its forward pass may write state back (BatchNorm's running statistics, Dropout's RNG
     count), which ``nnx.value_and_grad`` propagates to the caller's module and ``jax.value_and_grad`` drops (it refuses
