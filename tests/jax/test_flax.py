@@ -125,3 +125,67 @@ def test_find_state_in_a_tuple_beside_another_optimizers_state():
         chained = optax.chain(first, lsj.loss_scale_optimizer(optax.adam(1e-3), 8.0))
         with pytest.raises(ValueError, match="before loss_scale_optimizer"):
             lsj.find_state(chained.init(p))
+
+
+class NormDropout(nnx.Module):
+    """A model with state besides its parameters: BatchNorm's running statistics and Dropout's RNG stream."""
+
+    def __init__(self, rngs):
+        self.l1 = nnx.Linear(4, 8, rngs=rngs)
+        self.bn = nnx.BatchNorm(8, rngs=rngs)
+        self.drop = nnx.Dropout(0.5, rngs=rngs)
+        self.l2 = nnx.Linear(8, 2, rngs=rngs)
+
+    def __call__(self, x):
+        return self.l2(self.drop(nnx.relu(self.bn(self.l1(x)))))
+
+
+def nnx_norm_dropout_run(grad_of):
+    model = NormDropout(nnx.Rngs(0))
+    optimizer = nnx.Optimizer(model, lsj.loss_scale_optimizer(optax.adam(0.01), 2.0**10), wrt=nnx.Param)
+
+    @nnx.jit
+    def train_step(model, optimizer, poison):
+        def loss_fn(model):
+            return jnp.mean((model(X) - Y) ** 2) * poison
+
+        loss, grads = grad_of(loss_fn, optimizer)(model)
+        optimizer.update(model, grads)
+        return loss
+
+    losses = [float(train_step(model, optimizer, jnp.float32(poison))) for poison in POISON]
+    return model, optimizer, losses
+
+
+def as_numbers(leaf):
+    return np.asarray(jax.random.key_data(leaf) if jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key) else leaf)
+
+
+def test_nnx_value_and_grad_keeps_batchnorm_statistics_and_dropout_rngs_moving():
+    # lsj.value_and_grad on an nnx Module is nnx.value_and_grad of the scaled loss: the running statistics and the
+    # RNG stream that the forward pass updates are written back, as nnx.value_and_grad writes them back (JAX's
+    # value_and_grad over the Module would refuse the RNG key, and drop the BatchNorm update without a word).
+    ours = nnx_norm_dropout_run(lambda f, opt: lambda m: lsj.value_and_grad(f)(m, opt_state=opt.opt_state))
+
+    def nnx_two_call_form(f, opt):  # nnx's own transform of the scaled loss, returning the true loss
+        def scaled(m):
+            loss = f(m)
+            return lsj.get_scaled_loss(loss, opt.opt_state), loss
+
+        grad_fn = nnx.value_and_grad(scaled, has_aux=True)
+
+        def loss_and_grads(m):
+            (_, loss), grads = grad_fn(m)
+            return loss, grads
+
+        return loss_and_grads
+
+    reference = nnx_norm_dropout_run(nnx_two_call_form)
+    (model, optimizer, losses), (ref_model, ref_optimizer, ref_losses) = ours, reference
+    assert int(model.drop.rngs.count[...]) == int(ref_model.drop.rngs.count[...]) == len(POISON)
+    assert not np.allclose(np.asarray(model.bn.mean[...]), 0.0)  # the statistics moved
+    for mine, theirs in zip(jax.tree.leaves(nnx.state(model)), jax.tree.leaves(nnx.state(ref_model))):
+        np.testing.assert_array_equal(as_numbers(mine), as_numbers(theirs))  # params, statistics, RNG keys
+    np.testing.assert_array_equal(losses, ref_losses)
+    assert int(lsj.find_state(optimizer.opt_state).skipped_steps) == 3
+    assert float(optimizer.opt_state.loss_scale) == float(ref_optimizer.opt_state.loss_scale) == 2.0**10  # fixed

@@ -301,3 +301,24 @@ def test_both_kernels_give_the_numpy_core_statistics(monkeypatch, cached):
     bad = dict(grads, w=grads["w"].at[1, 1].set(jnp.nan))
     sample = jstats.measure(jax.tree_util.tree_leaves(bad), jnp.int32(0), None)
     assert np.isnan(float(sample.amax)) and np.isnan(float(sample.headroom_bits))
+
+
+@pytest.mark.parametrize("settings", [{"loss_scale": "auto"}, {"stats_every": 2}], ids=["auto", "stats_every"])
+def test_a_group_with_no_gradients_steps_without_a_sample(settings):
+    """optax.multi_transform hands a group no parameter is labelled with an empty tree (optax.apply_if_finite and the
+    default policy take it): update() counts the step as finite and unsampled, and the rest of the tree trains."""
+    p = {"w": jnp.ones(2)}
+    opt = lsj.loss_scale_optimizer(optax.adam(0.1), **settings)
+    tx = optax.multi_transform({"mixed": opt, "plain": optax.sgd(1.0)}, {"w": "plain"})
+    state = tx.init(p)
+    step = jax.jit(tx.update)
+    for _ in range(3):
+        updates, state = step(p, state, p)
+    np.testing.assert_array_equal(np.asarray(updates["w"]), [-1.0, -1.0])
+    ours, fresh = lsj.find_state(state), lsj.find_state(tx.init(p))
+    assert (int(ours.loss_scale_state.good_steps), int(ours.skipped_steps), int(ours.stats.count)) == (3, 0, 3)
+    assert float(ours.loss_scale) == float(fresh.loss_scale) == 2.0**15
+    for mine, first in zip(jax.tree.leaves(ours.stats.sample), jax.tree.leaves(fresh.stats.sample)):
+        np.testing.assert_array_equal(np.asarray(mine), np.asarray(first))  # nothing measured: init()'s sample
+    _, again = opt.update({}, opt.init({}), {})  # the binding's own update, outside a multi_transform
+    assert int(again.stats.count) == 1

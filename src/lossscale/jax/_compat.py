@@ -11,6 +11,7 @@ API.
 | :func:`like` | ``lax.pcast(..., to="varying")`` (JAX 0.9), ``lax.pvary`` (0.6 - 0.8) | ``lax.pcast`` |
 | :func:`eval_jaxpr_choosing` | jaxpr equations, ``Primitive.bind`` | none: see its docstring |
 | :func:`serialize_namedtuples_with` | flax's ``_NamedTuple`` registry entry | none: see its docstring |
+| :func:`nnx_value_and_grad` | ``flax.nnx.graph.is_graph_node`` | none: nnx exports no "is this a graph node" |
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from jax import lax
 
 from .._jax._compat import is_tracer
 
-__all__ = ["eval_jaxpr_choosing", "is_tracer", "like", "serialize_namedtuples_with"]
+__all__ = ["eval_jaxpr_choosing", "is_tracer", "like", "nnx_value_and_grad", "serialize_namedtuples_with"]
 
 #: Public replacement: ``jax.typeof`` (JAX >= 0.6). ``jax.core.get_aval`` is its older, deprecated spelling.
 typeof = getattr(jax, "typeof", None) or jax.core.get_aval
@@ -119,3 +120,24 @@ def serialize_namedtuples_with(restore: Callable[[Any, Any, Callable], Any], own
     wrapped._lossscale_owns = owns  # type: ignore[attr-defined]
     module.register_serialization_state(key, to_state_dict, wrapped, override=True)
     return True
+
+
+def nnx_value_and_grad(args: Sequence[Any], argnums: int | Sequence[int]) -> Callable[..., Any] | None:
+    """``flax.nnx.value_and_grad`` when one of the positional ``args`` at ``argnums`` holds an nnx graph node (a
+    ``Module``, ``Variable``, ``Optimizer``, ...), else None; None also while ``flax.nnx`` is not imported (never
+    imports it). Cost: a Python walk of those arguments' trees per call (at trace time under ``jit``), no device work.
+
+    Why nnx's transform there: its forward pass may write state back (BatchNorm's running statistics, Dropout's RNG
+    count), which ``nnx.value_and_grad`` propagates to the caller's module and ``jax.value_and_grad`` drops (it refuses
+    an RNG key outright). ``flax.nnx.graph.is_graph_node`` is nnx's own test; no public alias."""
+    nnx = sys.modules.get("flax.nnx")
+    is_node = getattr(getattr(nnx, "graph", None), "is_graph_node", None)
+    if is_node is None:
+        return None
+    positions = [argnums] if isinstance(argnums, int) else list(argnums)
+    for i in positions:
+        if -len(args) <= i < len(args) and any(
+            is_node(leaf) for leaf in jax.tree_util.tree_leaves(args[i], is_leaf=is_node)
+        ):
+            return nnx.value_and_grad  # type: ignore[union-attr]
+    return None

@@ -18,7 +18,7 @@ from .._resolve import resolve_loss_scale
 from .._rule import LossScaleState
 from .._sampler import check_stats_every
 from ._checkpoint import register_with_flax
-from ._compat import is_tracer
+from ._compat import is_tracer, nnx_value_and_grad
 from ._diagnostics import Recorder, stall_guard
 from ._grads import scale_loss, unscale
 from ._state import (
@@ -172,7 +172,10 @@ def value_and_grad(
     ``has_aux``): ``fun``'s own loss ``L`` and ``d(S * L)/d(params)``, what ``update`` expects. ``S`` is read at each
     call from the keyword ``opt_state=`` (not passed to ``fun``), else from the state given here: a traced one for
     any number of calls in its trace, a concrete one for one call outside any trace (a later call would use an old
-    ``S``). Cost: one scalar multiply more than ``jax.value_and_grad``; composes with jit/pmap/shard_map.
+    ``S``). Given an nnx ``Module`` (any flax nnx graph node) to differentiate, it is ``flax.nnx.value_and_grad``
+    instead: the grads are the ``nnx.State`` of its ``nnx.Param`` variables, and what the forward pass writes to the module
+    (BatchNorm's running statistics, Dropout's RNG count) reaches the caller's module, which ``jax.value_and_grad``
+    would drop. Cost: one scalar multiply more than ``jax.value_and_grad``; composes with jit/pmap/shard_map.
 
     Args:
         fun: the loss function; returns a 0-d floating-point array (or ``(loss, aux)`` with ``has_aux``). It may
@@ -223,6 +226,7 @@ def value_and_grad(
     # The scale is argument 0 of ``scaled``, so fun's argnums shift by one; it is never differentiated.
     shifted = jax.tree_util.tree_map(lambda a: a + 1 if isinstance(a, int) and a >= 0 else a, argnums)
     grad_fn = jax.value_and_grad(scaled, argnums=shifted, has_aux=True)
+    nnx_grad_fn: Callable[..., Any] | None = None  # nnx.value_and_grad of the same, built at the first nnx call
 
     # A concrete state given here allows one call, outside any trace; the lock makes the flag's test-and-set atomic,
     # so two threads cannot both make the one call.
@@ -231,7 +235,7 @@ def value_and_grad(
 
     @functools.wraps(fun)
     def wrapped(*args: Any, opt_state: Any = None, **kwargs: Any) -> tuple[Any, Any]:
-        nonlocal used
+        nonlocal used, nnx_grad_fn
         if opt_state is not None:
             found = _find(opt_state, "value_and_grad()")
         elif bound is not None:
@@ -247,7 +251,12 @@ def value_and_grad(
                 "value_and_grad(fun) reads the loss scale when it is called: pass the current optimizer state, "
                 "grad_fn(params, ..., opt_state=state), or build it inside the step as value_and_grad(fun, state)."
             )
-        (scaled_loss, (loss, aux)), grads = grad_fn(found.loss_scale, *args, **kwargs)
+        differentiate, transform = grad_fn, nnx_value_and_grad(args, argnums)
+        if transform is not None:  # an nnx Module among the differentiated arguments
+            if nnx_grad_fn is None:
+                nnx_grad_fn = transform(scaled, argnums=shifted, has_aux=True)
+            differentiate = nnx_grad_fn
+        (scaled_loss, (loss, aux)), grads = differentiate(found.loss_scale, *args, **kwargs)
         if once is not None and opt_state is None and is_tracer(scaled_loss):
             # Under jit/pmap/scan every op is staged out, so the scaled loss is a tracer even when every input is a
             # constant: the compiled step would keep this state's scale as a constant.

@@ -18,7 +18,7 @@ from .._policy import LossScale
 from ._compat import eval_jaxpr_choosing, like
 from ._diagnostics import Recorder, guard_skip
 from ._grads import all_finite, check_gradients, in_float32_range, squared_norm, unscale
-from ._state import LossScaleOptimizerState, advance
+from ._state import LossScaleOptimizerState, Measurement, advance
 from ._stats import sample_if_due
 
 __all__ = ["StepSettings", "step"]
@@ -66,8 +66,9 @@ def step(settings: StepSettings, grads: Any, state: Any, params: Any, extra_args
     ``g`` is), except with ``clip_by_global_norm``, where one pass gives both the global norm and the flag; with
     ``stats_every`` a sampled step's ``max |g|`` is the check too, so it reads the gradients once. The unscale and
     the skip fuse into the inner update's kernels (:func:`_chosen`). Under ``axis_name`` the flag is the devices'
-    ``lax.pmin``. Cost: plain optax's passes plus one read of the gradients; no host sync (``history=`` and the
-    stall guard stage a ``jax.debug.callback``).
+    ``lax.pmin``. A tree with no gradients (an empty group of ``optax.multi_transform``) is a finite step that samples
+    nothing. Cost: plain optax's passes plus one read of the gradients; no host sync (``history=`` and the stall guard
+    stage a ``jax.debug.callback``).
     """
     if not isinstance(state, LossScaleOptimizerState):
         raise TypeError(
@@ -78,7 +79,9 @@ def step(settings: StepSettings, grads: Any, state: Any, params: Any, extra_args
     scale = state.loss_scale
     every = None if state.stats is None else settings.every  # a state restored without statistics samples none
     factor = measurement = None
-    if every is not None and settings.fuses_check and in_float32_range(leaves):
+    if every is not None and not leaves:  # nothing to measure (optax.multi_transform's empty group): unsampled
+        measurement = Measurement(None, jax.tree_util.tree_map(jnp.asarray, state.stats.sample), False)
+    if measurement is None and every is not None and settings.fuses_check and in_float32_range(leaves):
         measurement = sample_if_due(every, leaves, state.stats, settings.axes, all_finite)
         finite = measurement.finite
     elif settings.max_norm is None:
