@@ -5,11 +5,18 @@ from __future__ import annotations
 from numbers import Integral
 from typing import Any, overload
 
-__all__ = ["LossScaleError", "check_skip_limit", "stall_error"]
+__all__ = ["ArgumentTypeError", "LossScaleError", "check_skip_limit", "stall_error"]
 
 
 class LossScaleError(RuntimeError):
     """Training cannot go on as asked, e.g. too many skipped steps in a row."""
+
+
+class ArgumentTypeError(TypeError, ValueError):
+    """A number-valued argument that is not a number (``"big"``, a bool, an array) or not whole where a count is
+    asked (``2.5``). A ``TypeError``, as Python raises for the wrong type, and a ``ValueError``, as TensorFlow's
+    constructors raised for the same arguments (they convert with ``float()``; its Keras optimizer documents
+    "ValueError in case of any invalid argument"): code written for either catches it."""
 
 
 @overload

@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from ._errors import ArgumentTypeError
+
 __all__ = ["DynamicLossScale", "ExponentialUpdateLossScaleManager", "FixedLossScale", "FixedLossScaleManager",
            "LossScale", "RuleParams"]
 
@@ -67,22 +69,23 @@ def _kind(value: Any) -> str:
 
 
 def _scalar(name: str, value: Any, fix: str, what: str) -> Any:
-    """``value`` if it is a real scalar or a 0-d int/float array, else a TypeError naming ``fix``."""
+    """``value`` if it is a real scalar or a 0-d int/float array, else an :class:`ArgumentTypeError` (a TypeError
+    and a ValueError) naming ``fix``."""
     name = caller_name(name)
     if isinstance(value, bool) or _kind(value) == "bool":
-        raise TypeError(f"{name} must be {what}, got the bool {value!r}. {fix}")
+        raise ArgumentTypeError(f"{name} must be {what}, got the bool {value!r}. {fix}")
     if isinstance(value, Real):
         return value
     shape = getattr(value, "shape", None)
     if shape is None or isinstance(value, (str, bytes)):
-        raise TypeError(f"{name} must be {what}, got {value!r} of type {type(value).__name__}. {fix}")
+        raise ArgumentTypeError(f"{name} must be {what}, got {value!r} of type {type(value).__name__}. {fix}")
     if tuple(shape) != ():
-        raise TypeError(
+        raise ArgumentTypeError(
             f"{name} must be {what} or a 0-d array, got an array of shape {tuple(shape)}. "
             f"Pass a single number (e.g. x.item() or x[0]). {fix}"
         )
     if _kind(value) not in ("int", "float"):
-        raise TypeError(f"{name} must be {what}, got a 0-d array of dtype {getattr(value, 'dtype', None)}. {fix}")
+        raise ArgumentTypeError(f"{name} must be {what}, got a 0-d array of dtype {getattr(value, 'dtype', None)}. {fix}")
     return value
 
 
@@ -128,14 +131,21 @@ def scale(name: str, value: Any, *, at_least: float | None = None, example: str 
 
 
 def count(name: str, value: Any, *, at_least: int = 1) -> int:
-    """A step count: a whole number in ``[at_least, 2**31 - 1]`` (the counters are int32)."""
+    """A step count: a whole number in ``[at_least, 2**31 - 1]`` (the counters are int32), as a Python int. A
+    float that is whole (``2000.0``, ``2e3``, a 0-d float array of one) is taken as that int, as TensorFlow's
+    ``int()`` took it; one that is not (``2.5``) is refused, where TensorFlow truncated it."""
     name = caller_name(name)
     example = max(at_least, 2)
     fix = f"Pass a whole number, for example {name}={example}."
     value = _scalar(name, value, fix, "an int")
     if not (isinstance(value, Integral) or (not isinstance(value, Real) and _kind(value) == "int")):
-        dtype = "" if isinstance(value, Real) else f" (dtype {value.dtype})"
-        raise TypeError(f"{name} must be an int, got {value!r} of type {type(value).__name__}{dtype}. {fix}")
+        whole = _concrete(name, value, float, fix)  # a whole float (2000.0, 2e3) is the int it spells, as in TF
+        if not whole.is_integer():
+            dtype = "" if isinstance(value, Real) else f" (dtype {value.dtype})"
+            raise ArgumentTypeError(
+                f"{name} must be an int, got {value!r} of type {type(value).__name__}{dtype}. {fix}"
+            )
+        value = int(whole)
     value = _concrete(name, value, operator.index, fix)
     if not at_least <= value <= COUNTER_MAX:
         shown = value if abs(value) < 10**30 else f"an int of {len(str(abs(value)))} digits"

@@ -99,10 +99,27 @@ class TestDynamicLossScaleValidation:
         with pytest.raises(ValueError, match=r"increment_period must be an int in \[1, 2\*\*31 - 1\]"):
             DynamicLossScale(2, 2**31)
 
-    @pytest.mark.parametrize("value", [2.5, 2.0, "2", True])
+    @pytest.mark.parametrize("value", [2.5, "2", True, math.inf, math.nan])
     def test_period_not_an_int(self, value):
-        with pytest.raises(TypeError, match=r"increment_period must be an int"):
+        """A TypeError for Python, and a ValueError as TensorFlow raised: code written for either catches it."""
+        with pytest.raises(TypeError, match=r"increment_period must be an int") as caught:
             DynamicLossScale(2, value)
+        assert isinstance(caught.value, ValueError)
+
+    @pytest.mark.parametrize("value", [2000.0, np.float32(2e3), np.asarray(2000.0)])
+    def test_a_whole_float_period_is_the_int_it_spells(self, value):
+        """As TensorFlow's ``int(increment_period)`` (and jmp's, Keras 3's float periods) took it."""
+        policy = DynamicLossScale(2, value)
+        assert policy.increment_period == 2000 and type(policy.increment_period) is int
+        assert policy == DynamicLossScale(2, 2000) and policy.get_config()["increment_period"] == 2000
+
+    @pytest.mark.parametrize("value", ["abc", None, [1.0], True])
+    def test_a_scale_that_is_not_a_number_is_a_type_and_a_value_error(self, value):
+        """TensorFlow's ``FixedLossScale("abc")`` raised ValueError; Python's idiom is TypeError: both catch it."""
+        with pytest.raises(ValueError, match=r"loss_scale_value must be a real number"):
+            FixedLossScale(value)
+        with pytest.raises(TypeError, match=r"loss_scale_value must be a real number"):
+            FixedLossScale(value)
 
     @pytest.mark.parametrize("value", [1, 1.0, 0.5, 0, -2])
     def test_multiplier_not_above_one(self, value):
@@ -595,13 +612,13 @@ def test_0d_arrays_are_validated_like_numbers(value, error, message):
     "value,message",
     [
         (np.asarray(2.5), r"increment_period must be an int, got .* \(dtype float64\)"),
-        (np.asarray(2.0), r"increment_period must be an int"),
+        (np.asarray(2.25), r"increment_period must be an int"),
         (np.asarray(True), r"increment_period must be an int, got the bool"),
         (np.asarray([2]), r"shape \(1,\)"),
     ],
     ids=repr,
 )
-def test_0d_array_counts_must_be_integers(value, message):
+def test_0d_array_counts_must_be_whole_numbers(value, message):
     with pytest.raises(TypeError, match=message):
         DynamicLossScale(8, value)
     with pytest.raises(ValueError, match=r"increment_period must be an int in \[1"):
