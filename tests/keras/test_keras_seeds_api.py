@@ -200,3 +200,14 @@ def test_no_gradient_for_any_variable_is_keras_value_error_on_every_backend():
             call()
         assert str(error.value) == "No gradients provided for any variable."
     assert int(opt.iterations) == 0 and numbers(opt) == (4.0, 0, 0, 0, 0)
+
+
+@pytest.mark.skipif(BACKEND == "tensorflow", reason="stateless_apply is JAX's and torch's")
+def test_stateless_apply_before_build_raises_keras_3s_error():
+    messages = []
+    for cls in (keras.optimizers.LossScaleOptimizer, lsk.LossScaleOptimizer):
+        with pytest.raises(ValueError) as error:
+            cls(keras.optimizers.SGD(0.1)).stateless_apply([], [ops.ones((2,))], [ops.ones((2,))])
+        messages.append(str(error.value))
+    assert messages[0] == messages[1]
+    assert messages[1].startswith("To call `stateless_apply`, LossScaleOptimizer must be built")

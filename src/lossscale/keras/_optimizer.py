@@ -611,7 +611,8 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             )
         if not self.built:
             raise ValueError(
-                "stateless_apply needs a built optimizer: call optimizer.build(model.trainable_variables) first."
+                f"To call `stateless_apply`, {type(self).__name__} must be built (i.e. its variables must have been "
+                "created). You can build it via `optimizer.build(trainable_variables)`."  # Keras 3's words
             )
         values, own, trainable = optimizer_variables, self.variables, built_variables(self)
         if len(values) != len(own) or len(trainable_variables) != len(trainable):
