@@ -150,3 +150,64 @@ def test_stall_guard_raises_lossscale_error_from_an_eager_apply():
     opt.apply([bad], [w])
     with pytest.raises(lossscale.LossScaleError, match="2 steps in a row"):
         opt.apply([bad], [w])
+
+
+def test_the_experimental_forms_optimizer_keyword_names_the_inner_optimizer():
+    # Seeds 001/002: tf.keras.mixed_precision.experimental.LossScaleOptimizer(optimizer, loss_scale).
+    inner = keras.optimizers.SGD(0.1)
+    opt = lsk.LossScaleOptimizer(optimizer=inner, loss_scale=123)
+    assert opt.inner_optimizer is inner and opt.loss_scale_policy == lsk.FixedLossScale(123)
+    assert lsk.LossScaleOptimizer(optimizer=keras.optimizers.SGD(0.1)).loss_scale_policy == lsk.DynamicLossScale()
+    with pytest.raises(TypeError, match="both inner_optimizer and optimizer"):
+        lsk.LossScaleOptimizer(keras.optimizers.SGD(0.1), optimizer=keras.optimizers.SGD(0.1))
+    with pytest.raises(TypeError, match="needs the optimizer to wrap"):
+        lsk.LossScaleOptimizer(loss_scale="dynamic")
+
+
+def test_lr_and_weights_are_tf_keras_names_of_learning_rate_and_variables():
+    # Seed 002's attributes: lr (the learning rate) and weights (the variables, in creation order).
+    opt = lsk.LossScaleOptimizer(keras.optimizers.SGD(0.25))
+    assert [v.name for v in opt.weights] == [v.name for v in opt.variables] == ["iteration", "learning_rate"] * 2
+    w = keras.Variable(np.ones(2, np.float32))
+    opt.build([w])
+    assert float(opt.lr) == 0.25
+    opt.lr = 0.5
+    assert float(opt.inner_optimizer.learning_rate) == 0.5 and float(opt.learning_rate) == 0.5
+    assert [id(v) for v in opt.weights] == [id(v) for v in opt.variables] and len(opt.weights) == 9
+
+
+@pytest.mark.parametrize(
+    "malformed",
+    [lambda w: [ops.ones((2,))], lambda w: [(ops.ones((2,)),)], lambda w: [(ops.ones((2,)), w, 1)],
+     lambda w: ops.ones((2, 2))],
+    ids=["tensor", "one", "three", "2x2-tensor"],
+)
+def test_malformed_grads_and_vars_raise_type_error_and_change_nothing(malformed):
+    # Seed 002: apply_gradients raises TypeError if grads_and_vars is malformed (a (2, 2) tensor used to unpack as
+    # one pair of rows and fail deep inside the step, differently per backend).
+    opt, w = built(initial_scale=4.0)
+    with pytest.raises(TypeError, match=r"\(gradient, variable\) pairs"):
+        opt.apply_gradients(malformed(w))
+    assert int(opt.iterations) == 0 and numbers(opt) == (4.0, 0, 0, 0, 0)
+    np.testing.assert_array_equal(ops.convert_to_numpy(w), [1.0, 1.0])
+
+
+def test_no_gradient_for_any_variable_is_keras_value_error_on_every_backend():
+    # Seed 002: ValueError if none of the variables have gradients; Keras' own words, not wrapped by the step's cond.
+    opt, w = built(initial_scale=4.0)
+    for call in (lambda: opt.apply_gradients([(None, w)]), lambda: opt.apply([None], [w])):
+        with pytest.raises(ValueError) as error:
+            call()
+        assert str(error.value) == "No gradients provided for any variable."
+    assert int(opt.iterations) == 0 and numbers(opt) == (4.0, 0, 0, 0, 0)
+
+
+@pytest.mark.skipif(BACKEND == "tensorflow", reason="stateless_apply is JAX's and torch's")
+def test_stateless_apply_before_build_raises_keras_3s_error():
+    messages = []
+    for cls in (keras.optimizers.LossScaleOptimizer, lsk.LossScaleOptimizer):
+        with pytest.raises(ValueError) as error:
+            cls(keras.optimizers.SGD(0.1)).stateless_apply([], [ops.ones((2,))], [ops.ones((2,))])
+        messages.append(str(error.value))
+    assert messages[0] == messages[1]
+    assert messages[1].startswith("To call `stateless_apply`, LossScaleOptimizer must be built")

@@ -100,6 +100,25 @@ def _check_arguments(inner: Any, kwargs: dict[str, Any]) -> None:
         )
 
 
+def _inner_argument(inner_optimizer: Any, kwargs: dict[str, Any]) -> Any:
+    """The optimizer to wrap, given as ``inner_optimizer`` (the stable form's name, Keras 3's) or as ``optimizer``
+    (the experimental form's, ``LossScaleOptimizer(optimizer, loss_scale)``); ``optimizer`` is taken out of
+    ``kwargs``."""
+    if "optimizer" in kwargs:
+        if inner_optimizer is not None:
+            raise TypeError(
+                "Got both inner_optimizer and optimizer: they name the same argument (the stable form's and TF's "
+                "experimental form's name for the optimizer to wrap). Pass one of them."
+            )
+        inner_optimizer = kwargs.pop("optimizer")
+    if inner_optimizer is None:
+        raise TypeError(
+            "LossScaleOptimizer needs the optimizer to wrap, e.g. LossScaleOptimizer(keras.optimizers.Adam(1e-3)) "
+            "(or as inner_optimizer=, or optimizer= as in TF's experimental form)."
+        )
+    return inner_optimizer
+
+
 def _below_one(value: Any) -> bool:
     """Whether ``value`` is a number in (0, 1): an initial scale Keras 3 accepts and TF's floor of 1 would refuse."""
     return isinstance(value, Real) and not isinstance(value, bool) and 0 < float(value) < 1
@@ -225,6 +244,8 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
     Args:
         inner_optimizer: the ``keras.optimizers.Optimizer`` instance to wrap (not already wrapped by another live
             ``LossScaleOptimizer``: two wrappers would share its slots and ``iterations`` but keep two scales).
+            Also accepted as ``optimizer=``, its name in TF's experimental form ``LossScaleOptimizer(optimizer,
+            loss_scale)``.
         loss_scale: a number (fixed), ``"dynamic"``, ``"auto"``, a :class:`lossscale.LossScale` or its serialized
             dict. Default None: the stable form's keywords below decide (dynamic).
         dynamic: TF's stable form: whether the scale moves (default None: True). False needs ``initial_scale``.
@@ -248,8 +269,8 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
     Raises:
         ValueError: a base-optimizer setting off its default, an unknown keyword, an inner optimizer with its own
             ``loss_scale_factor`` or held by another wrapper, or a policy value the core refuses.
-        TypeError: ``inner_optimizer`` is not a Keras 3 optimizer or is a ``LossScaleOptimizer``; a ``history``
-            or ``max_consecutive_skips`` of the wrong type.
+        TypeError: ``inner_optimizer`` is missing (or given twice, also as ``optimizer``), is not a Keras 3
+            optimizer or is a ``LossScaleOptimizer``; a ``history`` or ``max_consecutive_skips`` of the wrong type.
 
     Cost per step: one multiply per gradient element, one read pass for the check, about 20 scalar ops for the
     scale (torch off the CPU: GradScaler's update kernel, 1 operator on a finite step). Host syncs: none under
@@ -258,12 +279,13 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
     """
 
     def __init__(
-        self, inner_optimizer: Any, loss_scale: Any = None, *, dynamic: bool | None = None,
+        self, inner_optimizer: Any = None, loss_scale: Any = None, *, dynamic: bool | None = None,
         initial_scale: float | None = None, dynamic_growth_steps: int | None = None,
         min_loss_scale: float | None = None, max_loss_scale: float | None = None, hysteresis: int | None = None,
         max_consecutive_skips: int | None = None, history: Any = None, stats_every: int | None = None,
         name: str | None = None, **kwargs: Any,
     ) -> None:
+        inner_optimizer = _inner_argument(inner_optimizer, kwargs)
         _check_arguments(inner_optimizer, kwargs)
         if _below_one(initial_scale) and loss_scale is None and dynamic is not False and min_loss_scale is None:
             min_loss_scale = initial_scale  # Keras 3 takes it (with no floor); TF's floor of 1 would be above it
@@ -359,6 +381,22 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
     def dynamic_growth_steps(self) -> int | None:
         """Finite steps in a row before the scale grows, or None if fixed."""
         return stable_form(self._policy)["dynamic_growth_steps"]
+
+    @property
+    def lr(self) -> Any:
+        """tf-keras's alias of ``learning_rate`` (the inner optimizer's), read and written through; Keras 3's
+        optimizers dropped it."""
+        return self.learning_rate
+
+    @lr.setter
+    def lr(self, value: Any) -> None:
+        self.learning_rate = value
+
+    @property
+    def weights(self) -> list[Any]:
+        """tf-keras's name for :attr:`variables`: this optimizer's variables, then the inner optimizer's, in the
+        order they were created."""
+        return list(self.variables)
 
     @property
     def loss_scale_policy(self) -> LossScale:
@@ -485,7 +523,8 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
 
         Raises:
             ValueError: no variables for an unbuilt optimizer, a gradient count that does not match, a variable the
-                optimizer was not built with (JAX), or a mixture of scaled and unscaled gradients.
+                optimizer was not built with (JAX), every gradient None, or a mixture of scaled and unscaled
+                gradients.
 
         Under ``tf.distribute`` the gradients are summed over the replicas first. Cost: one multiply and one read
         pass over the gradients, about 20 scalar ops (torch off the CPU: 1); host syncs: none when traced, one in
@@ -497,6 +536,8 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         grads = list(grads)
         if not grads:
             return
+        if all(g is None for g in grads):  # Keras' own error, raised before the step's cond wraps it
+            raise ValueError("No gradients provided for any variable.")
         if not self.built:
             if trainable_variables is None:
                 raise ValueError(
@@ -570,7 +611,8 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             )
         if not self.built:
             raise ValueError(
-                "stateless_apply needs a built optimizer: call optimizer.build(model.trainable_variables) first."
+                f"To call `stateless_apply`, {type(self).__name__} must be built (i.e. its variables must have been "
+                "created). You can build it via `optimizer.build(trainable_variables)`."  # Keras 3's words
             )
         values, own, trainable = optimizer_variables, self.variables, built_variables(self)
         if len(values) != len(own) or len(trainable_variables) != len(trainable):
@@ -600,11 +642,20 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             ``iterations`` (not advanced on a skip).
 
         Raises:
-            ValueError: no pairs, or as :meth:`apply`.
+            TypeError: an item that is not a ``(gradient, variable)`` pair (TF's "malformed").
+            ValueError: no pairs, or as :meth:`apply` (no gradient for any variable among them).
         """
         pairs = list(grads_and_vars)
         if not pairs:
             raise ValueError("apply_gradients() got no (gradient, variable) pairs.")
+        for pair in pairs:
+            if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+                # Checked here: a 2-row tensor would otherwise unpack as one gradient-and-"variable" pair.
+                raise TypeError(
+                    f"apply_gradients() takes (gradient, variable) pairs, got an item of type {type(pair).__name__}"
+                    f"{f' and length {len(pair)}' if isinstance(pair, (tuple, list)) else ''}. Pass "
+                    "zip(grads, variables), or call apply(grads, variables)."
+                )
         grads, variables = zip(*pairs)
         self._apply(list(grads), list(variables), aggregate=bool(experimental_aggregate_gradients))
         return self.iterations
