@@ -422,6 +422,69 @@ def test_a_stage_written_without_a_flag_is_refused_at_step():
         scaler.step(opt)
 
 
+# ----------------------------------------------------------------------------- _scale, _growth_tracker
+
+
+def test_scale_is_none_until_placed_and_a_lazy_init_lets_a_stage_unscale(make_scaler):
+    """Pipeline stages that never call ``scale()`` (the last stage scaled the loss) do ``if scaler._scale is None:
+    scaler._lazy_init_scale_growth_tracker(device)`` and then unscale, step and update their own gradients."""
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    before = [p.detach().clone() for p in model.parameters()]
+    scaler = make_scaler(init_scale=8.0, growth_interval=1)
+    assert scaler._scale is None and scaler._growth_tracker is None and scaler._get_scale_async() is None
+    assert scaler.get_scale() == 8.0
+    (model(torch.ones(2, 4)).mean() * 8.0).backward()  # scaled by another stage's copy of the scale
+    if scaler._scale is None:
+        scaler._lazy_init_scale_growth_tracker(torch.device("cpu"))
+    assert float(scaler._scale) == 8.0 and int(scaler._growth_tracker) == 0
+    scaler.unscale_(opt)
+    torch.testing.assert_close(model.bias.grad, torch.ones(1))
+    scaler.step(opt)
+    scaler.update()
+    torch.testing.assert_close(model.bias.detach(), before[1] - 0.5)
+    assert scaler.get_scale() == 16.0
+
+
+def test_assigning_scale_and_growth_tracker_keeps_a_floor_by_hand(make_scaler):
+    """``if scaler._scale < floor: scaler._scale = torch.tensor(floor).to(scaler._scale)`` after update(), and a
+    growth counter restored by assignment: the next iteration scales by and grows from what was assigned."""
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    scaler = make_scaler(init_scale=4.0, growth_interval=3)
+    _backward(scaler, model)
+    model.bias.grad[0] = math.inf
+    scaler.step(opt)
+    scaler.update()
+    assert scaler.get_scale() == 2.0
+    floor = 64.0
+    if scaler._scale < floor:
+        scaler._scale = torch.tensor(floor).to(scaler._scale)
+    scaler._growth_tracker = torch.tensor(2, dtype=torch.int32)
+    assert scaler.get_scale() == floor and scaler._get_growth_tracker() == 2
+    opt.zero_grad()
+    loss = model(torch.ones(4, 4)).mean()
+    scaled = scaler.scale(loss)
+    assert torch.equal(scaled, loss * floor)
+    scaled.backward()
+    scaler.step(opt)
+    scaler.update()
+    assert scaler.get_scale() == 2 * floor and scaler._get_growth_tracker() == 0  # the third finite step grew it
+
+
+def test_assigning_what_no_scale_can_hold_is_refused():
+    scaler = lst.GradScaler("cpu")
+    with pytest.raises(TypeError, match=r"one-element real tensor.*scaler\.update\(new_scale\)"):
+        scaler._scale = 8.0
+    with pytest.raises(TypeError, match="one-element real tensor"):
+        scaler._scale = torch.ones(2)
+    with pytest.raises(ValueError, match="cannot be negative"):
+        scaler._growth_tracker = -1
+    with pytest.raises(TypeError, match="int or a one-element integer tensor"):
+        scaler._growth_tracker = torch.tensor(1.5)
+    assert scaler._scale is None and scaler.get_scale() == 2.0**16  # nothing changed
+
+
 # ----------------------------------------------------------------------------- hashable, weak-referenceable
 
 

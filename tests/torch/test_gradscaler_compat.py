@@ -61,6 +61,22 @@ def test_scale_multiplies_a_tensor_without_touching_it(scaler_factory):
         assert torch.equal(t, torch.full((2,), 4.0, dtype=dtype))
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_scale_of_a_0d_half_loss_is_float32_as_torchs_promotion(scaler_factory, dtype):
+    """A 0-d float16 loss (``model(x).mean()`` under float16 autocast) times the 0-d float32 scale is float32 in
+    torch: 2.0 * 2**16 stays finite, where a product rounded back to float16 would be Inf. A tensor with a
+    dimension keeps its dtype (the scale is 0-d); the gradients are those of torch either way."""
+    scaler = scaler_factory()
+    leaf = torch.tensor(2.0, requires_grad=True)
+    scaled = scaler.scale(leaf.to(dtype))
+    assert scaled.dtype == torch.float32 and float(scaled) == 2.0 * 2.0**16
+    scaled.backward()
+    assert float(leaf.grad) == (math.inf if dtype == torch.float16 else 2.0**16)  # 2**16 is Inf in float16
+    scaled_list = scaler.scale([torch.tensor(3.0, dtype=dtype), torch.full((1,), 3.0, dtype=dtype)])
+    assert [t.dtype for t in scaled_list] == [torch.float32, dtype]
+    assert [float(t) for t in scaled_list] == [3.0 * 2.0**16, 3.0 * 2.0**16 if dtype == torch.bfloat16 else math.inf]
+
+
 def test_scale_keeps_nested_list_and_tuple_structure(scaler_factory):
     scaler = scaler_factory(init_scale=2.0)
     t0, t1 = torch.full((1,), 4.0), torch.full((1,), 4.0)

@@ -11,7 +11,7 @@ import torch
 
 from .._policy import DynamicLossScale
 from .._sampler import check_stats_every
-from .._torch._kernels import unscale_grads_per_device
+from .._torch._kernels import move, unscale_grads_per_device
 from ._checkpoint import gradscaler_record, gradscaler_state_dict, replace_policy, with_torch_names
 from ._checkpoint import growth_interval as checked_interval
 from ._compat import AMP_SCALING, GRAD_SCALER_WARNING, OptState, takes_grad_scaler
@@ -176,7 +176,8 @@ class GradScaler:
             outputs: a floating-point tensor, or nested lists/tuples (other iterables: a lazy ``map``) of them.
 
         Returns:
-            ``outputs`` scaled, in the same structure (as they are when disabled). One operator per tensor, no sync.
+            ``outputs`` scaled, in the same structure (as they are when disabled), each in torch's result dtype of
+            ``tensor * S`` (its own, but float32 for a 0-d float16/bfloat16 one). One operator per tensor, no sync.
 
         Raises:
             TypeError: a tensor that is not floating-point.
@@ -197,7 +198,13 @@ class GradScaler:
                                 f"{value.dtype}. Pass the loss as computed by the model (e.g. scaler.scale(loss.float())).")
             if not self._placed:
                 self._lazy_init_scale_growth_tracker(value.device)
-            return self._owner.get_scaled_loss(value)
+            scale = self._owner.state.loss_scale
+            if scale.device != value.device:
+                scale = move(scale, value.device)
+            # torch's promotion, as torch's scale(): a 0-d float16/bfloat16 loss times the 0-d float32 scale is
+            # float32 (a float16 one rounded back would be Inf from |loss| > 1 at 2**16); a tensor of any other
+            # shape keeps its dtype, rounded once from the float32 product.
+            return torch.mul(value, scale)
         if isinstance(value, Iterable):
             mapped = map(self._scale_nested, value)
             return type(value)(mapped) if isinstance(value, (list, tuple)) else mapped
@@ -386,8 +393,31 @@ class GradScaler:
 
     @property
     def _scale(self) -> torch.Tensor | None:
-        """torch's attribute: the live 0-d float32 scale tensor (None when disabled)."""
-        return self._owner.state.loss_scale if self._enabled else None
+        """torch's attribute: the live 0-d float32 scale tensor; None when disabled, and, as torch's, before the
+        first ``scale()`` or ``_lazy_init_scale_growth_tracker(device)`` placed it (client code reads None as "call
+        ``_lazy_init_scale_growth_tracker`` first", e.g. a pipeline stage that unscales a loss scaled elsewhere)."""
+        return self._owner.state.loss_scale if self._enabled and self._placed else None
+
+    @_scale.setter
+    def _scale(self, value: torch.Tensor) -> None:
+        """``scaler._scale = tensor`` (client code keeping a floor by hand): the scale takes ``value``'s value, on
+        the scale's device (placed on ``value``'s first if nothing placed it yet); a copy, so later in-place
+        changes to ``value`` do not reach it, unlike torch's, which holds ``value`` itself. No sync; ignored when
+        disabled, as nothing reads torch's then.
+
+        Raises:
+            TypeError: ``value`` is not a one-element real tensor.
+        """
+        if not isinstance(value, torch.Tensor) or value.numel() != 1 or value.is_complex() or value.dtype == torch.bool:
+            shown = f"a tensor of shape {tuple(value.shape)} and dtype {value.dtype}" \
+                if isinstance(value, torch.Tensor) else repr(value)
+            raise TypeError(f"GradScaler._scale takes a one-element real tensor (as torch's holds), got {shown}. "
+                            "To set the scale, call scaler.update(new_scale) after the iteration's steps.")
+        if not self._enabled:
+            return
+        if not self._placed:
+            self._lazy_init_scale_growth_tracker(value.device)
+        self._owner.set_scale(value.detach())
 
     # torch's lazy-init attributes, views of the live state.
     _init_scale = property(lambda self: self.get_scale(), lambda self, v: self._owner.overwrite(scale=v))
@@ -398,8 +428,29 @@ class GradScaler:
     @property
     def _growth_tracker(self) -> torch.Tensor | None:
         """torch's attribute: the live 0-d int32 count of finite steps since the scale last changed (None when
-        disabled); client code all-reduces it in place."""
-        return self._owner.state.good_steps if self._enabled else None
+        disabled, or not yet placed, as :attr:`_scale`); client code all-reduces it in place."""
+        return self._owner.state.good_steps if self._enabled and self._placed else None
+
+    @_growth_tracker.setter
+    def _growth_tracker(self, value: torch.Tensor | int) -> None:
+        """``scaler._growth_tracker = tensor or int``: the growth counter takes ``value`` (saturated at 2**31 - 1);
+        one host read of a tensor. Ignored when disabled.
+
+        Raises:
+            TypeError: ``value`` is neither an int nor a one-element integer tensor.
+            ValueError: a negative count.
+        """
+        if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_floating_point() \
+                and not value.is_complex() and value.dtype != torch.bool:
+            count = int(value.item())
+        elif isinstance(value, int) and not isinstance(value, bool):
+            count = value
+        else:
+            raise TypeError(f"GradScaler._growth_tracker takes an int or a one-element integer tensor, got {value!r}.")
+        if count < 0:
+            raise ValueError(f"GradScaler._growth_tracker counts finite steps, so it cannot be negative; got {count}.")
+        if self._enabled:
+            self._owner.overwrite(growth_tracker=count)
 
     def _get_scale_async(self) -> torch.Tensor | None:
         """torch's method: :attr:`_scale`, with no sync."""
