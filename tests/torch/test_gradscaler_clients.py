@@ -485,6 +485,28 @@ def test_assigning_what_no_scale_can_hold_is_refused():
     assert scaler._scale is None and scaler.get_scale() == 2.0**16  # nothing changed
 
 
+def test_a_checkpoint_of_the_scalers_dict_resumes(make_scaler, tmp_path):
+    """Client checkpoints that save ``scaler.__dict__`` with ``torch.save`` and restore it with
+    ``scaler.__dict__.update(...)``: the restored scaler goes on from the saved scale and growth counter."""
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = make_scaler(init_scale=4.0, growth_interval=3)
+    for _ in range(2):
+        opt.zero_grad()
+        _backward(scaler, model)
+        scaler.step(opt)
+        scaler.update()
+    torch.save({"scaler_state": scaler.__dict__}, tmp_path / "ckpt.pt")
+    restored = make_scaler()
+    restored.__dict__.update(torch.load(tmp_path / "ckpt.pt", weights_only=False)["scaler_state"])
+    assert restored.get_scale() == 4.0 and restored._get_growth_tracker() == 2
+    opt.zero_grad()
+    _backward(restored, model)
+    restored.step(opt)
+    restored.update()
+    assert restored.get_scale() == 8.0 and restored._get_growth_tracker() == 0
+
+
 # ----------------------------------------------------------------------------- hashable, weak-referenceable
 
 

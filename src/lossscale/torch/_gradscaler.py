@@ -108,6 +108,15 @@ class _PerOptimizerStates(Mapping):
         return len(self._progresses())
 
 
+class _StepTable(weakref.WeakKeyDictionary):
+    """``{optimizer: OptimizerStep}``, not keeping the optimizers alive; pickled empty (its keys are live objects),
+    so that ``torch.save(scaler.__dict__)``, which client checkpoints do with torch's scaler, works: each optimizer
+    gets a fresh step object at its next ``step()``, as after :meth:`GradScaler.__setstate__`."""
+
+    def __reduce__(self) -> tuple[type, tuple[()]]:
+        return type(self), ()
+
+
 class GradScaler:
     """``torch.amp.GradScaler``'s interface over lossscale's dynamic loss scale.
 
@@ -162,7 +171,7 @@ class GradScaler:
         self._placed = False
         self._diagnostics = Diagnostics(max_consecutive_skips, overflow_report, named_parameters, None)
         self._sampler = None if every is None else StatsSampler(every, policy)
-        self._steps: weakref.WeakKeyDictionary[torch.optim.Optimizer, OptimizerStep] = weakref.WeakKeyDictionary()
+        self._steps: _StepTable = _StepTable()
         self._recorder = None if history is None or history is False else StepRecorder(history)
         self.sync_skips = bool(sync_skips)
         self._updates = self._optimizers_seen = 0
@@ -571,7 +580,7 @@ class GradScaler:
         self._device, self._enabled, self._placed = state["device"], bool(state["enabled"]), bool(state["placed"])
         self._owner, self._diagnostics = state["scale"], state["diagnostics"]
         self._sampler = state.get("sampler")
-        self._steps, self._optimizers_seen = weakref.WeakKeyDictionary(), 0
+        self._steps, self._optimizers_seen = _StepTable(), 0
         self._pending_progress = {}
         self._recorder = None if state["history"] is None else StepRecorder(state["history"])
         self.sync_skips, self._updates = bool(state["sync_skips"]), int(state["updates"])
