@@ -485,6 +485,75 @@ def test_assigning_what_no_scale_can_hold_is_refused():
     assert scaler._scale is None and scaler.get_scale() == 2.0**16  # nothing changed
 
 
+def test_factor_attributes_read_and_write_as_torchs(make_scaler):
+    """accelerate's own tests read ``_init_scale``, ``_growth_factor``, ``_backoff_factor``, ``_growth_interval`` and
+    ``_enabled`` of the scaler it built from ``GradScalerKwargs``; other client code writes the factors."""
+    scaler = make_scaler(init_scale=1024.0)
+    assert (scaler._init_scale, scaler._growth_factor, scaler._backoff_factor, scaler._growth_interval) == (
+        1024.0, 2.0, 0.5, 2000)
+    assert scaler._enabled is True
+    scaler._growth_factor, scaler._backoff_factor, scaler._growth_interval = 4.0, 0.25, 1
+    assert (scaler.get_growth_factor(), scaler.get_backoff_factor(), scaler.get_growth_interval()) == (4.0, 0.25, 1)
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    _backward(scaler, model)
+    scaler.step(opt)
+    scaler.update()
+    assert scaler.get_scale() == 4096.0
+
+
+def test_a_subclass_that_moves_the_scale_by_its_own_update(make_scaler):
+    """Subclasses (model-parallel scalers) override ``update()`` with torch's: ``_check_scale_growth_tracker``,
+    the flags of ``_per_optimizer_states``, ``torch._amp_update_scale_`` on the live tensors with the factor
+    attributes, then a fresh ``_per_optimizer_states``. The trajectory is torch's; each iteration starts READY."""
+    from collections import defaultdict
+
+    base = type(make_scaler())
+
+    class OwnUpdate(base):
+        def update(self, new_scale=None):
+            scale, tracker = self._check_scale_growth_tracker("update")
+            flags = [f.to(scale.device) for state in self._per_optimizer_states.values()
+                     for f in state["found_inf_per_device"].values()]
+            torch._amp_update_scale_(scale, tracker, sum(flags[1:], flags[0].clone()), self._growth_factor,
+                                     self._backoff_factor, self._growth_interval)
+            self._per_optimizer_states = defaultdict(lambda: {"stage": OptState.READY, "found_inf_per_device": {}})
+
+    scaler = OwnUpdate("cpu", init_scale=4.0, growth_interval=2)
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    trajectory = []
+    for i in range(5):
+        opt.zero_grad()
+        _backward(scaler, model)
+        if i == 2:
+            model.bias.grad[0] = math.inf
+        scaler.step(opt)
+        scaler.update()
+        trajectory.append((scaler.get_scale(), scaler._get_growth_tracker(), len(scaler._per_optimizer_states)))
+    assert trajectory == [(4.0, 1, 0), (8.0, 0, 0), (4.0, 0, 0), (4.0, 1, 0), (8.0, 0, 0)]
+
+
+def test_per_optimizer_states_lists_this_iterations_optimizers_only(make_scaler):
+    """As torch's defaultdict: empty after update(), an optimizer listed once unscaled, stepped or looked up."""
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    other = torch.optim.SGD([torch.nn.Parameter(torch.ones(1))], lr=0.1)
+    scaler = make_scaler(init_scale=4.0)
+    _backward(scaler, model)
+    scaler.unscale_(opt)
+    assert list(scaler._per_optimizer_states) == [id(opt)]
+    scaler.step(opt)
+    assert scaler._per_optimizer_states[id(other)]["stage"] is OptState.READY  # a lookup lists it, as torch's
+    assert set(scaler._per_optimizer_states) == {id(opt), id(other)}
+    scaler.update()
+    assert len(scaler._per_optimizer_states) == 0 and id(opt) not in scaler._per_optimizer_states
+    opt.zero_grad()
+    _backward(scaler, model)
+    scaler.step(opt)
+    assert list(scaler._per_optimizer_states) == [id(opt)]
+
+
 def test_a_checkpoint_of_the_scalers_dict_resumes(make_scaler, tmp_path):
     """Client checkpoints that save ``scaler.__dict__`` with ``torch.save`` and restore it with
     ``scaler.__dict__.update(...)``: the restored scaler goes on from the saved scale and growth counter."""

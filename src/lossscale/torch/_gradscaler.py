@@ -81,21 +81,33 @@ class _OptimizerStateView(MutableMapping):
 class _PerOptimizerStates(Mapping):
     """torch's ``_per_optimizer_states``: ``{id(optimizer): state}`` (views), a fresh READY state for an id not seen
     since the last ``update()``, as torch's ``defaultdict``; what a client writes there before the first
-    ``step()`` is taken over by that optimizer's step."""
+    ``step()`` is taken over by that optimizer's step. As torch's, it lists the optimizers this iteration touched
+    (unscaled, stepped, or looked up here), and is empty after ``update()``."""
 
     def __init__(self, scaler: GradScaler) -> None:
         self._scaler = scaler
 
-    def _progresses(self) -> dict[int, StepProgress]:
+    def _all(self) -> dict[int, StepProgress]:
         scaler = self._scaler
         progresses = {id(opt): step.progress for opt, step in scaler._steps.items()}
         progresses.update(scaler._pending_progress)
         return progresses
 
+    def _progresses(self) -> dict[int, StepProgress]:
+        """This iteration's: an optimizer's live progress once it left READY or holds a flag, and every id looked
+        up here since the last ``update()``."""
+        scaler = self._scaler
+        progresses = {id(opt): step.progress for opt, step in scaler._steps.items()
+                      if step.progress.stage is not Stage.READY or step.progress.found_inf is not None
+                      or id(opt) in scaler._looked_up}
+        progresses.update(scaler._pending_progress)
+        return progresses
+
     def __getitem__(self, key: int) -> _OptimizerStateView:
-        progress = self._progresses().get(key)
+        progress = self._all().get(key)
         if progress is None:
             progress = self._scaler._pending_progress[key] = StepProgress()
+        self._scaler._looked_up.add(key)
         return _OptimizerStateView(progress)
 
     def __contains__(self, key: object) -> bool:
@@ -176,6 +188,7 @@ class GradScaler:
         self.sync_skips = bool(sync_skips)
         self._updates = self._optimizers_seen = 0
         self._pending_progress: dict[int, StepProgress] = {}  # written through _per_optimizer_states before a step
+        self._looked_up: set[int] = set()  # ids looked up in _per_optimizer_states this iteration (torch's defaultdict)
 
     def scale(self, outputs: Any) -> Any:
         """``outputs * S``; with ``history`` a one-element tensor is noted as the iteration's loss, with
@@ -316,6 +329,30 @@ class GradScaler:
         ``update()`` read (a flag written with the stage ``UNSCALED`` decides the step)."""
         return _PerOptimizerStates(self)
 
+    @_per_optimizer_states.setter
+    def _per_optimizer_states(self, states: Mapping[int, Mapping[str, Any]]) -> None:
+        """``scaler._per_optimizer_states = defaultdict(_refresh_per_optimizer_state)``, the last line of torch's
+        ``update()`` that a subclass overriding ``update()`` keeps: closes the iteration without moving the scale
+        (the subclass moved it: ``torch._amp_update_scale_`` on :attr:`_scale` and :attr:`_growth_tracker`), every
+        optimizer READY again; the entries of a non-empty ``states`` are then written as through the views.
+
+        Raises:
+            TypeError: ``states`` is not a mapping.
+        """
+        if not isinstance(states, Mapping):
+            raise TypeError(f"_per_optimizer_states takes a mapping {{id(optimizer): state}} (torch's update() "
+                            f"assigns an empty defaultdict), got {type(states).__name__}.")
+        entries = [(key, dict(state)) for key, state in states.items()]  # read before anything is reset
+        self._owner.discard_pending()
+        for step in self._steps.values():
+            step.progress.reset()
+        self._pending_progress.clear()
+        self._looked_up.clear()
+        views = self._per_optimizer_states
+        for key, state in entries:
+            for name, value in state.items():
+                views[key][name] = value
+
     def _unscale_grads_(self, optimizer: torch.optim.Optimizer, inv_scale: torch.Tensor, found_inf: torch.Tensor,
                         allow_fp16: bool = False) -> dict[torch.device, torch.Tensor]:
         """torch's method: multiplies ``optimizer``'s gradients by ``inv_scale`` in place and returns ``{device:
@@ -361,6 +398,7 @@ class GradScaler:
         for progress in progresses:  # every optimizer READY again, as torch's fresh per-optimizer states
             progress.reset()
         self._pending_progress.clear()
+        self._looked_up.clear()
 
     @property
     def gradient_stats(self) -> dict[str, Any] | None:
@@ -393,6 +431,7 @@ class GradScaler:
         for step in self._steps.values():
             step.reset()
         self._pending_progress.clear()
+        self._looked_up.clear()
         if self._sampler is not None:  # the iteration's measurements go with it
             self._sampler.forget()
 
@@ -433,6 +472,24 @@ class GradScaler:
     _init_growth_tracker = property(
         lambda self: self._get_growth_tracker(), lambda self, v: self._owner.overwrite(growth_tracker=v)
     )
+    # torch's factor attributes (client code and accelerate's own tests read them; some write them): the policy's,
+    # through the getters and the validating setters.
+    _growth_factor = property(lambda self: self.get_growth_factor(), lambda self, v: self.set_growth_factor(v))
+    _backoff_factor = property(lambda self: self.get_backoff_factor(), lambda self, v: self.set_backoff_factor(v))
+    _growth_interval = property(lambda self: self.get_growth_interval(),
+                                lambda self, v: self.set_growth_interval(v))
+
+    def _check_scale_growth_tracker(self, funcname: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """torch's method (subclasses that override ``update()`` call it): the live scale and growth counter.
+
+        Args:
+            funcname: the caller's name, for the message.
+
+        Raises:
+            RuntimeError: neither ``scale()`` nor ``_lazy_init_scale_growth_tracker`` placed them yet (torch's words).
+        """
+        self._require_scaled(funcname)
+        return self._owner.state.loss_scale, self._owner.state.good_steps
 
     @property
     def _growth_tracker(self) -> torch.Tensor | None:
@@ -581,7 +638,7 @@ class GradScaler:
         self._owner, self._diagnostics = state["scale"], state["diagnostics"]
         self._sampler = state.get("sampler")
         self._steps, self._optimizers_seen = _StepTable(), 0
-        self._pending_progress = {}
+        self._pending_progress, self._looked_up = {}, set()
         self._recorder = None if state["history"] is None else StepRecorder(state["history"])
         self.sync_skips, self._updates = bool(state["sync_skips"]), int(state["updates"])
 

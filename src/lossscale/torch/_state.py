@@ -599,6 +599,11 @@ class IterationScale(SharedLossScale):
         if pending is not None and sampler is not None:
             count_sampler(sampler, recorder)
 
+    def discard_pending(self) -> None:
+        """Closes the iteration without advancing the scale: its flags are dropped, its members READY again (a
+        ``GradScaler`` subclass moved the scale by its own ``update()``)."""
+        self._close()
+
     def counts(self, member: Any) -> bool:
         """Whether ``member``'s flag (a step progress) is already among this iteration's."""
         return any(m is member for m in self._members)
