@@ -485,6 +485,26 @@ def test_assigning_what_no_scale_can_hold_is_refused():
     assert scaler._scale is None and scaler.get_scale() == 2.0**16  # nothing changed
 
 
+def test_a_loop_that_scales_only_for_a_torch_gradscaler_scales(make_scaler):
+    """Training loops gate scaling on ``isinstance(scaler, torch.amp.GradScaler)`` (a ``nullcontext`` or None
+    otherwise); lossscale's scaler must take that branch, or the float16 gradients go unscaled and unchecked."""
+    scaler = make_scaler(init_scale=8.0)
+    assert isinstance(scaler, torch.amp.GradScaler) and isinstance(scaler, torch.GradScaler)
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    before = [p.detach().clone() for p in model.parameters()]
+    loss = model(torch.ones(4, 4)).mean()
+    if isinstance(scaler, torch.amp.GradScaler):
+        scaler.scale(loss).backward()
+        model.bias.grad[0] = math.inf
+        scaler.step(opt)
+        scaler.update()
+    else:  # pragma: no cover - the branch a scaler that is not torch's would take: trains on the Inf
+        loss.backward()
+        opt.step()
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters())) and scaler.get_scale() == 4.0
+
+
 def test_factor_attributes_read_and_write_as_torchs(make_scaler):
     """accelerate's own tests read ``_init_scale``, ``_growth_factor``, ``_backoff_factor``, ``_growth_interval`` and
     ``_enabled`` of the scaler it built from ``GradScalerKwargs``; other client code writes the factors."""

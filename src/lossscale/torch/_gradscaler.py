@@ -129,12 +129,17 @@ class _StepTable(weakref.WeakKeyDictionary):
         return type(self), ()
 
 
-class GradScaler:
+class GradScaler(torch.amp.GradScaler):
     """``torch.amp.GradScaler``'s interface over lossscale's dynamic loss scale.
 
     Cost per ``step(optimizer)`` as ``LossScaleOptimizer.step()``; ``scale()`` and ``update()`` add no sync,
     ``get_scale()`` and ``state_dict()`` one. Unlike torch's (``docs/migration/gradscaler.md``), the scale never
     backs off below ``min_loss_scale``, and a ``step()`` without gradients or an ``update()`` without a step is a no-op.
+
+    A subclass of ``torch.amp.GradScaler``, so that code which checks ``isinstance(scaler, torch.amp.GradScaler)``
+    (training loops that scale only then, CLI type checks of Lightning's ``MixedPrecision(scaler=...)``) takes it;
+    every method and attribute torch's has is defined here, over lossscale's state, and torch's ``__init__`` is not
+    called (it would assign its own state to names that are views here).
 
     Args:
         device, init_scale, growth_factor, backoff_factor, growth_interval, enabled: as ``torch.amp.GradScaler``
@@ -163,6 +168,7 @@ class GradScaler:
         named_parameters: Iterable[tuple[str, torch.Tensor]] | None = None, history: Any = None,
         sync_skips: bool = False, stats_every: int | None = None,
     ) -> None:
+        # torch.amp.GradScaler.__init__ is deliberately not called (see the class docstring).
         self._device, self._enabled = str(device), bool(enabled)
         if self._enabled and self._device == "cuda" and not torch.cuda.is_available():
             warnings.warn("lossscale.torch.GradScaler is enabled, but CUDA is not available.  Disabling.", stacklevel=2)
@@ -322,7 +328,7 @@ class GradScaler:
         step.number = self._updates  # the overflow report's step: update() calls so far (pickled, as History's rows)
         return step
 
-    @property
+    @property  # type: ignore[override]  # torch annotates a plain dict; this is a live mapping of views
     def _per_optimizer_states(self) -> _PerOptimizerStates:
         """torch's attribute: ``{id(optimizer): {"stage": OptState, "found_inf_per_device": {device: flag}}}``,
         live views of each optimizer's progress this iteration; what client code writes there, ``step()`` and
@@ -361,7 +367,7 @@ class GradScaler:
         ``ValueError``. One R+W pass, no sync."""
         return unscale_grads_per_device(optimizer.param_groups, inv_scale, found_inf, allow_fp16)
 
-    def _check_inf_per_device(self, optimizer: torch.optim.Optimizer) -> dict[torch.device, torch.Tensor]:
+    def _check_inf_per_device(self, optimizer: torch.optim.Optimizer) -> dict[Any, torch.Tensor]:
         """torch's method: checks ``optimizer``'s gradients for NaN/Inf without unscaling them, records the flag as
         this iteration's (the stage is unchanged) and returns ``{device: flag}``. One R+W pass (by 1), no sync."""
         self._require_scaled("_check_inf_per_device")
@@ -447,7 +453,7 @@ class GradScaler:
         return self._owner.state.loss_scale if self._enabled and self._placed else None
 
     @_scale.setter
-    def _scale(self, value: torch.Tensor) -> None:
+    def _scale(self, value: torch.Tensor | None) -> None:
         """``scaler._scale = tensor`` (client code keeping a floor by hand): the scale takes ``value``'s value, on
         the scale's device (placed on ``value``'s first if nothing placed it yet); a copy, so later in-place
         changes to ``value`` do not reach it, unlike torch's, which holds ``value`` itself. No sync; ignored when
@@ -498,7 +504,7 @@ class GradScaler:
         return self._owner.state.good_steps if self._enabled and self._placed else None
 
     @_growth_tracker.setter
-    def _growth_tracker(self, value: torch.Tensor | int) -> None:
+    def _growth_tracker(self, value: torch.Tensor | int | None) -> None:
         """``scaler._growth_tracker = tensor or int``: the growth counter takes ``value`` (saturated at 2**31 - 1);
         one host read of a tensor. Ignored when disabled.
 
@@ -522,7 +528,7 @@ class GradScaler:
         """torch's method: :attr:`_scale`, with no sync."""
         return self._scale
 
-    def _found_inf_per_device(self, optimizer: torch.optim.Optimizer) -> dict[torch.device, torch.Tensor]:
+    def _found_inf_per_device(self, optimizer: torch.optim.Optimizer) -> dict[Any, torch.Tensor]:
         """torch's method: ``{device: found_inf}`` of ``optimizer``'s check this iteration (after ``unscale_``;
         empty before). The tensor is the one ``step()`` reads: an in-place all-reduce of it decides the step."""
         step = self._steps.get(optimizer)
