@@ -99,15 +99,41 @@ def test_scale_rejects_what_is_not_a_tensor(scaler_factory):
 @pytest.mark.parametrize("call", ["step", "unscale_"])
 def test_step_or_unscale_before_any_scale_raises_as_torch_does(scaler_factory, call):
     """Gradients that no scale() scaled (a forgotten scaler.scale(loss)) are refused, not divided by S silently:
-    torch asserts that its _scale exists (AssertionError), lossscale raises a RuntimeError with torch's words."""
+    torch asserts that its _scale exists (AssertionError); lossscale's error is that and a RuntimeError, in torch's
+    words."""
     scaler = scaler_factory(init_scale=4.0)
     param, optimizer = _param_and_sgd()
     param.sum().backward()
-    with pytest.raises((AssertionError, RuntimeError), match=r"did not use scaler\.scale\(loss or outputs\)"):
+    with pytest.raises(AssertionError, match=r"did not use scaler\.scale\(loss or outputs\)") as info:
         getattr(scaler, call)(optimizer)
+    assert isinstance(info.value, RuntimeError) == scaler_factory.is_lossscale
     torch.testing.assert_close(param.detach(), torch.ones(3))
     _one_step(scaler, param, optimizer)  # scaled from here on: steps as usual
     torch.testing.assert_close(param.detach(), torch.full((3,), 0.5))
+
+
+@pytest.mark.parametrize("kwargs", [{"growth_factor": 1.0}, {"backoff_factor": 1.0}], ids=["growth", "backoff"])
+def test_factors_torch_refuses_raise_its_assertion_error(scaler_factory, kwargs):
+    """``except AssertionError`` around torch's constructor catches lossscale's refusal too (also a ValueError)."""
+    with pytest.raises(AssertionError, match="factor") as info:
+        scaler_factory(**kwargs)
+    assert isinstance(info.value, ValueError) == scaler_factory.is_lossscale
+
+
+def test_misuse_torch_asserts_raises_an_assertion_error(scaler_factory):
+    """A malformed ``update(new_scale)`` and pickling mid-iteration: torch's AssertionError, for both."""
+    import pickle
+
+    scaler = scaler_factory(init_scale=4.0)
+    param, optimizer = _param_and_sgd()
+    _backward(scaler, param)
+    scaler.step(optimizer)
+    with pytest.raises(AssertionError, match="pickled"):
+        pickle.dumps(scaler)
+    with pytest.raises(AssertionError, match="new_scale"):
+        scaler.update(torch.tensor(8.0, requires_grad=True))
+    scaler.update()
+    assert scaler.get_scale() == 4.0 and pickle.loads(pickle.dumps(scaler)).get_scale() == 4.0
 
 
 def test_a_disabled_scaler_takes_settings_an_enabled_one_refuses(scaler_factory):

@@ -120,6 +120,17 @@ class _PerOptimizerStates(Mapping):
         return len(self._progresses())
 
 
+class GradScalerStateError(RuntimeError, AssertionError):
+    """A call out of order (``step()`` or ``unscale_()`` before any ``scale()``, pickling mid-iteration). Also an
+    ``AssertionError``, what ``torch.amp.GradScaler`` raises there, so that code written against torch's catches it."""
+
+
+class GradScalerArgumentError(ValueError, AssertionError):
+    """A constructor argument or ``update(new_scale)`` refused. Also an ``AssertionError``, what
+    ``torch.amp.GradScaler`` raises for those it checks (``growth_factor <= 1``, ``backoff_factor >= 1``, a
+    malformed ``new_scale``)."""
+
+
 class _StepTable(weakref.WeakKeyDictionary):
     """``{optimizer: OptimizerStep}``, not keeping the optimizers alive; pickled empty (its keys are live objects),
     so that ``torch.save(scaler.__dict__)``, which client checkpoints do with torch's scaler, works: each optimizer
@@ -151,6 +162,10 @@ class GradScaler(torch.amp.GradScaler):
         stats_every: measure the scaled gradients every ``N``-th iteration (default None): :attr:`gradient_stats`;
             ``scale()`` calls count the micro-batches.
 
+    Raises:
+        ValueError: an invalid policy argument when enabled (a :class:`GradScalerArgumentError`, also an
+            ``AssertionError``, as torch's for ``growth_factor <= 1`` or ``backoff_factor >= 1``).
+
     >>> import torch
     >>> w = torch.nn.Parameter(torch.tensor([1.0]))
     >>> opt, scaler = torch.optim.SGD([w], lr=0.25), GradScaler("cpu", init_scale=8.0)
@@ -180,7 +195,11 @@ class GradScaler(torch.amp.GradScaler):
                 min_loss_scale=1.0 if min_loss_scale is None else min_loss_scale,
                 hysteresis=1 if hysteresis is None else hysteresis,
             )
-        except (TypeError, ValueError):
+        except ValueError as error:
+            if self._enabled:
+                raise GradScalerArgumentError(str(error)) from None
+            policy = DynamicLossScale()  # disabled (GradScaler(enabled=use_fp16, **cfg)): never used, as in torch
+        except TypeError:
             if self._enabled:
                 raise
             policy = DynamicLossScale()  # disabled (GradScaler(enabled=use_fp16, **cfg)): never used, as in torch
@@ -250,7 +269,8 @@ class GradScaler(torch.amp.GradScaler):
             optimizer: the ``torch.optim.Optimizer`` whose gradients to unscale.
 
         Raises:
-            RuntimeError: before ``scale()``, twice in an iteration, or after ``step()`` (torch's messages).
+            RuntimeError: before ``scale()`` (a :class:`GradScalerStateError`, also an ``AssertionError`` as
+                torch's), twice in an iteration, or after ``step()`` (torch's messages).
             ValueError: float16 gradients.
 
         Cost: one R+W pass over the gradients; no sync.
@@ -277,7 +297,8 @@ class GradScaler(torch.amp.GradScaler):
             ``optimizer.step(*args, **kwargs)``'s result, None on a skip decided on the host.
 
         Raises:
-            RuntimeError: a ``closure``, before ``scale()``, or twice before ``update()`` (torch's messages).
+            RuntimeError: a ``closure``, before ``scale()`` (a :class:`GradScalerStateError`, also an
+                ``AssertionError`` as torch's), or twice before ``update()`` (torch's messages).
 
         Cost: as ``LossScaleOptimizer.step()``: one R+W pass (a check only for a fused optimizer's float16
         gradients); host syncs: fused 0 (1 with ``sync_skips``), else 1.
@@ -307,7 +328,7 @@ class GradScaler(torch.amp.GradScaler):
         """torch's check that ``scale()`` ran at least once (else the gradients were never scaled, and unscaling
         them would divide them by ``S`` silently)."""
         if not self._placed:
-            raise RuntimeError(
+            raise GradScalerStateError(
                 f"Attempted {what} but _scale is None.  This may indicate your script did not use "
                 "scaler.scale(loss or outputs) earlier in the iteration. Call scaler.scale(loss).backward() first."
             )
@@ -386,7 +407,8 @@ class GradScaler(torch.amp.GradScaler):
             new_scale: None, or a positive finite float or a 1-element tensor with ``requires_grad=False``.
 
         Raises:
-            ValueError: a malformed ``new_scale`` (torch's message).
+            ValueError: a malformed ``new_scale`` (torch's message; a :class:`GradScalerArgumentError`, also an
+                ``AssertionError`` as torch's).
         """
         if not self._enabled:
             return
@@ -397,7 +419,10 @@ class GradScaler(torch.amp.GradScaler):
             if progress.found_inf is not None and not owner.counts(progress):
                 owner.add_step(progress.found_inf, progress)
         pending = owner.pending
-        owner.update(new_scale, self._sampler, recorder)  # one sample of every optimizer measured
+        try:
+            owner.update(new_scale, self._sampler, recorder)  # one sample of every optimizer measured
+        except ValueError as error:  # new_scale refused (before anything moved)
+            raise GradScalerArgumentError(str(error)) from None
         if recorder is not None and pending is not None:
             recorder.append(self._updates, scale_used, pending > 0)  # type: ignore[arg-type]
         self._updates += 1
@@ -492,7 +517,8 @@ class GradScaler(torch.amp.GradScaler):
             funcname: the caller's name, for the message.
 
         Raises:
-            RuntimeError: neither ``scale()`` nor ``_lazy_init_scale_growth_tracker`` placed them yet (torch's words).
+            RuntimeError: neither ``scale()`` nor ``_lazy_init_scale_growth_tracker`` placed them yet (torch's words;
+                a :class:`GradScalerStateError`, also an ``AssertionError`` as torch's).
         """
         self._require_scaled(funcname)
         return self._owner.state.loss_scale, self._owner.state.good_steps
@@ -622,7 +648,7 @@ class GradScaler(torch.amp.GradScaler):
     def __getstate__(self) -> dict[str, Any]:
         """The scale and the settings; no live object (CUDA event, per-optimizer records, parameter names)."""
         if any(step.progress.stage is not Stage.READY for step in self._steps.values()):
-            raise RuntimeError("A GradScaler may be pickled only between iterations "
+            raise GradScalerStateError("A GradScaler may be pickled only between iterations "
                                "(before scale() or after update()).")
         history = None if self._recorder is None else self._recorder.history
         if self._recorder is not None:
