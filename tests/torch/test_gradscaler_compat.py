@@ -390,6 +390,29 @@ def test_state_dicts_cross_between_torch_and_the_scaler_under_test(scaler_factor
     assert back.state_dict() == theirs.state_dict()
 
 
+@pytest.mark.parametrize("bad", [False, True], ids=["finite", "inf"])
+@pytest.mark.parametrize("where", ["after_unscale", "after_step"])
+def test_a_load_mid_iteration_keeps_the_iterations_checks(scaler_factory, where, bad):
+    """torch's load_state_dict leaves the per-optimizer state alone: gradients unscaled before the load are not
+    unscaled again by step() (by the loaded scale), and update() counts the check made before the load, from the
+    loaded scale and growth counter."""
+    saved = {"scale": 4.0, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 3, "_growth_tracker": 2}
+    scaler = scaler_factory(init_scale=8.0)
+    param, optimizer = _param_and_sgd(n=2, lr=0.5)
+    _backward(scaler, param, math.inf if bad else 1.0)
+    if where == "after_unscale":
+        scaler.unscale_(optimizer)
+        scaler.load_state_dict(saved)
+        scaler.step(optimizer)
+    else:
+        scaler.step(optimizer)
+        scaler.load_state_dict(saved)
+    scaler.update()
+    assert torch.equal(param.detach(), torch.full((2,), 1.0 if bad else 0.5))  # the gradient 1, applied once
+    # a skip backs the loaded 4 off to 2; a finite step is the third of 3: the loaded 4 grows to 8
+    assert (scaler.get_scale(), scaler.state_dict()["_growth_tracker"]) == ((2.0, 0) if bad else (8.0, 0))
+
+
 def test_load_state_dict_refuses_an_empty_one(scaler_factory):
     with pytest.raises(RuntimeError, match="The source state dict is empty"):
         scaler_factory().load_state_dict({})

@@ -446,6 +446,8 @@ class GradScaler(torch.amp.GradScaler):
 
     def load_state_dict(self, state_dict: dict[str, Any], custom_objects: Mapping[str, type] | None = None) -> None:
         """Restores ours or ``torch.amp.GradScaler``'s state dict, validated first (nothing changes on error).
+        Mid-iteration, as torch's, the optimizers' checks so far stay: an ``unscale_`` done is not done again, and
+        ``update()`` counts a step's overflow.
 
         Args:
             state_dict: what ``state_dict()`` of this class or of ``torch.amp.GradScaler`` returned.
@@ -459,10 +461,8 @@ class GradScaler(torch.amp.GradScaler):
         if not self._enabled:
             return
         self._owner.load(gradscaler_record(state_dict, self._owner.policy, self._owner.state, custom_objects))
-        for step in self._steps.values():
-            step.reset()
-        self._pending_progress.clear()
-        self._looked_up.clear()
+        for step in self._steps.values():  # what a fused step learned of the inner state goes; checks stay
+            step.tracker.reset()
         if self._sampler is not None:  # the iteration's measurements go with it
             self._sampler.forget()
 
