@@ -422,6 +422,180 @@ def test_a_stage_written_without_a_flag_is_refused_at_step():
         scaler.step(opt)
 
 
+# ----------------------------------------------------------------------------- _scale, _growth_tracker
+
+
+def test_scale_is_none_until_placed_and_a_lazy_init_lets_a_stage_unscale(make_scaler):
+    """Pipeline stages that never call ``scale()`` (the last stage scaled the loss) do ``if scaler._scale is None:
+    scaler._lazy_init_scale_growth_tracker(device)`` and then unscale, step and update their own gradients."""
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    before = [p.detach().clone() for p in model.parameters()]
+    scaler = make_scaler(init_scale=8.0, growth_interval=1)
+    assert scaler._scale is None and scaler._growth_tracker is None and scaler._get_scale_async() is None
+    assert scaler.get_scale() == 8.0
+    (model(torch.ones(2, 4)).mean() * 8.0).backward()  # scaled by another stage's copy of the scale
+    if scaler._scale is None:
+        scaler._lazy_init_scale_growth_tracker(torch.device("cpu"))
+    assert float(scaler._scale) == 8.0 and int(scaler._growth_tracker) == 0
+    scaler.unscale_(opt)
+    torch.testing.assert_close(model.bias.grad, torch.ones(1))
+    scaler.step(opt)
+    scaler.update()
+    torch.testing.assert_close(model.bias.detach(), before[1] - 0.5)
+    assert scaler.get_scale() == 16.0
+
+
+def test_assigning_scale_and_growth_tracker_keeps_a_floor_by_hand(make_scaler):
+    """``if scaler._scale < floor: scaler._scale = torch.tensor(floor).to(scaler._scale)`` after update(), and a
+    growth counter restored by assignment: the next iteration scales by and grows from what was assigned."""
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    scaler = make_scaler(init_scale=4.0, growth_interval=3)
+    _backward(scaler, model)
+    model.bias.grad[0] = math.inf
+    scaler.step(opt)
+    scaler.update()
+    assert scaler.get_scale() == 2.0
+    floor = 64.0
+    if scaler._scale < floor:
+        scaler._scale = torch.tensor(floor).to(scaler._scale)
+    scaler._growth_tracker = torch.tensor(2, dtype=torch.int32)
+    assert scaler.get_scale() == floor and scaler._get_growth_tracker() == 2
+    opt.zero_grad()
+    loss = model(torch.ones(4, 4)).mean()
+    scaled = scaler.scale(loss)
+    assert torch.equal(scaled, loss * floor)
+    scaled.backward()
+    scaler.step(opt)
+    scaler.update()
+    assert scaler.get_scale() == 2 * floor and scaler._get_growth_tracker() == 0  # the third finite step grew it
+
+
+def test_assigning_what_no_scale_can_hold_is_refused():
+    scaler = lst.GradScaler("cpu")
+    with pytest.raises(TypeError, match=r"one-element real tensor.*scaler\.update\(new_scale\)"):
+        scaler._scale = 8.0
+    with pytest.raises(TypeError, match="one-element real tensor"):
+        scaler._scale = torch.ones(2)
+    with pytest.raises(ValueError, match="cannot be negative"):
+        scaler._growth_tracker = -1
+    with pytest.raises(TypeError, match="int or a one-element integer tensor"):
+        scaler._growth_tracker = torch.tensor(1.5)
+    assert scaler._scale is None and scaler.get_scale() == 2.0**16  # nothing changed
+
+
+def test_a_loop_that_scales_only_for_a_torch_gradscaler_scales(make_scaler):
+    """Training loops gate scaling on ``isinstance(scaler, torch.amp.GradScaler)`` (a ``nullcontext`` or None
+    otherwise); lossscale's scaler must take that branch, or the float16 gradients go unscaled and unchecked."""
+    scaler = make_scaler(init_scale=8.0)
+    assert isinstance(scaler, torch.amp.GradScaler) and isinstance(scaler, torch.GradScaler)
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    before = [p.detach().clone() for p in model.parameters()]
+    loss = model(torch.ones(4, 4)).mean()
+    if isinstance(scaler, torch.amp.GradScaler):
+        scaler.scale(loss).backward()
+        model.bias.grad[0] = math.inf
+        scaler.step(opt)
+        scaler.update()
+    else:  # pragma: no cover - the branch a scaler that is not torch's would take: trains on the Inf
+        loss.backward()
+        opt.step()
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters())) and scaler.get_scale() == 4.0
+
+
+def test_factor_attributes_read_and_write_as_torchs(make_scaler):
+    """accelerate's own tests read ``_init_scale``, ``_growth_factor``, ``_backoff_factor``, ``_growth_interval`` and
+    ``_enabled`` of the scaler it built from ``GradScalerKwargs``; other client code writes the factors."""
+    scaler = make_scaler(init_scale=1024.0)
+    assert (scaler._init_scale, scaler._growth_factor, scaler._backoff_factor, scaler._growth_interval) == (
+        1024.0, 2.0, 0.5, 2000)
+    assert scaler._enabled is True
+    scaler._growth_factor, scaler._backoff_factor, scaler._growth_interval = 4.0, 0.25, 1
+    assert (scaler.get_growth_factor(), scaler.get_backoff_factor(), scaler.get_growth_interval()) == (4.0, 0.25, 1)
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    _backward(scaler, model)
+    scaler.step(opt)
+    scaler.update()
+    assert scaler.get_scale() == 4096.0
+
+
+def test_a_subclass_that_moves_the_scale_by_its_own_update(make_scaler):
+    """Subclasses (model-parallel scalers) override ``update()`` with torch's: ``_check_scale_growth_tracker``,
+    the flags of ``_per_optimizer_states``, ``torch._amp_update_scale_`` on the live tensors with the factor
+    attributes, then a fresh ``_per_optimizer_states``. The trajectory is torch's; each iteration starts READY."""
+    from collections import defaultdict
+
+    base = type(make_scaler())
+
+    class OwnUpdate(base):
+        def update(self, new_scale=None):
+            scale, tracker = self._check_scale_growth_tracker("update")
+            flags = [f.to(scale.device) for state in self._per_optimizer_states.values()
+                     for f in state["found_inf_per_device"].values()]
+            torch._amp_update_scale_(scale, tracker, sum(flags[1:], flags[0].clone()), self._growth_factor,
+                                     self._backoff_factor, self._growth_interval)
+            self._per_optimizer_states = defaultdict(lambda: {"stage": OptState.READY, "found_inf_per_device": {}})
+
+    scaler = OwnUpdate("cpu", init_scale=4.0, growth_interval=2)
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    trajectory = []
+    for i in range(5):
+        opt.zero_grad()
+        _backward(scaler, model)
+        if i == 2:
+            model.bias.grad[0] = math.inf
+        scaler.step(opt)
+        scaler.update()
+        trajectory.append((scaler.get_scale(), scaler._get_growth_tracker(), len(scaler._per_optimizer_states)))
+    assert trajectory == [(4.0, 1, 0), (8.0, 0, 0), (4.0, 0, 0), (4.0, 1, 0), (8.0, 0, 0)]
+
+
+def test_per_optimizer_states_lists_this_iterations_optimizers_only(make_scaler):
+    """As torch's defaultdict: empty after update(), an optimizer listed once unscaled, stepped or looked up."""
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    other = torch.optim.SGD([torch.nn.Parameter(torch.ones(1))], lr=0.1)
+    scaler = make_scaler(init_scale=4.0)
+    _backward(scaler, model)
+    scaler.unscale_(opt)
+    assert list(scaler._per_optimizer_states) == [id(opt)]
+    scaler.step(opt)
+    assert scaler._per_optimizer_states[id(other)]["stage"] is OptState.READY  # a lookup lists it, as torch's
+    assert set(scaler._per_optimizer_states) == {id(opt), id(other)}
+    scaler.update()
+    assert len(scaler._per_optimizer_states) == 0 and id(opt) not in scaler._per_optimizer_states
+    opt.zero_grad()
+    _backward(scaler, model)
+    scaler.step(opt)
+    assert list(scaler._per_optimizer_states) == [id(opt)]
+
+
+def test_a_checkpoint_of_the_scalers_dict_resumes(make_scaler, tmp_path):
+    """Client checkpoints that save ``scaler.__dict__`` with ``torch.save`` and restore it with
+    ``scaler.__dict__.update(...)``: the restored scaler goes on from the saved scale and growth counter."""
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = make_scaler(init_scale=4.0, growth_interval=3)
+    for _ in range(2):
+        opt.zero_grad()
+        _backward(scaler, model)
+        scaler.step(opt)
+        scaler.update()
+    torch.save({"scaler_state": scaler.__dict__}, tmp_path / "ckpt.pt")
+    restored = make_scaler()
+    restored.__dict__.update(torch.load(tmp_path / "ckpt.pt", weights_only=False)["scaler_state"])
+    assert restored.get_scale() == 4.0 and restored._get_growth_tracker() == 2
+    opt.zero_grad()
+    _backward(restored, model)
+    restored.step(opt)
+    restored.update()
+    assert restored.get_scale() == 8.0 and restored._get_growth_tracker() == 0
+
+
 # ----------------------------------------------------------------------------- hashable, weak-referenceable
 
 

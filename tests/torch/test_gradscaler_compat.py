@@ -61,6 +61,22 @@ def test_scale_multiplies_a_tensor_without_touching_it(scaler_factory):
         assert torch.equal(t, torch.full((2,), 4.0, dtype=dtype))
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_scale_of_a_0d_half_loss_is_float32_as_torchs_promotion(scaler_factory, dtype):
+    """A 0-d float16 loss (``model(x).mean()`` under float16 autocast) times the 0-d float32 scale is float32 in
+    torch: 2.0 * 2**16 stays finite, where a product rounded back to float16 would be Inf. A tensor with a
+    dimension keeps its dtype (the scale is 0-d); the gradients are those of torch either way."""
+    scaler = scaler_factory()
+    leaf = torch.tensor(2.0, requires_grad=True)
+    scaled = scaler.scale(leaf.to(dtype))
+    assert scaled.dtype == torch.float32 and float(scaled) == 2.0 * 2.0**16
+    scaled.backward()
+    assert float(leaf.grad) == (math.inf if dtype == torch.float16 else 2.0**16)  # 2**16 is Inf in float16
+    scaled_list = scaler.scale([torch.tensor(3.0, dtype=dtype), torch.full((1,), 3.0, dtype=dtype)])
+    assert [t.dtype for t in scaled_list] == [torch.float32, dtype]
+    assert [float(t) for t in scaled_list] == [3.0 * 2.0**16, 3.0 * 2.0**16 if dtype == torch.bfloat16 else math.inf]
+
+
 def test_scale_keeps_nested_list_and_tuple_structure(scaler_factory):
     scaler = scaler_factory(init_scale=2.0)
     t0, t1 = torch.full((1,), 4.0), torch.full((1,), 4.0)
@@ -83,15 +99,41 @@ def test_scale_rejects_what_is_not_a_tensor(scaler_factory):
 @pytest.mark.parametrize("call", ["step", "unscale_"])
 def test_step_or_unscale_before_any_scale_raises_as_torch_does(scaler_factory, call):
     """Gradients that no scale() scaled (a forgotten scaler.scale(loss)) are refused, not divided by S silently:
-    torch asserts that its _scale exists (AssertionError), lossscale raises a RuntimeError with torch's words."""
+    torch asserts that its _scale exists (AssertionError); lossscale's error is that and a RuntimeError, in torch's
+    words."""
     scaler = scaler_factory(init_scale=4.0)
     param, optimizer = _param_and_sgd()
     param.sum().backward()
-    with pytest.raises((AssertionError, RuntimeError), match=r"did not use scaler\.scale\(loss or outputs\)"):
+    with pytest.raises(AssertionError, match=r"did not use scaler\.scale\(loss or outputs\)") as info:
         getattr(scaler, call)(optimizer)
+    assert isinstance(info.value, RuntimeError) == scaler_factory.is_lossscale
     torch.testing.assert_close(param.detach(), torch.ones(3))
     _one_step(scaler, param, optimizer)  # scaled from here on: steps as usual
     torch.testing.assert_close(param.detach(), torch.full((3,), 0.5))
+
+
+@pytest.mark.parametrize("kwargs", [{"growth_factor": 1.0}, {"backoff_factor": 1.0}], ids=["growth", "backoff"])
+def test_factors_torch_refuses_raise_its_assertion_error(scaler_factory, kwargs):
+    """``except AssertionError`` around torch's constructor catches lossscale's refusal too (also a ValueError)."""
+    with pytest.raises(AssertionError, match="factor") as info:
+        scaler_factory(**kwargs)
+    assert isinstance(info.value, ValueError) == scaler_factory.is_lossscale
+
+
+def test_misuse_torch_asserts_raises_an_assertion_error(scaler_factory):
+    """A malformed ``update(new_scale)`` and pickling mid-iteration: torch's AssertionError, for both."""
+    import pickle
+
+    scaler = scaler_factory(init_scale=4.0)
+    param, optimizer = _param_and_sgd()
+    _backward(scaler, param)
+    scaler.step(optimizer)
+    with pytest.raises(AssertionError, match="pickled"):
+        pickle.dumps(scaler)
+    with pytest.raises(AssertionError, match="new_scale"):
+        scaler.update(torch.tensor(8.0, requires_grad=True))
+    scaler.update()
+    assert scaler.get_scale() == 4.0 and pickle.loads(pickle.dumps(scaler)).get_scale() == 4.0
 
 
 def test_a_disabled_scaler_takes_settings_an_enabled_one_refuses(scaler_factory):
@@ -346,6 +388,29 @@ def test_state_dicts_cross_between_torch_and_the_scaler_under_test(scaler_factor
     back = torch.amp.GradScaler("cpu")
     back.load_state_dict(ours.state_dict())  # torch reads its five keys and ignores the rest
     assert back.state_dict() == theirs.state_dict()
+
+
+@pytest.mark.parametrize("bad", [False, True], ids=["finite", "inf"])
+@pytest.mark.parametrize("where", ["after_unscale", "after_step"])
+def test_a_load_mid_iteration_keeps_the_iterations_checks(scaler_factory, where, bad):
+    """torch's load_state_dict leaves the per-optimizer state alone: gradients unscaled before the load are not
+    unscaled again by step() (by the loaded scale), and update() counts the check made before the load, from the
+    loaded scale and growth counter."""
+    saved = {"scale": 4.0, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 3, "_growth_tracker": 2}
+    scaler = scaler_factory(init_scale=8.0)
+    param, optimizer = _param_and_sgd(n=2, lr=0.5)
+    _backward(scaler, param, math.inf if bad else 1.0)
+    if where == "after_unscale":
+        scaler.unscale_(optimizer)
+        scaler.load_state_dict(saved)
+        scaler.step(optimizer)
+    else:
+        scaler.step(optimizer)
+        scaler.load_state_dict(saved)
+    scaler.update()
+    assert torch.equal(param.detach(), torch.full((2,), 1.0 if bad else 0.5))  # the gradient 1, applied once
+    # a skip backs the loaded 4 off to 2; a finite step is the third of 3: the loaded 4 grows to 8
+    assert (scaler.get_scale(), scaler.state_dict()["_growth_tracker"]) == ((2.0, 0) if bad else (8.0, 0))
 
 
 def test_load_state_dict_refuses_an_empty_one(scaler_factory):

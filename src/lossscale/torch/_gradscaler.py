@@ -11,7 +11,7 @@ import torch
 
 from .._policy import DynamicLossScale
 from .._sampler import check_stats_every
-from .._torch._kernels import unscale_grads_per_device
+from .._torch._kernels import move, unscale_grads_per_device
 from ._checkpoint import gradscaler_record, gradscaler_state_dict, replace_policy, with_torch_names
 from ._checkpoint import growth_interval as checked_interval
 from ._compat import AMP_SCALING, GRAD_SCALER_WARNING, OptState, takes_grad_scaler
@@ -81,21 +81,33 @@ class _OptimizerStateView(MutableMapping):
 class _PerOptimizerStates(Mapping):
     """torch's ``_per_optimizer_states``: ``{id(optimizer): state}`` (views), a fresh READY state for an id not seen
     since the last ``update()``, as torch's ``defaultdict``; what a client writes there before the first
-    ``step()`` is taken over by that optimizer's step."""
+    ``step()`` is taken over by that optimizer's step. As torch's, it lists the optimizers this iteration touched
+    (unscaled, stepped, or looked up here), and is empty after ``update()``."""
 
     def __init__(self, scaler: GradScaler) -> None:
         self._scaler = scaler
 
-    def _progresses(self) -> dict[int, StepProgress]:
+    def _all(self) -> dict[int, StepProgress]:
         scaler = self._scaler
         progresses = {id(opt): step.progress for opt, step in scaler._steps.items()}
         progresses.update(scaler._pending_progress)
         return progresses
 
+    def _progresses(self) -> dict[int, StepProgress]:
+        """This iteration's: an optimizer's live progress once it left READY or holds a flag, and every id looked
+        up here since the last ``update()``."""
+        scaler = self._scaler
+        progresses = {id(opt): step.progress for opt, step in scaler._steps.items()
+                      if step.progress.stage is not Stage.READY or step.progress.found_inf is not None
+                      or id(opt) in scaler._looked_up}
+        progresses.update(scaler._pending_progress)
+        return progresses
+
     def __getitem__(self, key: int) -> _OptimizerStateView:
-        progress = self._progresses().get(key)
+        progress = self._all().get(key)
         if progress is None:
             progress = self._scaler._pending_progress[key] = StepProgress()
+        self._scaler._looked_up.add(key)
         return _OptimizerStateView(progress)
 
     def __contains__(self, key: object) -> bool:
@@ -108,12 +120,37 @@ class _PerOptimizerStates(Mapping):
         return len(self._progresses())
 
 
-class GradScaler:
+class GradScalerStateError(RuntimeError, AssertionError):
+    """A call out of order (``step()`` or ``unscale_()`` before any ``scale()``, pickling mid-iteration). Also an
+    ``AssertionError``, what ``torch.amp.GradScaler`` raises there, so that code written against torch's catches it."""
+
+
+class GradScalerArgumentError(ValueError, AssertionError):
+    """A constructor argument or ``update(new_scale)`` refused. Also an ``AssertionError``, what
+    ``torch.amp.GradScaler`` raises for those it checks (``growth_factor <= 1``, ``backoff_factor >= 1``, a
+    malformed ``new_scale``)."""
+
+
+class _StepTable(weakref.WeakKeyDictionary):
+    """``{optimizer: OptimizerStep}``, not keeping the optimizers alive; pickled empty (its keys are live objects),
+    so that ``torch.save(scaler.__dict__)``, which client checkpoints do with torch's scaler, works: each optimizer
+    gets a fresh step object at its next ``step()``, as after :meth:`GradScaler.__setstate__`."""
+
+    def __reduce__(self) -> tuple[type, tuple[()]]:
+        return type(self), ()
+
+
+class GradScaler(torch.amp.GradScaler):
     """``torch.amp.GradScaler``'s interface over lossscale's dynamic loss scale.
 
     Cost per ``step(optimizer)`` as ``LossScaleOptimizer.step()``; ``scale()`` and ``update()`` add no sync,
     ``get_scale()`` and ``state_dict()`` one. Unlike torch's (``docs/migration/gradscaler.md``), the scale never
     backs off below ``min_loss_scale``, and a ``step()`` without gradients or an ``update()`` without a step is a no-op.
+
+    A subclass of ``torch.amp.GradScaler``, so that code which checks ``isinstance(scaler, torch.amp.GradScaler)``
+    (training loops that scale only then, CLI type checks of Lightning's ``MixedPrecision(scaler=...)``) takes it;
+    every method and attribute torch's has is defined here, over lossscale's state, and torch's ``__init__`` is not
+    called (it would assign its own state to names that are views here).
 
     Args:
         device, init_scale, growth_factor, backoff_factor, growth_interval, enabled: as ``torch.amp.GradScaler``
@@ -124,6 +161,10 @@ class GradScaler:
         sync_skips: decide a fused optimizer's skip on the host (1 sync), so a skip calls no ``optimizer.step``.
         stats_every: measure the scaled gradients every ``N``-th iteration (default None): :attr:`gradient_stats`;
             ``scale()`` calls count the micro-batches.
+
+    Raises:
+        ValueError: an invalid policy argument when enabled (a :class:`GradScalerArgumentError`, also an
+            ``AssertionError``, as torch's for ``growth_factor <= 1`` or ``backoff_factor >= 1``).
 
     >>> import torch
     >>> w = torch.nn.Parameter(torch.tensor([1.0]))
@@ -142,6 +183,7 @@ class GradScaler:
         named_parameters: Iterable[tuple[str, torch.Tensor]] | None = None, history: Any = None,
         sync_skips: bool = False, stats_every: int | None = None,
     ) -> None:
+        # torch.amp.GradScaler.__init__ is deliberately not called (see the class docstring).
         self._device, self._enabled = str(device), bool(enabled)
         if self._enabled and self._device == "cuda" and not torch.cuda.is_available():
             warnings.warn("lossscale.torch.GradScaler is enabled, but CUDA is not available.  Disabling.", stacklevel=2)
@@ -153,7 +195,11 @@ class GradScaler:
                 min_loss_scale=1.0 if min_loss_scale is None else min_loss_scale,
                 hysteresis=1 if hysteresis is None else hysteresis,
             )
-        except (TypeError, ValueError):
+        except ValueError as error:
+            if self._enabled:
+                raise GradScalerArgumentError(str(error)) from None
+            policy = DynamicLossScale()  # disabled (GradScaler(enabled=use_fp16, **cfg)): never used, as in torch
+        except TypeError:
             if self._enabled:
                 raise
             policy = DynamicLossScale()  # disabled (GradScaler(enabled=use_fp16, **cfg)): never used, as in torch
@@ -162,11 +208,12 @@ class GradScaler:
         self._placed = False
         self._diagnostics = Diagnostics(max_consecutive_skips, overflow_report, named_parameters, None)
         self._sampler = None if every is None else StatsSampler(every, policy)
-        self._steps: weakref.WeakKeyDictionary[torch.optim.Optimizer, OptimizerStep] = weakref.WeakKeyDictionary()
+        self._steps: _StepTable = _StepTable()
         self._recorder = None if history is None or history is False else StepRecorder(history)
         self.sync_skips = bool(sync_skips)
         self._updates = self._optimizers_seen = 0
         self._pending_progress: dict[int, StepProgress] = {}  # written through _per_optimizer_states before a step
+        self._looked_up: set[int] = set()  # ids looked up in _per_optimizer_states this iteration (torch's defaultdict)
 
     def scale(self, outputs: Any) -> Any:
         """``outputs * S``; with ``history`` a one-element tensor is noted as the iteration's loss, with
@@ -176,7 +223,8 @@ class GradScaler:
             outputs: a floating-point tensor, or nested lists/tuples (other iterables: a lazy ``map``) of them.
 
         Returns:
-            ``outputs`` scaled, in the same structure (as they are when disabled). One operator per tensor, no sync.
+            ``outputs`` scaled, in the same structure (as they are when disabled), each in torch's result dtype of
+            ``tensor * S`` (its own, but float32 for a 0-d float16/bfloat16 one). One operator per tensor, no sync.
 
         Raises:
             TypeError: a tensor that is not floating-point.
@@ -197,7 +245,13 @@ class GradScaler:
                                 f"{value.dtype}. Pass the loss as computed by the model (e.g. scaler.scale(loss.float())).")
             if not self._placed:
                 self._lazy_init_scale_growth_tracker(value.device)
-            return self._owner.get_scaled_loss(value)
+            scale = self._owner.state.loss_scale
+            if scale.device != value.device:
+                scale = move(scale, value.device)
+            # torch's promotion, as torch's scale(): a 0-d float16/bfloat16 loss times the 0-d float32 scale is
+            # float32 (a float16 one rounded back would be Inf from |loss| > 1 at 2**16); a tensor of any other
+            # shape keeps its dtype, rounded once from the float32 product.
+            return torch.mul(value, scale)
         if isinstance(value, Iterable):
             mapped = map(self._scale_nested, value)
             return type(value)(mapped) if isinstance(value, (list, tuple)) else mapped
@@ -215,7 +269,8 @@ class GradScaler:
             optimizer: the ``torch.optim.Optimizer`` whose gradients to unscale.
 
         Raises:
-            RuntimeError: before ``scale()``, twice in an iteration, or after ``step()`` (torch's messages).
+            RuntimeError: before ``scale()`` (a :class:`GradScalerStateError`, also an ``AssertionError`` as
+                torch's), twice in an iteration, or after ``step()`` (torch's messages).
             ValueError: float16 gradients.
 
         Cost: one R+W pass over the gradients; no sync.
@@ -242,7 +297,8 @@ class GradScaler:
             ``optimizer.step(*args, **kwargs)``'s result, None on a skip decided on the host.
 
         Raises:
-            RuntimeError: a ``closure``, before ``scale()``, or twice before ``update()`` (torch's messages).
+            RuntimeError: a ``closure``, before ``scale()`` (a :class:`GradScalerStateError`, also an
+                ``AssertionError`` as torch's), or twice before ``update()`` (torch's messages).
 
         Cost: as ``LossScaleOptimizer.step()``: one R+W pass (a check only for a fused optimizer's float16
         gradients); host syncs: fused 0 (1 with ``sync_skips``), else 1.
@@ -272,7 +328,7 @@ class GradScaler:
         """torch's check that ``scale()`` ran at least once (else the gradients were never scaled, and unscaling
         them would divide them by ``S`` silently)."""
         if not self._placed:
-            raise RuntimeError(
+            raise GradScalerStateError(
                 f"Attempted {what} but _scale is None.  This may indicate your script did not use "
                 "scaler.scale(loss or outputs) earlier in the iteration. Call scaler.scale(loss).backward() first."
             )
@@ -293,12 +349,36 @@ class GradScaler:
         step.number = self._updates  # the overflow report's step: update() calls so far (pickled, as History's rows)
         return step
 
-    @property
+    @property  # type: ignore[override]  # torch annotates a plain dict; this is a live mapping of views
     def _per_optimizer_states(self) -> _PerOptimizerStates:
         """torch's attribute: ``{id(optimizer): {"stage": OptState, "found_inf_per_device": {device: flag}}}``,
         live views of each optimizer's progress this iteration; what client code writes there, ``step()`` and
         ``update()`` read (a flag written with the stage ``UNSCALED`` decides the step)."""
         return _PerOptimizerStates(self)
+
+    @_per_optimizer_states.setter
+    def _per_optimizer_states(self, states: Mapping[int, Mapping[str, Any]]) -> None:
+        """``scaler._per_optimizer_states = defaultdict(_refresh_per_optimizer_state)``, the last line of torch's
+        ``update()`` that a subclass overriding ``update()`` keeps: closes the iteration without moving the scale
+        (the subclass moved it: ``torch._amp_update_scale_`` on :attr:`_scale` and :attr:`_growth_tracker`), every
+        optimizer READY again; the entries of a non-empty ``states`` are then written as through the views.
+
+        Raises:
+            TypeError: ``states`` is not a mapping.
+        """
+        if not isinstance(states, Mapping):
+            raise TypeError(f"_per_optimizer_states takes a mapping {{id(optimizer): state}} (torch's update() "
+                            f"assigns an empty defaultdict), got {type(states).__name__}.")
+        entries = [(key, dict(state)) for key, state in states.items()]  # read before anything is reset
+        self._owner.discard_pending()
+        for step in self._steps.values():
+            step.progress.reset()
+        self._pending_progress.clear()
+        self._looked_up.clear()
+        views = self._per_optimizer_states
+        for key, state in entries:
+            for name, value in state.items():
+                views[key][name] = value
 
     def _unscale_grads_(self, optimizer: torch.optim.Optimizer, inv_scale: torch.Tensor, found_inf: torch.Tensor,
                         allow_fp16: bool = False) -> dict[torch.device, torch.Tensor]:
@@ -308,7 +388,7 @@ class GradScaler:
         ``ValueError``. One R+W pass, no sync."""
         return unscale_grads_per_device(optimizer.param_groups, inv_scale, found_inf, allow_fp16)
 
-    def _check_inf_per_device(self, optimizer: torch.optim.Optimizer) -> dict[torch.device, torch.Tensor]:
+    def _check_inf_per_device(self, optimizer: torch.optim.Optimizer) -> dict[Any, torch.Tensor]:
         """torch's method: checks ``optimizer``'s gradients for NaN/Inf without unscaling them, records the flag as
         this iteration's (the stage is unchanged) and returns ``{device: flag}``. One R+W pass (by 1), no sync."""
         self._require_scaled("_check_inf_per_device")
@@ -327,7 +407,8 @@ class GradScaler:
             new_scale: None, or a positive finite float or a 1-element tensor with ``requires_grad=False``.
 
         Raises:
-            ValueError: a malformed ``new_scale`` (torch's message).
+            ValueError: a malformed ``new_scale`` (torch's message; a :class:`GradScalerArgumentError`, also an
+                ``AssertionError`` as torch's).
         """
         if not self._enabled:
             return
@@ -338,13 +419,17 @@ class GradScaler:
             if progress.found_inf is not None and not owner.counts(progress):
                 owner.add_step(progress.found_inf, progress)
         pending = owner.pending
-        owner.update(new_scale, self._sampler, recorder)  # one sample of every optimizer measured
+        try:
+            owner.update(new_scale, self._sampler, recorder)  # one sample of every optimizer measured
+        except ValueError as error:  # new_scale refused (before anything moved)
+            raise GradScalerArgumentError(str(error)) from None
         if recorder is not None and pending is not None:
             recorder.append(self._updates, scale_used, pending > 0)  # type: ignore[arg-type]
         self._updates += 1
         for progress in progresses:  # every optimizer READY again, as torch's fresh per-optimizer states
             progress.reset()
         self._pending_progress.clear()
+        self._looked_up.clear()
 
     @property
     def gradient_stats(self) -> dict[str, Any] | None:
@@ -361,6 +446,8 @@ class GradScaler:
 
     def load_state_dict(self, state_dict: dict[str, Any], custom_objects: Mapping[str, type] | None = None) -> None:
         """Restores ours or ``torch.amp.GradScaler``'s state dict, validated first (nothing changes on error).
+        Mid-iteration, as torch's, the optimizers' checks so far stay: an ``unscale_`` done is not done again, and
+        ``update()`` counts a step's overflow.
 
         Args:
             state_dict: what ``state_dict()`` of this class or of ``torch.amp.GradScaler`` returned.
@@ -374,9 +461,8 @@ class GradScaler:
         if not self._enabled:
             return
         self._owner.load(gradscaler_record(state_dict, self._owner.policy, self._owner.state, custom_objects))
-        for step in self._steps.values():
-            step.reset()
-        self._pending_progress.clear()
+        for step in self._steps.values():  # what a fused step learned of the inner state goes; checks stay
+            step.tracker.reset()
         if self._sampler is not None:  # the iteration's measurements go with it
             self._sampler.forget()
 
@@ -386,26 +472,89 @@ class GradScaler:
 
     @property
     def _scale(self) -> torch.Tensor | None:
-        """torch's attribute: the live 0-d float32 scale tensor (None when disabled)."""
-        return self._owner.state.loss_scale if self._enabled else None
+        """torch's attribute: the live 0-d float32 scale tensor; None when disabled, and, as torch's, before the
+        first ``scale()`` or ``_lazy_init_scale_growth_tracker(device)`` placed it (client code reads None as "call
+        ``_lazy_init_scale_growth_tracker`` first", e.g. a pipeline stage that unscales a loss scaled elsewhere)."""
+        return self._owner.state.loss_scale if self._enabled and self._placed else None
+
+    @_scale.setter
+    def _scale(self, value: torch.Tensor | None) -> None:
+        """``scaler._scale = tensor`` (client code keeping a floor by hand): the scale takes ``value``'s value, on
+        the scale's device (placed on ``value``'s first if nothing placed it yet); a copy, so later in-place
+        changes to ``value`` do not reach it, unlike torch's, which holds ``value`` itself. No sync; ignored when
+        disabled, as nothing reads torch's then.
+
+        Raises:
+            TypeError: ``value`` is not a one-element real tensor.
+        """
+        if not isinstance(value, torch.Tensor) or value.numel() != 1 or value.is_complex() or value.dtype == torch.bool:
+            shown = f"a tensor of shape {tuple(value.shape)} and dtype {value.dtype}" \
+                if isinstance(value, torch.Tensor) else repr(value)
+            raise TypeError(f"GradScaler._scale takes a one-element real tensor (as torch's holds), got {shown}. "
+                            "To set the scale, call scaler.update(new_scale) after the iteration's steps.")
+        if not self._enabled:
+            return
+        if not self._placed:
+            self._lazy_init_scale_growth_tracker(value.device)
+        self._owner.set_scale(value.detach())
 
     # torch's lazy-init attributes, views of the live state.
     _init_scale = property(lambda self: self.get_scale(), lambda self, v: self._owner.overwrite(scale=v))
     _init_growth_tracker = property(
         lambda self: self._get_growth_tracker(), lambda self, v: self._owner.overwrite(growth_tracker=v)
     )
+    # torch's factor attributes (client code and accelerate's own tests read them; some write them): the policy's,
+    # through the getters and the validating setters.
+    _growth_factor = property(lambda self: self.get_growth_factor(), lambda self, v: self.set_growth_factor(v))
+    _backoff_factor = property(lambda self: self.get_backoff_factor(), lambda self, v: self.set_backoff_factor(v))
+    _growth_interval = property(lambda self: self.get_growth_interval(),
+                                lambda self, v: self.set_growth_interval(v))
+
+    def _check_scale_growth_tracker(self, funcname: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """torch's method (subclasses that override ``update()`` call it): the live scale and growth counter.
+
+        Args:
+            funcname: the caller's name, for the message.
+
+        Raises:
+            RuntimeError: neither ``scale()`` nor ``_lazy_init_scale_growth_tracker`` placed them yet (torch's words;
+                a :class:`GradScalerStateError`, also an ``AssertionError`` as torch's).
+        """
+        self._require_scaled(funcname)
+        return self._owner.state.loss_scale, self._owner.state.good_steps
 
     @property
     def _growth_tracker(self) -> torch.Tensor | None:
         """torch's attribute: the live 0-d int32 count of finite steps since the scale last changed (None when
-        disabled); client code all-reduces it in place."""
-        return self._owner.state.good_steps if self._enabled else None
+        disabled, or not yet placed, as :attr:`_scale`); client code all-reduces it in place."""
+        return self._owner.state.good_steps if self._enabled and self._placed else None
+
+    @_growth_tracker.setter
+    def _growth_tracker(self, value: torch.Tensor | int | None) -> None:
+        """``scaler._growth_tracker = tensor or int``: the growth counter takes ``value`` (saturated at 2**31 - 1);
+        one host read of a tensor. Ignored when disabled.
+
+        Raises:
+            TypeError: ``value`` is neither an int nor a one-element integer tensor.
+            ValueError: a negative count.
+        """
+        if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_floating_point() \
+                and not value.is_complex() and value.dtype != torch.bool:
+            count = int(value.item())
+        elif isinstance(value, int) and not isinstance(value, bool):
+            count = value
+        else:
+            raise TypeError(f"GradScaler._growth_tracker takes an int or a one-element integer tensor, got {value!r}.")
+        if count < 0:
+            raise ValueError(f"GradScaler._growth_tracker counts finite steps, so it cannot be negative; got {count}.")
+        if self._enabled:
+            self._owner.overwrite(growth_tracker=count)
 
     def _get_scale_async(self) -> torch.Tensor | None:
         """torch's method: :attr:`_scale`, with no sync."""
         return self._scale
 
-    def _found_inf_per_device(self, optimizer: torch.optim.Optimizer) -> dict[torch.device, torch.Tensor]:
+    def _found_inf_per_device(self, optimizer: torch.optim.Optimizer) -> dict[Any, torch.Tensor]:
         """torch's method: ``{device: found_inf}`` of ``optimizer``'s check this iteration (after ``unscale_``;
         empty before). The tensor is the one ``step()`` reads: an in-place all-reduce of it decides the step."""
         step = self._steps.get(optimizer)
@@ -499,7 +648,7 @@ class GradScaler:
     def __getstate__(self) -> dict[str, Any]:
         """The scale and the settings; no live object (CUDA event, per-optimizer records, parameter names)."""
         if any(step.progress.stage is not Stage.READY for step in self._steps.values()):
-            raise RuntimeError("A GradScaler may be pickled only between iterations "
+            raise GradScalerStateError("A GradScaler may be pickled only between iterations "
                                "(before scale() or after update()).")
         history = None if self._recorder is None else self._recorder.history
         if self._recorder is not None:
@@ -520,8 +669,8 @@ class GradScaler:
         self._device, self._enabled, self._placed = state["device"], bool(state["enabled"]), bool(state["placed"])
         self._owner, self._diagnostics = state["scale"], state["diagnostics"]
         self._sampler = state.get("sampler")
-        self._steps, self._optimizers_seen = weakref.WeakKeyDictionary(), 0
-        self._pending_progress = {}
+        self._steps, self._optimizers_seen = _StepTable(), 0
+        self._pending_progress, self._looked_up = {}, set()
         self._recorder = None if state["history"] is None else StepRecorder(state["history"])
         self.sync_skips, self._updates = bool(state["sync_skips"]), int(state["updates"])
 

@@ -599,6 +599,19 @@ class IterationScale(SharedLossScale):
         if pending is not None and sampler is not None:
             count_sampler(sampler, recorder)
 
+    def load(self, record: ScaleRecord) -> None:
+        """Takes over ``record`` as :class:`ScaleState` does, keeping this iteration's flags and members: as
+        ``torch.amp.GradScaler.load_state_dict``, a load mid-iteration leaves the optimizers' checks (an
+        ``unscale_`` already done, a step's overflow) to the iteration's ``step()`` and ``update()``."""
+        members, pending = self._members, self._pending
+        ScaleState.load(self, record)
+        self._members, self._pending = members, None if pending is None else move(pending, self.device)
+
+    def discard_pending(self) -> None:
+        """Closes the iteration without advancing the scale: its flags are dropped, its members READY again (a
+        ``GradScaler`` subclass moved the scale by its own ``update()``)."""
+        self._close()
+
     def counts(self, member: Any) -> bool:
         """Whether ``member``'s flag (a step progress) is already among this iteration's."""
         return any(m is member for m in self._members)
