@@ -195,13 +195,9 @@ class GradScaler(torch.amp.GradScaler):
                 min_loss_scale=1.0 if min_loss_scale is None else min_loss_scale,
                 hysteresis=1 if hysteresis is None else hysteresis,
             )
-        except ValueError as error:
+        except (TypeError, ValueError) as error:  # a wrong type first: it stays a TypeError (and a ValueError)
             if self._enabled:
-                raise GradScalerArgumentError(str(error)) from None
-            policy = DynamicLossScale()  # disabled (GradScaler(enabled=use_fp16, **cfg)): never used, as in torch
-        except TypeError:
-            if self._enabled:
-                raise
+                raise error if isinstance(error, TypeError) else GradScalerArgumentError(str(error)) from None
             policy = DynamicLossScale()  # disabled (GradScaler(enabled=use_fp16, **cfg)): never used, as in torch
         every = check_stats_every(stats_every, policy)
         self._owner = IterationScale(policy)
