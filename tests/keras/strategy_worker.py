@@ -1,4 +1,4 @@
-"""One tf.distribute scenario per process (run by test_keras_strategy.py; the fit and mwms cases by hand): ``python strategy_worker.py CASE``.
+"""One tf.distribute scenario per process (run by test_keras_strategy.py; the mwms cases by hand): ``python strategy_worker.py CASE``.
 
 TensorFlow is split into two logical CPUs before it starts (MirroredStrategy), or joins a two-worker cluster
 from TF_CONFIG (MultiWorkerMirroredStrategy, one CPU per worker). An Inf is put into one replica's share of the
@@ -97,6 +97,9 @@ def fit_case() -> None:
     before = snapshot(model, opt)
     model.fit(data(BAD, Y), epochs=1, verbose=0)
     check_skipped(model, opt, before)
+    # TF's properties are tensors, read as numbers under the strategy as on one device (not mirrored variables).
+    read = (float(opt.loss_scale), int(opt.skipped_steps), int(opt.dynamic_counter), bool(opt.last_step_skipped))
+    assert read == (2.0**9, 1, 0, True), read
     # A finite step now applies on every replica alike, as one device does on the whole batch.
     model.fit(data(X, Y), epochs=1, verbose=0)
     assert int(per_replica(opt.iterations)[0]) == 1

@@ -34,3 +34,15 @@ def test_seed_loop_under_mirrored_strategy_unscales_once_per_replica(case):
     )
     assert proc.returncode == 0, f"{case} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
     assert f"ok {case}" in proc.stdout
+
+
+def test_fit_under_mirrored_strategy_skips_everywhere_and_reads_tfs_properties_as_numbers():
+    # An Inf on one replica skips on both (weights, slots, iterations, the scale halved once), then a finite fit
+    # matches one device's; between them float(opt.loss_scale) and the other properties read as numbers, which a
+    # mirrored variable refuses.
+    proc = subprocess.run(
+        [sys.executable, str(WORKER), "mirrored_fit"], env=env(), capture_output=True, text=True, timeout=600,
+        check=False,
+    )
+    assert proc.returncode == 0, f"mirrored_fit failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    assert "ok mirrored_fit" in proc.stdout

@@ -89,11 +89,11 @@ class ScaleVariables:
         return LossScaleState(*self.variables)
 
     def value(self, field: str) -> Any:
-        """Field ``field`` of :class:`~lossscale.LossScaleState` now, a 0-d tensor (its initial value until built).
-        No host sync."""
+        """Field ``field`` of :class:`~lossscale.LossScaleState` now, a 0-d tensor (its initial value until built;
+        under ``tf.distribute`` the value, not the mirrored variable, so ``float()`` reads it). No host sync."""
         if not self.variables:
             return ops.convert_to_tensor(getattr(initial_state(self.params, np), field))
-        return ops.convert_to_tensor(self.variables[LossScaleState._fields.index(field)])
+        return _as_tensor(self.variables[LossScaleState._fields.index(field)], keras.backend.backend())
 
     def read(self, copy: bool = True) -> LossScaleState:
         """The state now: a snapshot ordered before this step's writes.
@@ -103,11 +103,7 @@ class ScaleVariables:
                 the values before any write.
         """
         backend = keras.backend.backend()
-        if backend == "tensorflow":
-            import tensorflow as tf
-
-            return LossScaleState(*(tf.convert_to_tensor(v.value) for v in self.variables))
-        values = (ops.convert_to_tensor(v) for v in self.variables)
+        values = (_as_tensor(v, backend) for v in self.variables)
         return LossScaleState(*(ops.copy(v) if copy and backend == "torch" else v for v in values))
 
     def after(self, current: LossScaleState, finite: Any) -> LossScaleState:
@@ -266,6 +262,17 @@ class ScaleVariables:
 
         host, self._room = host_state(LossScaleState(*values))
         self._streak_is_zero = host.consecutive_skips == 0
+
+
+def _as_tensor(variable: Any, backend: str) -> Any:
+    """A Keras variable's value as a tensor. TensorFlow: ``tf.convert_to_tensor`` of the TF variable, which under
+    ``tf.distribute`` reads the mirrored variable's value (Keras' ``convert_to_tensor`` hands the mirrored variable
+    back, which ``float()`` refuses)."""
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        return tf.convert_to_tensor(variable.value)
+    return ops.convert_to_tensor(variable)
 
 
 def _identity(values: list[Any]) -> tuple[Any, ...] | None:
