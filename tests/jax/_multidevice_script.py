@@ -83,7 +83,7 @@ def main():
 
     shipped = grads_module.by_platform
     for path, backend, loss_scale in (("cpu", "cpu", 1024.0), ("gpu", "gpu", 1024.0), ("auto", "cpu", "auto")):
-        grads_module.by_platform = shipped if backend == "cpu" else (lambda cpu, other: other())
+        grads_module.by_platform = shipped if backend == "cpu" else (lambda cpu, other, like=(): other())
         opt = lsj.loss_scale_optimizer(optax.sgd(0.1), loss_scale, axis_name="d", stats_every=2)
         state = opt.init(params)
         spec = jax.tree.map(lambda x: P("d") if x.shape == params.shape else P(), state)  # the sample replicated

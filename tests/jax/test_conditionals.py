@@ -113,7 +113,7 @@ def test_the_steps_off_the_cpu_are_the_cpus_bit_for_bit(loss_scale, every, monke
         return out, int(state.skipped_steps)
 
     on_cpu, skipped = run()
-    monkeypatch.setattr(grads_module, "by_platform", lambda cpu, other: other())
+    monkeypatch.setattr(grads_module, "by_platform", lambda cpu, other, like=(): other())
     off_cpu, _ = run()
     assert skipped == 3  # NaN, Inf, -Inf; the overflowing sums are finite
     assert off_cpu == on_cpu

@@ -105,3 +105,39 @@ def test_inject_hyperparams_around_the_wrapper_counts_skipped_steps():
     counts, updates = _run(tx, lambda s: s.count)
     assert counts == [1, 2, 3, 4]
     np.testing.assert_allclose(updates, [-1.0, 0.0, -0.8, -0.7], rtol=1e-6)
+
+
+@pytest.mark.parametrize("policy, stats_every", [("dynamic", None), ("dynamic", 2), ("auto", 2)])
+def test_an_eager_update_compiles_nothing_once_warm(policy, stats_every):
+    """Called outside ``jit`` (eager code, as optax allows), an update compiles no new XLA program once each of its
+    operators has run: the CPU's exact check after a non-finite sum is a Python ``if`` there, where a ``lax.cond``
+    of new closures compiled a program at every call (about 100 ms)."""
+    import logging
+
+    compiled: list[str] = []
+
+    class Compiles(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.getMessage().startswith("Compiling"):
+                compiled.append(record.getMessage()[:80])
+
+    params = {"w": jnp.ones((4, 4)), "b": jnp.zeros(4)}
+    tx = lsj.loss_scale_optimizer(optax.adam(1e-3), policy, stats_every=stats_every)
+    state = tx.init(params)
+    finite = jax.tree_util.tree_map(lambda p: jnp.full_like(p, 0.5), params)
+    bad = {"w": finite["w"].at[0, 0].set(jnp.inf), "b": finite["b"]}
+    cycle = [finite, bad, finite, finite]
+    for grads in cycle * 2:  # every operator of both paths runs once (their own compiles)
+        _, state = tx.update(grads, state, params)
+    handler, logger = Compiles(), logging.getLogger("jax")
+    logger.addHandler(handler)
+    try:
+        with jax.log_compiles(True):
+            for grads in cycle:
+                _, state = tx.update(grads, state, params)
+    finally:
+        logger.removeHandler(handler)
+    assert compiled == []
+    assert int(state.skipped_steps) == 3
+    if policy == "dynamic":
+        assert float(state.loss_scale) == 2.0**15 / 8

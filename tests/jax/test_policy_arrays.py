@@ -46,7 +46,7 @@ def test_every_argument_as_a_jax_array():
         (lambda: DynamicLossScale(jnp.float32(jnp.inf)), ValueError, "initial_loss_scale must be finite"),
         (lambda: DynamicLossScale(jnp.asarray(True)), TypeError, "got the bool"),
         (lambda: DynamicLossScale(jnp.ones(2)), TypeError, r"got an array of shape \(2,\)"),
-        (lambda: DynamicLossScale(8, jnp.float32(3)), TypeError, r"increment_period must be an int.*dtype float32"),
+        (lambda: DynamicLossScale(8, jnp.float32(3.5)), TypeError, r"increment_period must be an int.*dtype float32"),
         (lambda: DynamicLossScale(8, jnp.int32(0)), ValueError, r"increment_period must be an int in \[1"),
         (lambda: DynamicLossScale(8, multiplier=jnp.float32(1)), ValueError, "multiplier must be greater than 1"),
         (lambda: FixedLossScale(jnp.float32(0.5)), ValueError, "loss_scale_value must be at least 1"),
@@ -60,3 +60,7 @@ def test_jax_arrays_are_validated_like_numbers(build, error, message):
 def test_a_traced_value_is_a_clear_error():
     with pytest.raises(TypeError, match="must be a concrete number.*build the policy outside jit"):
         jax.jit(lambda x: DynamicLossScale(x).initial_scale)(jnp.float32(8))
+
+
+def test_a_whole_float_jax_count_is_the_int_it_spells():
+    assert DynamicLossScale(8, jnp.float32(3)) == DynamicLossScale(8, 3)

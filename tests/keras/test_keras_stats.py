@@ -475,7 +475,7 @@ def _as_on_a_gpu(monkeypatch):
     if BACKEND == "jax":
         import lossscale.keras._grads as grads_module
 
-        monkeypatch.setattr(grads_module, "by_platform", lambda cpu, other: other())
+        monkeypatch.setattr(grads_module, "by_platform", lambda cpu, other, like=(): other())
     elif BACKEND == "torch":
         _off_the_cpu(monkeypatch)
     else:

@@ -118,4 +118,5 @@ def test_0d_tensors_are_accepted_by_policies():
     with pytest.raises(TypeError, match="got the bool"):
         DynamicLossScale(torch.tensor(True))
     with pytest.raises(TypeError, match=r"increment_period must be an int, .*dtype torch.float32"):
-        DynamicLossScale(8, torch.tensor(3.0))
+        DynamicLossScale(8, torch.tensor(3.5))
+    assert DynamicLossScale(8, torch.tensor(3.0)) == DynamicLossScale(8, 3)  # a whole float: the int it spells

@@ -6,17 +6,28 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 from jax import lax
+
+from ._compat import is_tracer
 
 __all__ = ["by_platform", "finite_by_max"]
 
 
-def by_platform(cpu: Callable[[], Any], other: Callable[[], Any]) -> Any:
+def by_platform(cpu: Callable[[], Any], other: Callable[[], Any], like: Sequence[Any] = ()) -> Any:
     """``cpu()`` where the program runs on a CPU, ``other()`` on any other platform, chosen when XLA lowers it
     (``lax.platform_dependent``): right also for a program exported or traced on one machine for another, where
     ``jax.default_backend()`` at trace time is not. Both are traced; the lowering keeps only the chosen one, as a
-    conditional of one branch that XLA inlines (no conditional runs)."""
+    conditional of one branch that XLA inlines (no conditional runs).
+
+    Outside any trace (eager code: the arrays ``like`` are all concrete) the platform is theirs, read on the host,
+    and only the chosen one runs: ``lax.platform_dependent`` there would compile a new program at every call (its
+    branches are new closures each time), about 100 ms a call."""
+    if like and not any(is_tracer(x) for x in like):
+        devices = getattr(like[0], "devices", None)
+        platform = next(iter(devices())).platform if callable(devices) else jax.default_backend()
+        return cpu() if platform == "cpu" else other()
     return lax.platform_dependent(cpu=cpu, default=other)
 
 

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from .._jax._kernels import by_platform, finite_by_max
-from ._compat import like, typeof, varying_axes
+from ._compat import is_tracer, like, typeof, varying_axes
 
 __all__ = ["all_finite", "by_platform", "check_gradients", "in_float32_range", "scale_loss", "squared_norm", "unscale"]
 
@@ -78,10 +78,12 @@ def _exactly_finite(leaves: list[Any]) -> jax.Array:
 
 def _by_sums(leaves: list[Any]) -> jax.Array:
     """:func:`sum_checks`, with the exact check of the float32/float64 leaves in a ``lax.cond`` taken only when
-    their sum is not finite."""
+    their sum is not finite (outside any trace, a Python ``if`` on the sum: one host read)."""
     flag, summed, wide = sum_checks(leaves)
     if summed is None:
         return flag
+    if not is_tracer(summed):  # eager: a Python if (a lax.cond of new closures compiles anew at every call)
+        return flag & (summed if bool(summed) else _exactly_finite(wide))
     # The taken branch returns the flag, not a constant: both then vary over the gradients' shard_map axes.
     return flag & lax.cond(summed, lambda: summed, lambda: _exactly_finite(wide))
 
@@ -119,7 +121,8 @@ def all_finite(tree: Any) -> jax.Array:
     leaves = [jnp.asarray(leaf) for leaf in jax.tree_util.tree_leaves(tree)]
     if not leaves:
         return jnp.ones((), jnp.bool_)
-    return by_platform(lambda: _varying_as(_by_sums(leaves), leaves), lambda: _varying_as(finite_by_max(leaves), leaves))
+    return by_platform(lambda: _varying_as(_by_sums(leaves), leaves), lambda: _varying_as(finite_by_max(leaves), leaves),
+                       like=leaves)
 
 
 def sum_checks(leaves: list[Any]) -> tuple[jax.Array, jax.Array | None, list[jax.Array]]:

@@ -12,6 +12,7 @@ from jax import lax
 
 from .._sampler import SamplerState, is_due
 from .._stats import FLOAT16_TINY, GradientStats, summarize, tensor_sums
+from ._compat import is_tracer
 from ._grads import _varying_as
 from ._state import Measurement
 
@@ -67,7 +68,7 @@ def sample_if_due(
     every: int, grads: list, sampler: SamplerState, axes: tuple[Hashable, ...] | None = None, check: Any = None
 ) -> Measurement:
     """The step's :class:`~lossscale.jax._state.Measurement`: the sample where due (across ``axes``), else the kept
-    one, in one ``lax.cond`` (none with ``every=1``).
+    one, in one ``lax.cond`` (none with ``every=1``; outside any trace, a Python ``if`` on the count: one host read).
 
     Args:
         every: ``stats_every``, the sampling period.
@@ -97,7 +98,10 @@ def sample_if_due(
         finite, sample = take(grads)
         return Measurement(finite, sample, True)
     due = is_due(every, count)
-    finite, sample = lax.cond(due, take, keep, grads)
+    if is_tracer(due):
+        finite, sample = lax.cond(due, take, keep, grads)
+    else:  # eager: a Python if (a lax.cond of new closures compiles anew at every call)
+        finite, sample = (take if bool(due) else keep)(grads)
     return Measurement(finite, sample, due)
 
 

@@ -124,16 +124,28 @@ def _summed(present: Sequence[Any]) -> Any:
         by_dtype.setdefault(keras.backend.standardize_dtype(g.dtype), []).append(ops.sum(g))
     # The sum of the sums: an overflow here, like one in a sum, only sends the step to the exact check.
     sums = _conjunction([ops.isfinite(ops.sum(ops.stack(group))) for group in by_dtype.values()])
-    finite = ops.cond(sums, lambda: ops.convert_to_tensor(True), lambda: _each_finite(wide))
+    finite = cond(sums, lambda: ops.convert_to_tensor(True), lambda: _each_finite(wide))
     return ops.logical_and(finite, _each_finite(narrow)) if narrow else finite
 
 
-def by_platform(cpu: Callable[[], Any], other: Callable[[], Any]) -> Any:
+def by_platform(cpu: Callable[[], Any], other: Callable[[], Any], like: Sequence[Any] = ()) -> Any:
     """JAX: :func:`lossscale._jax._kernels.by_platform` (imported here, at the call: Keras may run on another backend),
     a name of this module so that Keras's step and tests reach it here."""
     from .._jax._kernels import by_platform as choose
 
-    return choose(cpu, other)
+    return choose(cpu, other, like)
+
+
+def cond(pred: Any, true_fn: Callable[[], Any], false_fn: Callable[[], Any]) -> Any:
+    """``keras.ops.cond``, except on JAX outside any trace (``run_eagerly``): there a Python ``if`` on ``pred``, one
+    host read, as TensorFlow's and torch's eager ``cond`` already are. JAX's eager ``cond`` is a ``lax.cond`` of
+    new closures, which compiles a new program at every call (tens of ms a step)."""
+    if keras.backend.backend() == "jax":
+        from .._jax._compat import is_tracer
+
+        if not is_tracer(pred):
+            return true_fn() if bool(pred) else false_fn()
+    return ops.cond(pred, true_fn, false_fn)
 
 
 def all_finite(grads: Sequence[Any]) -> Any:
@@ -151,7 +163,7 @@ def all_finite(grads: Sequence[Any]) -> Any:
     if backend == "jax" and present:
         from .._jax._kernels import finite_by_max
 
-        return by_platform(lambda: _summed(present), lambda: finite_by_max(present))
+        return by_platform(lambda: _summed(present), lambda: finite_by_max(present), like=present)
     if backend == "tensorflow":
         return _summed(present)
     return _each_finite(present)

@@ -18,7 +18,7 @@ from .._policy import LossScale
 from .._sampler import SamplerState, is_due
 from .._stats import GradientStats, as_mapping, empty_stats, sizes_of, summarize_columns, tensor_sums
 from ._compat import in_xla_trace, not_inlined, version_counter
-from ._grads import XP
+from ._grads import XP, cond
 
 __all__ = ["Measurement", "StatsVariables"]
 
@@ -104,7 +104,7 @@ class StatsVariables:
 
     def when_due(self, sampled: Any, take: Callable[[], Any], otherwise: Callable[[], Any]) -> Any:
         """``take()`` on a sampled apply, else ``otherwise()``: a ``cond`` unless every apply is sampled."""
-        return take() if self.every == 1 else ops.cond(sampled, take, otherwise)
+        return take() if self.every == 1 else cond(sampled, take, otherwise)
 
     def in_build_order(self, grads: Sequence[Any], variables: Sequence[Any]) -> tuple[list[Any], list[int]]:
         """The gradients in build order and their sizes (a variable not given, or a None gradient: None, size 0)."""

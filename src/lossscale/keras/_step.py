@@ -57,7 +57,7 @@ class Stateful:
             if current is not None:
                 state.write(state.after(current, True))
 
-        ops.cond(finite, apply, lambda: None if current is None else state.write(state.after(current, False)))
+        _grads.cond(finite, apply, lambda: None if current is None else state.write(state.after(current, False)))
 
 
 class Stateless:
@@ -122,7 +122,7 @@ class Stateless:
             return weights, inner_values, own_after(False)
 
         def in_cond() -> tuple[list[Any], list[Any]]:
-            new_weights, new_inner, new_own = ops.cond(finite, step, skip)
+            new_weights, new_inner, new_own = _grads.cond(finite, step, skip)
             return list(new_weights), list(new_own) + list(new_inner)
 
         def by_where() -> tuple[list[Any], list[Any]]:
@@ -134,7 +134,7 @@ class Stateless:
             return new_weights, own_after(finite) + new_inner
 
         if keras.backend.backend() == "jax":
-            return _grads.by_platform(in_cond, by_where)  # type: ignore[no-any-return]  # (looked up here: tests patch it)
+            return _grads.by_platform(in_cond, by_where, like=[finite])  # type: ignore[no-any-return]  # (looked up here: tests patch it)
         return in_cond()
 
 
