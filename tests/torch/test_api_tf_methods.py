@@ -370,3 +370,104 @@ def test_slots_sgd_momentum_and_variables():
     # the loss-scale state is among the variables: the scale, then int32 counters
     scales = [v for v in variables if v.dtype == torch.float32 and v.dim() == 0]
     assert any(float(s) == float(opt.loss_scale) for s in scales)
+
+
+# ----------------------------------------------------------------------------- seed 000's v1 signatures
+
+
+def test_seed_000_gate_constants_and_get_name():
+    assert (LossScaleOptimizer.GATE_NONE, LossScaleOptimizer.GATE_OP, LossScaleOptimizer.GATE_GRAPH) == (0, 1, 2)
+    w = param(1.0)
+    # TF: the inner optimizer's name (GradientDescentOptimizer -> "GradientDescent"); torch's: its class name
+    assert LossScaleOptimizer(torch.optim.SGD([w], lr=0.5), "dynamic").get_name() == "SGD"
+    assert LossScaleOptimizer(torch.optim.AdamW([param(1.0)]), 128).get_name() == "AdamW"
+
+
+def test_seed_000_compute_gradients_takes_tf_v1_arguments_positionally():
+    w, v = param(1.0, 2.0), param(3.0)
+    opt = LossScaleOptimizer(torch.optim.SGD([w, v], lr=0.5), initial_scale=2.0**10)
+    loss = lambda: (w * w).sum() + v.sum()
+    # (loss, var_list, gate_gradients, aggregation_method, colocate_gradients_with_ops, grad_loss)
+    pairs = opt.compute_gradients(loss, [w, v], opt.GATE_GRAPH, None, True, torch.tensor(0.5))
+    assert [g.tolist() for g, _ in pairs] == [[1.0, 2.0], [0.5]] and pairs[0][1] is w and pairs[1][1] is v
+    for gate in (opt.GATE_NONE, opt.GATE_OP):
+        assert opt.compute_gradients(loss, var_list=[w], gate_gradients=gate)[0][0].tolist() == [2.0, 4.0]
+    with pytest.raises(ValueError, match="gate_gradients must be one of"):
+        opt.compute_gradients(loss, var_list=[w], gate_gradients=3)
+
+
+def test_seed_000_empty_var_list_is_a_value_error():
+    # TF: ValueError("No variables to optimize."), not autograd's RuntimeError
+    w = param(1.0)
+    opt = LossScaleOptimizer(torch.optim.SGD([w], lr=0.5))
+    with pytest.raises(ValueError, match="No variables to optimize"):
+        opt.compute_gradients(lambda: w.sum(), var_list=[])
+    with pytest.raises(ValueError, match="No variables to optimize"):
+        opt.minimize(lambda: w.sum(), var_list=())
+    w.requires_grad_(False)
+    with pytest.raises(ValueError, match="No variables to optimize"):
+        opt.minimize(lambda: (w * 2).sum())
+    assert w.item() == 1.0
+
+
+def test_seed_000_minimize_tf_v1_order_and_name():
+    w = param(1.0, -1.0)
+    opt = LossScaleOptimizer(torch.optim.SGD([w], lr=0.25), initial_scale=2, dynamic_growth_steps=1)
+    step = torch.zeros((), dtype=torch.int64)
+    # (loss, global_step, var_list, gate_gradients, aggregation_method, colocate_gradients_with_ops, name, grad_loss)
+    applied = opt.minimize(lambda: (w**2).sum(), step, [w], opt.GATE_OP, None, False, "train", torch.tensor(2.0))
+    assert bool(applied) and w.tolist() == [0.0, 0.0] and int(step) == 1 and float(opt.loss_scale) == 4
+    # Keras' order, minimize(loss, var_list), still works
+    assert bool(opt.minimize(lambda: (w - 1).sum(), [w])) and w.tolist() == [-0.25, -0.25] and int(step) == 1
+    assert bool(opt.minimize(lambda: (w - 1).sum(), [w], step, name=None)) and int(step) == 2
+    assert w.tolist() == [-0.5, -0.5]
+    assert not bool(opt.minimize(lambda: (w * math.inf).sum(), step, name="train"))
+    assert w.tolist() == [-0.5, -0.5] and int(step) == 2
+    with pytest.raises(TypeError, match="name must be a string or None"):
+        opt.minimize(lambda: w.sum(), step, name=1)
+    with pytest.raises(TypeError, match="global_step must be a tensor"):
+        opt.minimize(lambda: w.sum(), [w], [w])
+
+
+def test_seed_000_apply_gradients_name():
+    w = param(1.0)
+    opt = LossScaleOptimizer(torch.optim.SGD([w], lr=0.5))
+    step = torch.zeros((), dtype=torch.int64)
+    assert bool(opt.apply_gradients([(torch.ones(1), w)], step, "apply")) and w.item() == 0.5 and int(step) == 1
+    with pytest.raises(TypeError, match="name must be a string or None"):
+        opt.apply_gradients([(torch.ones(1), w)], name=3)
+    assert w.item() == 0.5
+
+
+@pytest.mark.parametrize("bad", [1.0, "sgd", None])
+def test_seed_000_non_optimizer_is_value_error_and_type_error(bad):
+    # TF v1's MixedPrecisionLossScaleOptimizer raised ValueError, Keras' LossScaleOptimizer TypeError
+    for error in (ValueError, TypeError):
+        with pytest.raises(error, match="optimizer must be a torch.optim.Optimizer instance"):
+            LossScaleOptimizer(bad, "dynamic")
+
+
+# ----------------------------------------------------------------------------- seed 004: contrib's form
+
+
+def test_seed_004_loss_scale_manager_keyword():
+    w = param(1.0)
+    manager = FixedLossScaleManager(5000)
+    opt = LossScaleOptimizer(torch.optim.SGD([w], lr=0.5), loss_scale_manager=manager)
+    assert opt.loss_scale_policy is manager and float(opt.loss_scale) == 5000
+    assert bool(opt.minimize(lambda: w.sum())) and w.item() == 0.5
+    with pytest.raises(TypeError, match="not both"):
+        LossScaleOptimizer(torch.optim.SGD([param(1.0)], lr=0.5), 8, loss_scale_manager=manager)
+
+
+def test_seed_004_exponential_manager_trajectory_through_minimize():
+    # contrib: good steps reset on a non-finite step, bad steps only when the scale changes
+    w = param(1.0)
+    opt = LossScaleOptimizer(torch.optim.SGD([w], lr=0.0),
+                             loss_scale_manager=ExponentialUpdateLossScaleManager(8, 3, 2, incr_ratio=2, decr_ratio=0.5))
+    pattern = [1, 1, 0, 1, 1, 1, 0, 1, 0, 0, 0, 1, 1, 1]
+    scales = []
+    for finite in pattern:
+        opt.minimize(lambda f=finite: w.sum() * (1.0 if f else math.inf))
+        scales.append(float(opt.loss_scale))
+    assert scales == [8, 8, 8, 8, 8, 16, 16, 16, 8, 8, 4, 4, 4, 8]
