@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from lossscale import ExponentialUpdateLossScaleManager, FixedLossScaleManager
+from lossscale import DynamicLossScale, ExponentialUpdateLossScaleManager, FixedLossScaleManager
 from lossscale.torch import LossScaleOptimizer
 
 NONFINITE = [math.nan, math.inf, -math.inf]
@@ -471,3 +471,20 @@ def test_seed_004_exponential_manager_trajectory_through_minimize():
         opt.minimize(lambda f=finite: w.sum() * (1.0 if f else math.inf))
         scales.append(float(opt.loss_scale))
     assert scales == [8, 8, 8, 8, 8, 16, 16, 16, 8, 8, 4, 4, 4, 8]
+
+
+def test_seed_000_minimize_matches_tf_v1_recorded_trajectory():
+    # Recorded from tensorflow 2.21: tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer(
+    #   GradientDescentOptimizer(0.25), DynamicLossScale(8, 2, 2)).minimize(loss, global_step=gs, var_list=[w]),
+    # (loss scale, global_step, w) after each step; a non-finite step leaves w and global_step alone.
+    tf_recorded = [(8.0, 1, 0.75), (16.0, 2, 0.5), (8.0, 2, 0.5), (8.0, 3, 0.25), (16.0, 4, 0.0), (16.0, 5, -0.25),
+                   (8.0, 5, -0.25), (4.0, 5, -0.25), (4.0, 6, -0.5), (8.0, 7, -0.75), (8.0, 8, -1.0),
+                   (16.0, 9, -1.25), (8.0, 9, -1.25)]
+    w = param(1.0)
+    opt = LossScaleOptimizer(torch.optim.SGD([w], lr=0.25), DynamicLossScale(8, 2, 2))
+    gs = torch.zeros((), dtype=torch.int64)
+    seen = []
+    for finite in [1, 1, 0, 1, 1, 1, 0, 0, 1, 1, 1, 1, 0]:
+        opt.minimize(lambda f=finite: w.sum() * (1.0 if f else math.inf), gs, [w])  # TF v1's positional order
+        seen.append((float(opt.loss_scale), int(gs), w.item()))
+    assert seen == tf_recorded
