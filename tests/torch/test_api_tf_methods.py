@@ -488,3 +488,27 @@ def test_seed_000_minimize_matches_tf_v1_recorded_trajectory():
         opt.minimize(lambda f=finite: w.sum() * (1.0 if f else math.inf), gs, [w])  # TF v1's positional order
         seen.append((float(opt.loss_scale), int(gs), w.item()))
     assert seen == tf_recorded
+
+
+def test_apply_gradients_malformed_pairs_are_clear_errors_and_change_nothing():
+    w = param(1.0, 2.0)
+    opt = LossScaleOptimizer(torch.optim.SGD([w], lr=0.5), initial_scale=8, dynamic_growth_steps=1)
+    with pytest.raises(TypeError, match=r"gradient must be a tensor or None, got list.*torch.as_tensor"):
+        opt.apply_gradients([([1.0, 2.0], w)])
+    with pytest.raises(ValueError, match="A variable of type float is not a parameter of the inner optimizer"):
+        opt.apply_gradients([(torch.ones(2), 3.0)])
+    with pytest.raises(ValueError, match=r"gradient of shape \(3,\) was given for a variable of shape \(2,\)"):
+        opt.apply_gradients([(torch.ones(3), w)])
+    # one .grad per parameter: the second gradient used to replace the first silently (TF applied both)
+    with pytest.raises(ValueError, match="appears twice in grads_and_vars; sum its gradients"):
+        opt.apply_gradients([(torch.ones(2), w), (torch.ones(2), w)])
+    assert w.tolist() == [1.0, 2.0] and float(opt.loss_scale) == 8 and int(opt.dynamic_counter) == 0
+
+
+def test_compute_gradients_non_scalar_loss_is_its_sum_as_in_tf():
+    # TF (recorded, 2.21): compute_gradients(lambda: w * 2, [w]) -> [2., 2.]
+    w = param(1.0, 2.0)
+    opt = LossScaleOptimizer(torch.optim.SGD([w], lr=0.5), initial_scale=2.0**10)
+    (g, var), = opt.compute_gradients(lambda: w * 2, var_list=[w])
+    assert var is w and g.tolist() == [2.0, 2.0]
+    assert bool(opt.minimize(lambda: w * w)) and w.tolist() == [0.0, 0.0]

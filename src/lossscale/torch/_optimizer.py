@@ -296,7 +296,8 @@ class LossScaleOptimizer(torch.optim.Optimizer):
             gate_gradients: ``GATE_NONE``, ``GATE_OP`` or ``GATE_GRAPH``; ignored, as TF ignored it in eager
                 execution (autograd has no gating).
             aggregation_method, colocate_gradients_with_ops: ignored, as TF ignored them in eager execution.
-            grad_loss: the gradient of the final result with respect to ``loss`` (default: ones).
+            grad_loss: the gradient of the final result with respect to ``loss`` (default: ones, so a non-scalar
+                ``loss`` is differentiated as its sum, as in TF).
 
         Returns:
             ``(gradient, variable)`` pairs; a gradient is None where ``loss`` does not depend on the variable.
@@ -325,6 +326,8 @@ class LossScaleOptimizer(torch.optim.Optimizer):
         scaled = self.get_scaled_loss(loss)
         if grad_loss is not None:
             grad_loss = grad_loss.to(scaled.dtype)
+        elif isinstance(scaled, torch.Tensor) and scaled.dim() != 0:
+            grad_loss = torch.ones_like(scaled)  # TF differentiates a non-scalar loss's sum; autograd would refuse
         grads = torch.autograd.grad(scaled, variables, grad_outputs=grad_loss, allow_unused=True)
         return list(zip(self.get_unscaled_gradients(grads), variables))
 
@@ -344,8 +347,10 @@ class LossScaleOptimizer(torch.optim.Optimizer):
             A 0-d bool tensor, True if applied.
 
         Raises:
-            TypeError: ``global_step`` is not a tensor, or ``name`` is not a string.
-            ValueError: a variable that is no parameter of the inner optimizer, or no gradient at all.
+            TypeError: ``global_step`` is not a tensor, a gradient is neither a tensor nor None, or ``name`` is not a
+                string.
+            ValueError: a variable that is no parameter of the inner optimizer or that appears twice, a gradient
+                whose shape is not its variable's, or no gradient at all.
 
         Cost: one R+W check over the gradients; syncs as ``step()``.
         """
@@ -356,10 +361,24 @@ class LossScaleOptimizer(torch.optim.Optimizer):
                             f"dtype=torch.int64); got {type(global_step).__name__}.")
         params = self._params()
         index = {id(p): (g, i) for g, group in enumerate(self.param_groups) for i, p in enumerate(group["params"])}
-        for _, var in pairs:
+        seen: set[int] = set()
+        for grad, var in pairs:
             if id(var) not in index:
-                raise ValueError(f"A variable of shape {tuple(var.shape)} is not a parameter of the inner optimizer; "
-                                 "add it with add_param_group() first.")
+                what = (f"A variable of shape {tuple(var.shape)}" if isinstance(var, torch.Tensor)
+                        else f"A variable of type {type(var).__name__}")
+                raise ValueError(f"{what} is not a parameter of the inner optimizer; add it with add_param_group() "
+                                 "first.")
+            if grad is not None and not isinstance(grad, torch.Tensor):
+                raise TypeError(f"A gradient must be a tensor or None, got {type(grad).__name__} for a variable of "
+                                f"shape {tuple(var.shape)}. Convert it first, e.g. torch.as_tensor(grad).")
+            if grad is not None and grad.shape != var.shape:
+                raise ValueError(f"A gradient of shape {tuple(grad.shape)} was given for a variable of shape "
+                                 f"{tuple(var.shape)}; each gradient must have its variable's shape.")
+            if id(var) in seen:
+                # one .grad per parameter: a second gradient would silently replace the first (TF applied both)
+                raise ValueError(f"A variable of shape {tuple(var.shape)} appears twice in grads_and_vars; sum its "
+                                 "gradients into one pair first.")
+            seen.add(id(var))
         given = [(index[id(v)], v, g) for g, v in pairs if g is not None]
         if not given:
             raise ValueError("No gradients provided for any variable: every gradient in grads_and_vars is None.")
