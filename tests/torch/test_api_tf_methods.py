@@ -512,3 +512,20 @@ def test_compute_gradients_non_scalar_loss_is_its_sum_as_in_tf():
     (g, var), = opt.compute_gradients(lambda: w * 2, var_list=[w])
     assert var is w and g.tolist() == [2.0, 2.0]
     assert bool(opt.minimize(lambda: w * w)) and w.tolist() == [0.0, 0.0]
+
+
+def test_get_slot_takes_tf_slot_names():
+    # TF (recorded, 2.21): MomentumOptimizer(0.1, 0.9).minimize(sum(w*w)) with w=[1, 2] -> slot "momentum" [2, 4]
+    w = param(1.0, 2.0)
+    opt = LossScaleOptimizer(torch.optim.SGD([w], lr=0.1, momentum=0.9), 128)
+    opt.minimize(lambda: (w * w).sum(), var_list=[w])
+    assert opt.get_slot(w, "momentum").tolist() == [2.0, 4.0]
+    assert opt.get_slot(w, "momentum") is opt.get_slot(w, "momentum_buffer")
+    assert opt.get_slot_names() == ["momentum_buffer"] and opt.get_slot(w, "m") is None
+    v = param(1.0)
+    adam = LossScaleOptimizer(torch.optim.Adam([v], amsgrad=True), 8)
+    adam.apply_gradients([(torch.ones(1), v)])
+    state = adam.inner_optimizer.state[v]
+    assert [adam.get_slot(v, n) for n in ("m", "v", "vhat")] == [state[k] for k in ("exp_avg", "exp_avg_sq",
+                                                                                     "max_exp_avg_sq")]
+    assert adam.get_slot(v, "momentum") is None

@@ -31,6 +31,19 @@ __all__ = ["LossScaleOptimizer", "optimizer_class"]
 _WRAPPED: weakref.WeakKeyDictionary[torch.optim.Optimizer, weakref.ref] = weakref.WeakKeyDictionary()
 
 
+#: TF's slot names (v1 and Keras optimizers) -> torch.optim's state names, per torch optimizer class.
+_TF_SLOTS: dict[str, dict[str, str]] = {
+    "SGD": {"momentum": "momentum_buffer"},
+    "Adam": {"m": "exp_avg", "v": "exp_avg_sq", "vhat": "max_exp_avg_sq"},
+    "AdamW": {"m": "exp_avg", "v": "exp_avg_sq", "vhat": "max_exp_avg_sq"},
+    "NAdam": {"m": "exp_avg", "v": "exp_avg_sq"},
+    "Adamax": {"m": "exp_avg", "v": "exp_inf"},
+    "RMSprop": {"rms": "square_avg", "momentum": "momentum_buffer", "mg": "grad_avg"},
+    "Adagrad": {"accumulator": "sum"},
+    "Adadelta": {"accum_grad": "square_avg", "accum_var": "acc_delta"},
+}
+
+
 def _check_name(name: Any) -> None:
     """TF's ``name=`` for an operation: None or a string (torch names no operation, so it is otherwise unused)."""
     if name is not None and not isinstance(name, str):
@@ -442,12 +455,17 @@ class LossScaleOptimizer(torch.optim.Optimizer):
 
         Args:
             var: a parameter of the inner optimizer.
-            name: a state name, e.g. ``"exp_avg"`` (see :meth:`get_slot_names`).
+            name: a state name, e.g. ``"exp_avg"`` (see :meth:`get_slot_names`), or TF's name of the same slot
+                for the inner optimizer's class (Adam's ``"m"``/``"v"``, SGD's ``"momentum"``, Adagrad's
+                ``"accumulator"``...).
 
         Returns:
             The state tensor, or None where there is none.
         """
-        return self.state.get(var, {}).get(name)
+        state = self.state.get(var, {})
+        if name in state:
+            return state[name]
+        return state.get(_TF_SLOTS.get(type(self._inner).__name__, {}).get(name, name))
 
     def get_slot_names(self) -> list[str]:
         """Names of the per-parameter state of the inner optimizer (``"step"`` excluded)."""
