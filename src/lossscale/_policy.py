@@ -429,7 +429,8 @@ class ExponentialUpdateLossScaleManager(LossScale):
     ``decr_every_n_nan_or_inf`` non-finite steps counted since the scale last changed.
 
     Args:
-        init_loss_scale: the scale at step 0, a finite number > 0.
+        init_loss_scale: the scale at step 0, a finite number >= 1 (contrib accepted less, but its floor of 1
+            made the first backoff raise such a scale to 1).
         incr_every_n_steps: finite steps in a row before the scale grows, an int >= 1.
         decr_every_n_nan_or_inf: non-finite steps (since the scale last changed) before it backs off (default 2).
         incr_ratio: the growth factor, > 1 (default 2.0).

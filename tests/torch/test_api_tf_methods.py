@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from lossscale import ExponentialUpdateLossScaleManager, FixedLossScaleManager
+from lossscale import DynamicLossScale, ExponentialUpdateLossScaleManager, FixedLossScaleManager
 from lossscale.torch import LossScaleOptimizer
 
 NONFINITE = [math.nan, math.inf, -math.inf]
@@ -370,3 +370,162 @@ def test_slots_sgd_momentum_and_variables():
     # the loss-scale state is among the variables: the scale, then int32 counters
     scales = [v for v in variables if v.dtype == torch.float32 and v.dim() == 0]
     assert any(float(s) == float(opt.loss_scale) for s in scales)
+
+
+# ----------------------------------------------------------------------------- seed 000's v1 signatures
+
+
+def test_seed_000_gate_constants_and_get_name():
+    assert (LossScaleOptimizer.GATE_NONE, LossScaleOptimizer.GATE_OP, LossScaleOptimizer.GATE_GRAPH) == (0, 1, 2)
+    w = param(1.0)
+    # TF: the inner optimizer's name (GradientDescentOptimizer -> "GradientDescent"); torch's: its class name
+    assert LossScaleOptimizer(torch.optim.SGD([w], lr=0.5), "dynamic").get_name() == "SGD"
+    assert LossScaleOptimizer(torch.optim.AdamW([param(1.0)]), 128).get_name() == "AdamW"
+
+
+def test_seed_000_compute_gradients_takes_tf_v1_arguments_positionally():
+    w, v = param(1.0, 2.0), param(3.0)
+    opt = LossScaleOptimizer(torch.optim.SGD([w, v], lr=0.5), initial_scale=2.0**10)
+    loss = lambda: (w * w).sum() + v.sum()
+    # (loss, var_list, gate_gradients, aggregation_method, colocate_gradients_with_ops, grad_loss)
+    pairs = opt.compute_gradients(loss, [w, v], opt.GATE_GRAPH, None, True, torch.tensor(0.5))
+    assert [g.tolist() for g, _ in pairs] == [[1.0, 2.0], [0.5]] and pairs[0][1] is w and pairs[1][1] is v
+    for gate in (opt.GATE_NONE, opt.GATE_OP):
+        assert opt.compute_gradients(loss, var_list=[w], gate_gradients=gate)[0][0].tolist() == [2.0, 4.0]
+    with pytest.raises(ValueError, match="gate_gradients must be one of"):
+        opt.compute_gradients(loss, var_list=[w], gate_gradients=3)
+
+
+def test_seed_000_empty_var_list_is_a_value_error():
+    # TF: ValueError("No variables to optimize."), not autograd's RuntimeError
+    w = param(1.0)
+    opt = LossScaleOptimizer(torch.optim.SGD([w], lr=0.5))
+    with pytest.raises(ValueError, match="No variables to optimize"):
+        opt.compute_gradients(lambda: w.sum(), var_list=[])
+    with pytest.raises(ValueError, match="No variables to optimize"):
+        opt.minimize(lambda: w.sum(), var_list=())
+    w.requires_grad_(False)
+    with pytest.raises(ValueError, match="No variables to optimize"):
+        opt.minimize(lambda: (w * 2).sum())
+    assert w.item() == 1.0
+
+
+def test_seed_000_minimize_tf_v1_order_and_name():
+    w = param(1.0, -1.0)
+    opt = LossScaleOptimizer(torch.optim.SGD([w], lr=0.25), initial_scale=2, dynamic_growth_steps=1)
+    step = torch.zeros((), dtype=torch.int64)
+    # (loss, global_step, var_list, gate_gradients, aggregation_method, colocate_gradients_with_ops, name, grad_loss)
+    applied = opt.minimize(lambda: (w**2).sum(), step, [w], opt.GATE_OP, None, False, "train", torch.tensor(2.0))
+    assert bool(applied) and w.tolist() == [0.0, 0.0] and int(step) == 1 and float(opt.loss_scale) == 4
+    # Keras' order, minimize(loss, var_list), still works
+    assert bool(opt.minimize(lambda: (w - 1).sum(), [w])) and w.tolist() == [-0.25, -0.25] and int(step) == 1
+    assert bool(opt.minimize(lambda: (w - 1).sum(), [w], step, name=None)) and int(step) == 2
+    assert w.tolist() == [-0.5, -0.5]
+    assert not bool(opt.minimize(lambda: (w * math.inf).sum(), step, name="train"))
+    assert w.tolist() == [-0.5, -0.5] and int(step) == 2
+    with pytest.raises(TypeError, match="name must be a string or None"):
+        opt.minimize(lambda: w.sum(), step, name=1)
+    with pytest.raises(TypeError, match="global_step must be a tensor"):
+        opt.minimize(lambda: w.sum(), [w], [w])
+
+
+def test_seed_000_apply_gradients_name():
+    w = param(1.0)
+    opt = LossScaleOptimizer(torch.optim.SGD([w], lr=0.5))
+    step = torch.zeros((), dtype=torch.int64)
+    assert bool(opt.apply_gradients([(torch.ones(1), w)], step, "apply")) and w.item() == 0.5 and int(step) == 1
+    with pytest.raises(TypeError, match="name must be a string or None"):
+        opt.apply_gradients([(torch.ones(1), w)], name=3)
+    assert w.item() == 0.5
+
+
+@pytest.mark.parametrize("bad", [1.0, "sgd", None])
+def test_seed_000_non_optimizer_is_value_error_and_type_error(bad):
+    # TF v1's MixedPrecisionLossScaleOptimizer raised ValueError, Keras' LossScaleOptimizer TypeError
+    for error in (ValueError, TypeError):
+        with pytest.raises(error, match="optimizer must be a torch.optim.Optimizer instance"):
+            LossScaleOptimizer(bad, "dynamic")
+
+
+# ----------------------------------------------------------------------------- seed 004: contrib's form
+
+
+def test_seed_004_loss_scale_manager_keyword():
+    w = param(1.0)
+    manager = FixedLossScaleManager(5000)
+    opt = LossScaleOptimizer(torch.optim.SGD([w], lr=0.5), loss_scale_manager=manager)
+    assert opt.loss_scale_policy is manager and float(opt.loss_scale) == 5000
+    assert bool(opt.minimize(lambda: w.sum())) and w.item() == 0.5
+    with pytest.raises(TypeError, match="not both"):
+        LossScaleOptimizer(torch.optim.SGD([param(1.0)], lr=0.5), 8, loss_scale_manager=manager)
+
+
+def test_seed_004_exponential_manager_trajectory_through_minimize():
+    # contrib: good steps reset on a non-finite step, bad steps only when the scale changes
+    w = param(1.0)
+    opt = LossScaleOptimizer(torch.optim.SGD([w], lr=0.0),
+                             loss_scale_manager=ExponentialUpdateLossScaleManager(8, 3, 2, incr_ratio=2, decr_ratio=0.5))
+    pattern = [1, 1, 0, 1, 1, 1, 0, 1, 0, 0, 0, 1, 1, 1]
+    scales = []
+    for finite in pattern:
+        opt.minimize(lambda f=finite: w.sum() * (1.0 if f else math.inf))
+        scales.append(float(opt.loss_scale))
+    assert scales == [8, 8, 8, 8, 8, 16, 16, 16, 8, 8, 4, 4, 4, 8]
+
+
+def test_seed_000_minimize_matches_tf_v1_recorded_trajectory():
+    # Recorded from tensorflow 2.21: tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer(
+    #   GradientDescentOptimizer(0.25), DynamicLossScale(8, 2, 2)).minimize(loss, global_step=gs, var_list=[w]),
+    # (loss scale, global_step, w) after each step; a non-finite step leaves w and global_step alone.
+    tf_recorded = [(8.0, 1, 0.75), (16.0, 2, 0.5), (8.0, 2, 0.5), (8.0, 3, 0.25), (16.0, 4, 0.0), (16.0, 5, -0.25),
+                   (8.0, 5, -0.25), (4.0, 5, -0.25), (4.0, 6, -0.5), (8.0, 7, -0.75), (8.0, 8, -1.0),
+                   (16.0, 9, -1.25), (8.0, 9, -1.25)]
+    w = param(1.0)
+    opt = LossScaleOptimizer(torch.optim.SGD([w], lr=0.25), DynamicLossScale(8, 2, 2))
+    gs = torch.zeros((), dtype=torch.int64)
+    seen = []
+    for finite in [1, 1, 0, 1, 1, 1, 0, 0, 1, 1, 1, 1, 0]:
+        opt.minimize(lambda f=finite: w.sum() * (1.0 if f else math.inf), gs, [w])  # TF v1's positional order
+        seen.append((float(opt.loss_scale), int(gs), w.item()))
+    assert seen == tf_recorded
+
+
+def test_apply_gradients_malformed_pairs_are_clear_errors_and_change_nothing():
+    w = param(1.0, 2.0)
+    opt = LossScaleOptimizer(torch.optim.SGD([w], lr=0.5), initial_scale=8, dynamic_growth_steps=1)
+    with pytest.raises(TypeError, match=r"gradient must be a tensor or None, got list.*torch.as_tensor"):
+        opt.apply_gradients([([1.0, 2.0], w)])
+    with pytest.raises(ValueError, match="A variable of type float is not a parameter of the inner optimizer"):
+        opt.apply_gradients([(torch.ones(2), 3.0)])
+    with pytest.raises(ValueError, match=r"gradient of shape \(3,\) was given for a variable of shape \(2,\)"):
+        opt.apply_gradients([(torch.ones(3), w)])
+    # one .grad per parameter: the second gradient used to replace the first silently (TF applied both)
+    with pytest.raises(ValueError, match="appears twice in grads_and_vars; sum its gradients"):
+        opt.apply_gradients([(torch.ones(2), w), (torch.ones(2), w)])
+    assert w.tolist() == [1.0, 2.0] and float(opt.loss_scale) == 8 and int(opt.dynamic_counter) == 0
+
+
+def test_compute_gradients_non_scalar_loss_is_its_sum_as_in_tf():
+    # TF (recorded, 2.21): compute_gradients(lambda: w * 2, [w]) -> [2., 2.]
+    w = param(1.0, 2.0)
+    opt = LossScaleOptimizer(torch.optim.SGD([w], lr=0.5), initial_scale=2.0**10)
+    (g, var), = opt.compute_gradients(lambda: w * 2, var_list=[w])
+    assert var is w and g.tolist() == [2.0, 2.0]
+    assert bool(opt.minimize(lambda: w * w)) and w.tolist() == [0.0, 0.0]
+
+
+def test_get_slot_takes_tf_slot_names():
+    # TF (recorded, 2.21): MomentumOptimizer(0.1, 0.9).minimize(sum(w*w)) with w=[1, 2] -> slot "momentum" [2, 4]
+    w = param(1.0, 2.0)
+    opt = LossScaleOptimizer(torch.optim.SGD([w], lr=0.1, momentum=0.9), 128)
+    opt.minimize(lambda: (w * w).sum(), var_list=[w])
+    assert opt.get_slot(w, "momentum").tolist() == [2.0, 4.0]
+    assert opt.get_slot(w, "momentum") is opt.get_slot(w, "momentum_buffer")
+    assert opt.get_slot_names() == ["momentum_buffer"] and opt.get_slot(w, "m") is None
+    v = param(1.0)
+    adam = LossScaleOptimizer(torch.optim.Adam([v], amsgrad=True), 8)
+    adam.apply_gradients([(torch.ones(1), v)])
+    state = adam.inner_optimizer.state[v]
+    assert [adam.get_slot(v, n) for n in ("m", "v", "vhat")] == [state[k] for k in ("exp_avg", "exp_avg_sq",
+                                                                                     "max_exp_avg_sq")]
+    assert adam.get_slot(v, "momentum") is None

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from .._errors import ArgumentTypeError
 from .._policy import LossScale
 from .._resolve import resolve_loss_scale, serialize, stable_form
 from .._sampler import check_stats_every
@@ -30,13 +31,33 @@ __all__ = ["LossScaleOptimizer", "optimizer_class"]
 _WRAPPED: weakref.WeakKeyDictionary[torch.optim.Optimizer, weakref.ref] = weakref.WeakKeyDictionary()
 
 
+#: TF's slot names (v1 and Keras optimizers) -> torch.optim's state names, per torch optimizer class.
+_TF_SLOTS: dict[str, dict[str, str]] = {
+    "SGD": {"momentum": "momentum_buffer"},
+    "Adam": {"m": "exp_avg", "v": "exp_avg_sq", "vhat": "max_exp_avg_sq"},
+    "AdamW": {"m": "exp_avg", "v": "exp_avg_sq", "vhat": "max_exp_avg_sq"},
+    "NAdam": {"m": "exp_avg", "v": "exp_avg_sq"},
+    "Adamax": {"m": "exp_avg", "v": "exp_inf"},
+    "RMSprop": {"rms": "square_avg", "momentum": "momentum_buffer", "mg": "grad_avg"},
+    "Adagrad": {"accumulator": "sum"},
+    "Adadelta": {"accum_grad": "square_avg", "accum_var": "acc_delta"},
+}
+
+
+def _check_name(name: Any) -> None:
+    """TF's ``name=`` for an operation: None or a string (torch names no operation, so it is otherwise unused)."""
+    if name is not None and not isinstance(name, str):
+        raise TypeError(f"name must be a string or None, got {type(name).__name__}.")
+
+
 def _check_wrappable(optimizer: Any) -> None:
     """Refuses a non-optimizer, a wrapper, and an optimizer another live wrapper already wraps."""
     if isinstance(optimizer, LossScaleOptimizer):
         raise TypeError("optimizer is already a LossScaleOptimizer; wrapping it again would scale twice. "
                         "Use it as it is, or wrap its inner_optimizer.")
     if not isinstance(optimizer, torch.optim.Optimizer):
-        raise TypeError(f"optimizer must be a torch.optim.Optimizer instance, got {type(optimizer).__name__}. "
+        # a TypeError (Keras' LossScaleOptimizer raised one) that is also a ValueError (TF v1's raised one)
+        raise ArgumentTypeError(f"optimizer must be a torch.optim.Optimizer instance, got {type(optimizer).__name__}. "
                         "Build the optimizer first, e.g. LossScaleOptimizer(torch.optim.AdamW(model.parameters())).")
     owner = _WRAPPED.get(optimizer)
     if owner is not None and owner() is not None:
@@ -78,8 +99,9 @@ class LossScaleOptimizer(torch.optim.Optimizer):
         stats_every: measure the *scaled* gradients every ``N``-th step (default None; 16 with
             ``loss_scale="auto"``): :attr:`gradient_stats` (``docs/gradient_stats.md``), which ``AutoLossScale``
             sets the scale from. Cost: about 8 kernels per gradient on a sampled step, no sync.
-        **removed: keywords of earlier versions, refused with a message naming the fix (``check``: every step
-            unscales and checks).
+        **removed: ``loss_scale_manager``, contrib's name for ``loss_scale`` (a manager, or any form above); and
+            keywords of earlier versions, refused with a message naming the fix (``check``: every step unscales
+            and checks).
 
     Raises:
         TypeError, ValueError: a malformed argument, named, or an optimizer already wrapped.
@@ -103,6 +125,10 @@ class LossScaleOptimizer(torch.optim.Optimizer):
         if "check" in removed:
             raise TypeError("LossScaleOptimizer's check argument was removed: step() always unscales and checks "
                             "the gradients. Drop the check argument.")
+        if "loss_scale_manager" in removed:  # contrib's LossScaleOptimizer(opt, loss_scale_manager)
+            if loss_scale is not None:
+                raise TypeError("Pass loss_scale or loss_scale_manager (contrib's name for it), not both.")
+            loss_scale = removed.pop("loss_scale_manager")
         if removed:
             raise TypeError(f"LossScaleOptimizer() got an unexpected keyword argument {next(iter(removed))!r}")
         _check_wrappable(optimizer)
@@ -260,24 +286,44 @@ class LossScaleOptimizer(torch.optim.Optimizer):
         """
         return unscaled_copies(list(grads), self._steps.owner.inv_scale())
 
+    #: TF v1's ``gate_gradients`` values, accepted and ignored as TF ignores them in eager execution.
+    GATE_NONE = 0
+    GATE_OP = 1
+    GATE_GRAPH = 2
+
+    def get_name(self) -> str:
+        """The inner optimizer's name, as TF's ``get_name()`` returned: torch optimizers have none, so it is the
+        inner optimizer's class name (``"SGD"``, ``"AdamW"``)."""
+        return type(self._inner).__name__
+
     def compute_gradients(
-        self, loss: Any, var_list: Iterable[torch.Tensor] | None = None, grad_loss: torch.Tensor | None = None
+        self, loss: Any, var_list: Iterable[torch.Tensor] | None = None, gate_gradients: int = GATE_OP,
+        aggregation_method: Any = None, colocate_gradients_with_ops: bool = False,
+        grad_loss: torch.Tensor | None = None,
     ) -> list[tuple[torch.Tensor | None, torch.Tensor]]:
-        """Unscaled gradients of ``loss``, not accumulated into ``.grad``.
+        """Unscaled gradients of ``loss``, not accumulated into ``.grad``; TF v1's signature.
 
         Args:
             loss: the unscaled loss, a tensor or a zero-argument callable returning one.
             var_list: the tensors to differentiate by (default: the parameters that require grad).
-            grad_loss: the gradient of the final result with respect to ``loss`` (default: ones).
+            gate_gradients: ``GATE_NONE``, ``GATE_OP`` or ``GATE_GRAPH``; ignored, as TF ignored it in eager
+                execution (autograd has no gating).
+            aggregation_method, colocate_gradients_with_ops: ignored, as TF ignored them in eager execution.
+            grad_loss: the gradient of the final result with respect to ``loss`` (default: ones, so a non-scalar
+                ``loss`` is differentiated as its sum, as in TF).
 
         Returns:
             ``(gradient, variable)`` pairs; a gradient is None where ``loss`` does not depend on the variable.
 
         Raises:
-            ValueError: a ``var_list`` entry that is not a tensor requiring grad.
+            ValueError: a ``var_list`` entry that is not a tensor requiring grad, no variable to differentiate by,
+                or a ``gate_gradients`` that is none of the three.
 
         Cost: one backward pass, then :meth:`get_unscaled_gradients`; no sync.
         """
+        if isinstance(gate_gradients, bool) or gate_gradients not in (self.GATE_NONE, self.GATE_OP, self.GATE_GRAPH):
+            raise ValueError("gate_gradients must be one of: LossScaleOptimizer.GATE_NONE, GATE_OP, GATE_GRAPH "
+                             f"(0, 1, 2). Not {gate_gradients!r}.")
         if callable(loss) and not isinstance(loss, torch.Tensor):
             loss = loss()
         if var_list is None:
@@ -287,14 +333,19 @@ class LossScaleOptimizer(torch.optim.Optimizer):
             bad = [type(v).__name__ for v in variables if not (isinstance(v, torch.Tensor) and v.requires_grad)]
             if bad:
                 raise ValueError(f"var_list must hold tensors that require grad; got {', '.join(bad)}.")
+        if not variables:
+            raise ValueError("No variables to optimize: var_list is empty (or no parameter of the inner optimizer "
+                             "requires grad). Pass the tensors to differentiate by, e.g. var_list=model.parameters().")
         scaled = self.get_scaled_loss(loss)
         if grad_loss is not None:
             grad_loss = grad_loss.to(scaled.dtype)
+        elif isinstance(scaled, torch.Tensor) and scaled.dim() != 0:
+            grad_loss = torch.ones_like(scaled)  # TF differentiates a non-scalar loss's sum; autograd would refuse
         grads = torch.autograd.grad(scaled, variables, grad_outputs=grad_loss, allow_unused=True)
         return list(zip(self.get_unscaled_gradients(grads), variables))
 
     def apply_gradients(self, grads_and_vars: Iterable[tuple[torch.Tensor | None, torch.Tensor]],
-                        global_step: torch.Tensor | None = None) -> torch.Tensor:
+                        global_step: torch.Tensor | None = None, name: str | None = None) -> torch.Tensor:
         """Applies *unscaled* gradients if all are finite (else nothing, ``global_step`` included); updates the
         scale either way; ``.grad`` stays as it was.
 
@@ -302,26 +353,45 @@ class LossScaleOptimizer(torch.optim.Optimizer):
             grads_and_vars: ``(gradient, variable)`` pairs, as :meth:`compute_gradients` returns; every variable a
                 parameter of the inner optimizer, a None gradient leaving its variable alone.
             global_step: a tensor incremented in place on an applied step, or None.
+            name: TF's name for the returned operation: a string or None, otherwise unused (torch names no
+                operation).
 
         Returns:
             A 0-d bool tensor, True if applied.
 
         Raises:
-            TypeError: ``global_step`` is not a tensor.
-            ValueError: a variable that is no parameter of the inner optimizer, or no gradient at all.
+            TypeError: ``global_step`` is not a tensor, a gradient is neither a tensor nor None, or ``name`` is not a
+                string.
+            ValueError: a variable that is no parameter of the inner optimizer or that appears twice, a gradient
+                whose shape is not its variable's, or no gradient at all.
 
         Cost: one R+W check over the gradients; syncs as ``step()``.
         """
+        _check_name(name)
         pairs = list(grads_and_vars)
         if global_step is not None and not isinstance(global_step, torch.Tensor):
             raise TypeError("global_step must be a tensor to increment in place, e.g. torch.zeros((), "
                             f"dtype=torch.int64); got {type(global_step).__name__}.")
         params = self._params()
         index = {id(p): (g, i) for g, group in enumerate(self.param_groups) for i, p in enumerate(group["params"])}
-        for _, var in pairs:
+        seen: set[int] = set()
+        for grad, var in pairs:
             if id(var) not in index:
-                raise ValueError(f"A variable of shape {tuple(var.shape)} is not a parameter of the inner optimizer; "
-                                 "add it with add_param_group() first.")
+                what = (f"A variable of shape {tuple(var.shape)}" if isinstance(var, torch.Tensor)
+                        else f"A variable of type {type(var).__name__}")
+                raise ValueError(f"{what} is not a parameter of the inner optimizer; add it with add_param_group() "
+                                 "first.")
+            if grad is not None and not isinstance(grad, torch.Tensor):
+                raise TypeError(f"A gradient must be a tensor or None, got {type(grad).__name__} for a variable of "
+                                f"shape {tuple(var.shape)}. Convert it first, e.g. torch.as_tensor(grad).")
+            if grad is not None and grad.shape != var.shape:
+                raise ValueError(f"A gradient of shape {tuple(grad.shape)} was given for a variable of shape "
+                                 f"{tuple(var.shape)}; each gradient must have its variable's shape.")
+            if id(var) in seen:
+                # one .grad per parameter: a second gradient would silently replace the first (TF applied both)
+                raise ValueError(f"A variable of shape {tuple(var.shape)} appears twice in grads_and_vars; sum its "
+                                 "gradients into one pair first.")
+            seen.add(id(var))
         given = [(index[id(v)], v, g) for g, v in pairs if g is not None]
         if not given:
             raise ValueError("No gradients provided for any variable: every gradient in grads_and_vars is None.")
@@ -348,31 +418,54 @@ class LossScaleOptimizer(torch.optim.Optimizer):
         return applied
 
     def minimize(
-        self, loss: Any, var_list: Iterable[torch.Tensor] | None = None, global_step: torch.Tensor | None = None,
-        grad_loss: torch.Tensor | None = None,
+        self, loss: Any, global_step: Any = None, var_list: Iterable[torch.Tensor] | None = None,
+        gate_gradients: int = GATE_OP, aggregation_method: Any = None, colocate_gradients_with_ops: bool = False,
+        name: str | None = None, grad_loss: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """``apply_gradients(compute_gradients(loss, var_list, grad_loss), global_step)``.
+        """``apply_gradients(compute_gradients(loss, var_list, ..., grad_loss), global_step, name)``; TF v1's
+        signature.
 
         Args:
-            loss, var_list, grad_loss: as :meth:`compute_gradients`.
-            global_step: as :meth:`apply_gradients`.
+            loss, var_list, gate_gradients, aggregation_method, colocate_gradients_with_ops, grad_loss: as
+                :meth:`compute_gradients`.
+            global_step: as :meth:`apply_gradients`. A second positional argument that is not a tensor is taken
+                as ``var_list`` (Keras' order, ``minimize(loss, var_list)``; a tensor after it is then the global
+            step): a global step is always a tensor.
+            name: as :meth:`apply_gradients`.
 
         Returns:
             A 0-d bool tensor, True if the step was applied.
+
+        Raises:
+            ValueError: as :meth:`compute_gradients` (TF: "If some of the variables are not Variable objects").
+            TypeError: as :meth:`apply_gradients`.
         """
-        return self.apply_gradients(self.compute_gradients(loss, var_list, grad_loss), global_step)
+        if global_step is not None and not isinstance(global_step, torch.Tensor):
+            if var_list is not None and not isinstance(var_list, torch.Tensor):
+                raise TypeError("global_step must be a tensor to increment in place, e.g. torch.zeros((), "
+                                f"dtype=torch.int64); got {type(global_step).__name__}.")
+            global_step, var_list = var_list, global_step  # minimize(loss, var_list[, global_step])
+        _check_name(name)
+        grads_and_vars = self.compute_gradients(loss, var_list, gate_gradients, aggregation_method,
+                                                colocate_gradients_with_ops, grad_loss)
+        return self.apply_gradients(grads_and_vars, global_step, name)
 
     def get_slot(self, var: torch.Tensor, name: str) -> torch.Tensor | None:
         """The inner optimizer's state ``name`` for ``var``.
 
         Args:
             var: a parameter of the inner optimizer.
-            name: a state name, e.g. ``"exp_avg"`` (see :meth:`get_slot_names`).
+            name: a state name, e.g. ``"exp_avg"`` (see :meth:`get_slot_names`), or TF's name of the same slot
+                for the inner optimizer's class (Adam's ``"m"``/``"v"``, SGD's ``"momentum"``, Adagrad's
+                ``"accumulator"``...).
 
         Returns:
             The state tensor, or None where there is none.
         """
-        return self.state.get(var, {}).get(name)
+        state = self.state.get(var, {})
+        if name in state:
+            return state[name]
+        return state.get(_TF_SLOTS.get(type(self._inner).__name__, {}).get(name, name))
 
     def get_slot_names(self) -> list[str]:
         """Names of the per-parameter state of the inner optimizer (``"step"`` excluded)."""
