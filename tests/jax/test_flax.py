@@ -189,3 +189,28 @@ def test_nnx_value_and_grad_keeps_batchnorm_statistics_and_dropout_rngs_moving()
     np.testing.assert_array_equal(losses, ref_losses)
     assert int(lsj.find_state(optimizer.opt_state).skipped_steps) == 3
     assert float(optimizer.opt_state.loss_scale) == float(ref_optimizer.opt_state.loss_scale) == 2.0**10  # fixed
+
+
+@pytest.mark.parametrize("argnums", [-1, (-1,), 1], ids=["-1", "(-1,)", "1"])
+def test_nnx_value_and_grad_takes_a_negative_argnums(argnums):
+    # nnx.value_and_grad does not count a negative argnums from the end (with a Dropout's RNG state it then
+    # differentiates the key); lsj.value_and_grad gives it the position counted from the front.
+    class Net(nnx.Module):
+        def __init__(self, rngs):
+            self.linear, self.drop = nnx.Linear(3, 2, rngs=rngs), nnx.Dropout(0.5, rngs=rngs)
+
+        def __call__(self, x):
+            return self.drop(self.linear(x))
+
+    def loss(x, model):
+        return (model(x) ** 2).mean()
+
+    x = jnp.ones((4, 3))
+    state = lsj.loss_scale_optimizer(optax.sgd(0.1), 2.0**4).init(nnx.state(Net(nnx.Rngs(0, dropout=1)), nnx.Param))
+    got_loss, grads = lsj.value_and_grad(loss, argnums=argnums)(x, Net(nnx.Rngs(0, dropout=1)), opt_state=state)
+    ref_loss, ref_grads = nnx.value_and_grad(lambda x, m: 2.0**4 * loss(x, m), argnums=1)(
+        x, Net(nnx.Rngs(0, dropout=1)))
+    np.testing.assert_allclose(float(got_loss), float(ref_loss) / 2.0**4, rtol=1e-6)
+    grads = grads[0] if isinstance(argnums, tuple) else grads
+    for mine, theirs in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads), strict=True):
+        np.testing.assert_allclose(np.asarray(mine), np.asarray(theirs), rtol=1e-6)

@@ -617,3 +617,26 @@ def test_history_records_the_samples_as_columns(compiled):
     np.testing.assert_allclose(zero[[0, 2]], float(np.float32(3 / 7)), rtol=1e-6)
     expected = [float(gradient_stats(known_grads(2.0**i), np).headroom_bits) for i in (0, 2)]
     np.testing.assert_allclose(headroom[[0, 2]], expected, rtol=1e-6)
+
+
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="jit_compile of a TensorFlow step")
+@pytest.mark.parametrize("kwargs", [{"stats_every": 1}, {"loss_scale": "auto"}], ids=["stats_every", "auto"])
+def test_a_nan_gradient_is_skipped_under_xla(kwargs):
+    """Under TensorFlow's XLA (``jit_compile=True``) a max drops NaN (XLA's fast min/max): a sampled step whose
+    flag is the sample's ``isfinite(amax)`` applied a NaN gradient (no Inf) and poisoned the weights. The NaN
+    tensor's sum of squares is NaN: the sample's amax is NaN there, as eagerly, and the step is skipped."""
+    import tensorflow as tf
+
+    v = variables()
+    opt = lsk.LossScaleOptimizer(keras.optimizers.SGD(0.5), **kwargs)
+    opt.build(v)
+    grads = known_grads(2.0**10)
+    grads[1][0, 1] = np.nan
+    tf.function(lambda g: opt.apply(g, v), jit_compile=True)([tf.constant(g) for g in grads])
+    assert int(ops.convert_to_numpy(opt.skipped_steps)) == 1
+    for w in v:
+        np.testing.assert_array_equal(ops.convert_to_numpy(w), np.zeros(w.shape, np.float32))
+    got = host(opt.gradient_stats)
+    assert np.isnan(float(got["amax"])) and np.isnan(float(got["headroom_bits"]))
+    np.testing.assert_array_equal(np.isnan(got["per_tensor"]["amax"]), [False, True])
+    np.testing.assert_array_equal(np.isnan(got["per_tensor"]["headroom_bits"]), [False, True])

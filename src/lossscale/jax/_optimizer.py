@@ -226,7 +226,9 @@ def value_and_grad(
     # The scale is argument 0 of ``scaled``, so fun's argnums shift by one; it is never differentiated.
     shifted = jax.tree_util.tree_map(lambda a: a + 1 if isinstance(a, int) and a >= 0 else a, argnums)
     grad_fn = jax.value_and_grad(scaled, argnums=shifted, has_aux=True)
-    nnx_grad_fn: Callable[..., Any] | None = None  # nnx.value_and_grad of the same, built at the first nnx call
+    # nnx.value_and_grad of the same, built at the first nnx call per number of arguments: nnx does not count a
+    # negative argnums from the end (with a Dropout's RNG state it differentiated the key), so it gets positions.
+    nnx_grad_fns: dict[int, Callable[..., Any]] = {}
 
     # A concrete state given here allows one call, outside any trace; the lock makes the flag's test-and-set atomic,
     # so two threads cannot both make the one call.
@@ -235,7 +237,7 @@ def value_and_grad(
 
     @functools.wraps(fun)
     def wrapped(*args: Any, opt_state: Any = None, **kwargs: Any) -> tuple[Any, Any]:
-        nonlocal used, nnx_grad_fn
+        nonlocal used
         if opt_state is not None:
             found = _find(opt_state, "value_and_grad()")
         elif bound is not None:
@@ -253,9 +255,11 @@ def value_and_grad(
             )
         differentiate, transform = grad_fn, nnx_value_and_grad(args, argnums)
         if transform is not None:  # an nnx Module among the differentiated arguments
-            if nnx_grad_fn is None:
-                nnx_grad_fn = transform(scaled, argnums=shifted, has_aux=True)
-            differentiate = nnx_grad_fn
+            count = len(args) + 1  # scaled's arguments: the scale, then fun's
+            if count not in nnx_grad_fns:
+                positions = jax.tree_util.tree_map(lambda a: a + count if isinstance(a, int) and a < 0 else a, shifted)
+                nnx_grad_fns[count] = transform(scaled, argnums=positions, has_aux=True)
+            differentiate = nnx_grad_fns[count]
         (scaled_loss, (loss, aux)), grads = differentiate(found.loss_scale, *args, **kwargs)
         if once is not None and opt_state is None and is_tracer(scaled_loss):
             # Under jit/pmap/scan every op is staged out, so the scaled loss is a tracer even when every input is a

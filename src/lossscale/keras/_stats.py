@@ -17,6 +17,7 @@ from .._auto import AutoLossScale, AutoState, initial_auto_state
 from .._policy import LossScale
 from .._sampler import SamplerState, is_due
 from .._stats import GradientStats, as_mapping, empty_stats, sizes_of, summarize_columns, tensor_sums
+from .._stats import _headroom as headroom
 from ._compat import in_xla_trace, not_inlined, version_counter
 from ._grads import XP, cond
 
@@ -133,8 +134,21 @@ class StatsVariables:
 
     def summary(self, sums: Any, sizes: Sequence[int], count: Any, replicas: int = 1) -> tuple[Any, ...]:
         """The :class:`GradientStats` values of :meth:`table`'s sums (over ``replicas`` tensors of each size; in a
-        graph, not on torch: the sizes are constants)."""
-        return tuple(summarize_columns(ops.unstack(sums, 4), [n * replicas for n in sizes], count, XP))
+        graph, not on torch: the sizes are constants).
+
+        Under TensorFlow's XLA (``jit_compile=True``) a max drops NaN (XLA's fast min/max), so ``max|g|`` of a
+        tensor holding NaN came out finite, and a sampled step whose flag is ``isfinite(amax)`` applied it. There a
+        NaN sum of squares (NaN only from a NaN: squares are >= 0) makes the tensor's and the overall amax NaN, as
+        eagerly: about 10 ops on the ``(T,)`` columns, no pass over the gradients."""
+        columns = ops.unstack(sums, 4)
+        stats = GradientStats(*summarize_columns(columns, [n * replicas for n in sizes], count, XP))
+        if in_xla_trace():
+            nan = ops.isnan(columns[3])
+            tensor_amax = ops.where(nan, math.nan, stats.tensor_amax)
+            amax = ops.where(ops.any(nan), math.nan, stats.amax)
+            stats = stats._replace(amax=amax, headroom_bits=headroom(amax, XP), tensor_amax=tensor_amax,
+                                   tensor_headroom_bits=headroom(tensor_amax, XP))
+        return tuple(stats)
 
     def measure(
         self, grads: Sequence[Any], variables: Sequence[Any], scale: Any, already: bool, *,
