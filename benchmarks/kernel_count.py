@@ -164,7 +164,8 @@ def count_meta(variant: str, kind: str = "adamw-fused", params: float = 1e6, ten
 
 def critical_paths(variant: str, kind: str = "adamw-fused", params: float = 1e6, tensors: int = 100) -> list[int]:
     """:attr:`OpCounter.depth` of a whole step (the inner optimizer's included) of ``variant`` over ``kind``, for
-    each of 17 steps after 3 warm-up steps, as :func:`count_meta` runs them (step 13 is sampled, where any is)."""
+    each of 17 steps after 3 warm-up steps, as :func:`count_meta` runs them (entry 13 is a sampled step, where
+    the variant samples)."""
     size = max(1, int(params) // tensors)
     with fused_on_meta():
         weights = [torch.nn.Parameter(torch.empty(size, device="meta")) for _ in range(tensors)]

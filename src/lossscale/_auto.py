@@ -8,6 +8,7 @@ from dataclasses import KW_ONLY, dataclass, fields
 from numbers import Integral
 from typing import Any, NamedTuple
 
+from ._errors import ArgumentTypeError, whole
 from ._policy import COUNTER_MAX, LossScale, RuleParams, _extensions, _set, count, scale_bounds
 from ._rule import LossScaleState, _finite_flag, count_up, skip_counters
 from ._stats import LOG2_FLOAT16_MAX, GradientStats
@@ -332,11 +333,15 @@ def overflow_table(policy: AutoLossScale, auto: AutoState, xp: Any, grid: tuple[
 
 
 def check_stats_every(stats_every: Any, policy: LossScale) -> int | None:
-    """``stats_every`` validated (None or an int >= 1); 16 for ``AutoLossScale`` when not given."""
+    """``stats_every`` validated (None or an int >= 1; a whole float is its int); 16 for ``AutoLossScale`` when not
+    given."""
     if stats_every is None:
         return 16 if isinstance(policy, AutoLossScale) else None
+    stats_every = whole(stats_every)
     if isinstance(stats_every, bool) or not isinstance(stats_every, Integral):
-        raise TypeError(f"stats_every must be an int (measure every N-th step) or None (off), got {stats_every!r}.")
+        raise ArgumentTypeError(
+            f"stats_every must be an int (measure every N-th step) or None (off), got {stats_every!r}."
+        )
     every = int(stats_every)
     if every < 1:
         raise ValueError(f"stats_every must be at least 1 (or None to measure nothing), got {stats_every}.")

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from numbers import Integral
+import math
+from numbers import Integral, Real
 from typing import Any, overload
 
-__all__ = ["ArgumentTypeError", "LossScaleError", "check_skip_limit", "stall_error"]
+__all__ = ["ArgumentTypeError", "LossScaleError", "check_skip_limit", "stall_error", "whole"]
 
 
 class LossScaleError(RuntimeError):
@@ -19,16 +20,28 @@ class ArgumentTypeError(TypeError, ValueError):
     "ValueError in case of any invalid argument"): code written for either catches it."""
 
 
+def whole(value: Any) -> Any:
+    """``value`` as an int where it is a whole Python or numpy float (``2000.0``, ``2e3``), else ``value`` as given: a
+    count spelled as a float is the int it spells, as TensorFlow's ``int()`` took it (a fraction is then refused
+    by the caller's int check)."""
+    if isinstance(value, Real) and not isinstance(value, (Integral, bool)):
+        number = float(value)
+        if math.isfinite(number) and number.is_integer():
+            return int(number)
+    return value
+
+
 @overload
 def check_skip_limit(max_consecutive_skips: None) -> None: ...
 @overload
 def check_skip_limit(max_consecutive_skips: int) -> int: ...
 def check_skip_limit(max_consecutive_skips: Any) -> int | None:
-    """``max_consecutive_skips`` validated: None (no guard) or an int >= 1."""
+    """``max_consecutive_skips`` validated: None (no guard) or an int >= 1 (a whole float is its int)."""
     if max_consecutive_skips is None:
         return None
+    max_consecutive_skips = whole(max_consecutive_skips)
     if isinstance(max_consecutive_skips, bool) or not isinstance(max_consecutive_skips, Integral):
-        raise TypeError(f"max_consecutive_skips must be an int or None, got {max_consecutive_skips!r}.")
+        raise ArgumentTypeError(f"max_consecutive_skips must be an int or None, got {max_consecutive_skips!r}.")
     if max_consecutive_skips < 1:
         raise ValueError(f"max_consecutive_skips must be at least 1 (or None to disable), got {max_consecutive_skips}.")
     return int(max_consecutive_skips)

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ._errors import ArgumentTypeError
+from ._errors import ArgumentTypeError, whole
 
 __all__ = ["DynamicLossScale", "ExponentialUpdateLossScaleManager", "FixedLossScale", "FixedLossScaleManager",
            "LossScale", "RuleParams"]
@@ -139,13 +139,13 @@ def count(name: str, value: Any, *, at_least: int = 1) -> int:
     fix = f"Pass a whole number, for example {name}={example}."
     value = _scalar(name, value, fix, "an int")
     if not (isinstance(value, Integral) or (not isinstance(value, Real) and _kind(value) == "int")):
-        whole = _concrete(name, value, float, fix)  # a whole float (2000.0, 2e3) is the int it spells, as in TF
-        if not whole.is_integer():
+        number = whole(_concrete(name, value, float, fix))  # a whole float (2000.0, 2e3) is the int it spells
+        if not isinstance(number, int):
             dtype = "" if isinstance(value, Real) else f" (dtype {value.dtype})"
             raise ArgumentTypeError(
                 f"{name} must be an int, got {value!r} of type {type(value).__name__}{dtype}. {fix}"
             )
-        value = int(whole)
+        value = number
     value = _concrete(name, value, operator.index, fix)
     if not at_least <= value <= COUNTER_MAX:
         shown = value if abs(value) < 10**30 else f"an int of {len(str(abs(value)))} digits"

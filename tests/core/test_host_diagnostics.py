@@ -62,7 +62,7 @@ def test_the_guard_raises_at_its_limit_with_the_bindings_words():
     assert message.endswith("Pass debug=True or max_consecutive_skips=None to disable this check.")
 
 
-@pytest.mark.parametrize(("limit", "error"), [(0, ValueError), (True, TypeError), (2.0, TypeError), (None, TypeError)])
+@pytest.mark.parametrize(("limit", "error"), [(0, ValueError), (True, TypeError), (2.5, TypeError), (None, TypeError)])
 def test_the_guard_limit_is_checked(limit, error):
     with pytest.raises(error, match="max_consecutive_skips"):
         StallGuard(limit, loss_check="", causes="")

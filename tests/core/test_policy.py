@@ -629,3 +629,19 @@ def test_0d_array_counts_must_be_whole_numbers(value, message):
 def test_get_rejects_bool_and_non_0d_arrays(value):
     with pytest.raises(ValueError, match="Invalid loss scale"):
         get(value)
+
+
+def test_every_count_takes_a_whole_float_and_refuses_a_fraction_alike():
+    """One vocabulary: ``stats_every`` and ``max_consecutive_skips`` are counts too, as ``increment_period``."""
+    from lossscale._auto import check_stats_every
+    from lossscale._errors import check_skip_limit
+
+    dynamic = DynamicLossScale()
+    assert check_stats_every(16.0, dynamic) == 16 and check_skip_limit(np.float64(3.0)) == 3
+    assert type(check_stats_every(16.0, dynamic)) is int and type(check_skip_limit(3.0)) is int
+    for check, name in ((lambda v: check_stats_every(v, dynamic), "stats_every"), (check_skip_limit,
+                                                                                  "max_consecutive_skips")):
+        for value in (2.5, "4", math.inf):
+            with pytest.raises(TypeError, match=rf"^{name} must be an int") as caught:
+                check(value)
+            assert isinstance(caught.value, ValueError)
