@@ -195,33 +195,36 @@ def summary(variant: str, kind: str, params: float, tensors: int) -> dict[str, A
             "reads": max(r[1] for r in rows), "steady": len(set(ops[1:13] + ops[14:])) == 1}
 
 
+def _table(args: argparse.Namespace, variants: tuple[str, ...], cell: Callable[[str, str, int], str]) -> None:
+    """A markdown table: a row per optimizer and tensor count, a column per variant, ``cell(variant, kind,
+    tensors)`` in each."""
+    print("| optimizer | tensors | " + " | ".join(variants) + " |")
+    print("|---|---|" + "---|" * len(variants))
+    for kind in args.optimizers:
+        for tensors in args.tensors:
+            print(f"| {kind} | {tensors} | " + " | ".join(cell(v, kind, tensors) for v in variants) + " |")
+
+
+def _count_cell(variant: str, kind: str, tensors: int, params: float) -> str:
+    row = summary(variant, kind, params, tensors)
+    text = str(row["unsampled"]) if row["sampled"] is None else f"{row['unsampled']} / {row['sampled']}"
+    return text + (f" [{row['reads']:+d}]" if row["reads"] else "")
+
+
+def _depth_cell(variant: str, kind: str, tensors: int, params: float) -> str:
+    depths = critical_paths(variant, kind, params, tensors)
+    return f"{depths[1]} / {depths[13]}" if variant in ("auto", "stats N=16") else str(depths[0])
+
+
 def main_meta(args: argparse.Namespace) -> None:
     print(f"# torch {torch.__version__}, meta tensors, {args.params:.0e} parameters; operators added over a plain "
           "step of the same optimizer (host reads added in brackets)\n")
-    print("| optimizer | tensors | " + " | ".join(VARIANTS) + " |")
-    print("|---|---|" + "---|" * len(VARIANTS))
-    for kind in args.optimizers:
-        for tensors in args.tensors:
-            cells = []
-            for variant in VARIANTS:
-                row = summary(variant, kind, args.params, tensors)
-                text = str(row["unsampled"]) if row["sampled"] is None else f"{row['unsampled']} / {row['sampled']}"
-                cells.append(text + (f" [{row['reads']:+d}]" if row["reads"] else ""))
-            print(f"| {kind} | {tensors} | " + " | ".join(cells) + " |")
+    _table(args, VARIANTS, lambda v, kind, tensors: _count_cell(v, kind, tensors, args.params))
     print("\nauto and stats N=16: unsampled / sampled step.")
     if args.depth:
         print("\nCritical path: the longest chain of dependent operators in a whole step (the plain step's "
               "included); an eager form launches at least this many kernels, however it batches the rest.\n")
-        print("| optimizer | tensors | plain | " + " | ".join(VARIANTS) + " |")
-        print("|---|---|---|" + "---|" * len(VARIANTS))
-        for kind in args.optimizers:
-            for tensors in args.tensors:
-                cells = []
-                for variant in ("plain", *VARIANTS):
-                    depths = critical_paths(variant, kind, args.params, tensors)
-                    sampled = variant in ("auto", "stats N=16")
-                    cells.append(f"{depths[1]} / {depths[13]}" if sampled else str(depths[0]))
-                print(f"| {kind} | {tensors} | " + " | ".join(cells) + " |")
+        _table(args, ("plain", *VARIANTS), lambda v, kind, tensors: _depth_cell(v, kind, tensors, args.params))
 
 
 def main_cuda(args: argparse.Namespace) -> None:
