@@ -38,19 +38,23 @@ class _Compiles(logging.Handler):
         self.count += record.getMessage().startswith("Compiling")
 
 
-def compiles_per_step(run: Callable[[], None], steps: int) -> float:
-    """XLA programs compiled per call of ``run`` (already warm), over ``steps`` calls."""
+def compiles(run: Callable[[], Any]) -> int:
+    """The XLA programs compiled while ``run()`` runs (JAX's compile log, ``jax.log_compiles``)."""
     import jax
 
     handler, logger = _Compiles(), logging.getLogger("jax")
     logger.addHandler(handler)
     try:
         with jax.log_compiles(True):
-            for _ in range(steps):
-                run()
+            run()
     finally:
         logger.removeHandler(handler)
-    return handler.count / steps
+    return handler.count
+
+
+def compiles_per_step(run: Callable[[], None], steps: int) -> float:
+    """XLA programs compiled per call of ``run`` (already warm), over ``steps`` calls."""
+    return compiles(lambda: [run() for _ in range(steps)]) / steps
 
 
 def time_rounds(contenders: dict[str, Callable[[], Any]], steps: int, rounds: int) -> dict[str, list[float]]:

@@ -112,14 +112,7 @@ def test_an_eager_update_compiles_nothing_once_warm(policy, stats_every):
     """Called outside ``jit`` (eager code, as optax allows), an update compiles no new XLA program once each of its
     operators has run: the CPU's exact check after a non-finite sum is a Python ``if`` there, where a ``lax.cond``
     of new closures compiled a program at every call (about 100 ms)."""
-    import logging
-
-    compiled: list[str] = []
-
-    class Compiles(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            if record.getMessage().startswith("Compiling"):
-                compiled.append(record.getMessage()[:80])
+    from benchmarks.bench_eager import compiles
 
     params = {"w": jnp.ones((4, 4)), "b": jnp.zeros(4)}
     tx = lsj.loss_scale_optimizer(optax.adam(1e-3), policy, stats_every=stats_every)
@@ -127,17 +120,15 @@ def test_an_eager_update_compiles_nothing_once_warm(policy, stats_every):
     finite = jax.tree_util.tree_map(lambda p: jnp.full_like(p, 0.5), params)
     bad = {"w": finite["w"].at[0, 0].set(jnp.inf), "b": finite["b"]}
     cycle = [finite, bad, finite, finite]
-    for grads in cycle * 2:  # every operator of both paths runs once (their own compiles)
-        _, state = tx.update(grads, state, params)
-    handler, logger = Compiles(), logging.getLogger("jax")
-    logger.addHandler(handler)
-    try:
-        with jax.log_compiles(True):
-            for grads in cycle:
-                _, state = tx.update(grads, state, params)
-    finally:
-        logger.removeHandler(handler)
-    assert compiled == []
+
+    def run() -> None:
+        nonlocal state
+        for grads in cycle:
+            _, state = tx.update(grads, state, params)
+
+    run()
+    run()  # every operator of both paths has run once (their own compiles)
+    assert compiles(run) == 0
     assert int(state.skipped_steps) == 3
     if policy == "dynamic":
         assert float(state.loss_scale) == 2.0**15 / 8

@@ -77,32 +77,19 @@ def test_an_eager_fit_compiles_nothing_once_warm(kwargs):
     """``run_eagerly=True`` on JAX: the skip, the sum check's fallback and the sample's decision are Python ``if``s
     on the concrete flags, so a warm step compiles no XLA program (a ``cond`` of new closures compiled one at every
     call: about 25x a plain eager step, where it is now under 2x)."""
-    import logging
-
-    import jax
-
-    compiled: list[str] = []
-
-    class Compiles(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            if record.getMessage().startswith("Compiling"):
-                compiled.append(record.getMessage()[:80])
+    from benchmarks.bench_eager import compiles
 
     x, y = _data()
     bad = x.copy()
     bad[0, 0] = np.inf
     model = _model(lsk.LossScaleOptimizer(keras.optimizers.Adam(1e-3), **kwargs))
     model.compile(optimizer=model.optimizer, loss="mse", run_eagerly=True)
-    for _ in range(2):  # every operator of both paths runs once (their own compiles)
+
+    def run() -> None:
         model.fit(x, y, batch_size=4, epochs=1, verbose=0, shuffle=False)
         model.fit(bad, y, batch_size=8, epochs=1, verbose=0)
-    handler, logger = Compiles(), logging.getLogger("jax")
-    logger.addHandler(handler)
-    try:
-        with jax.log_compiles(True):
-            model.fit(x, y, batch_size=4, epochs=1, verbose=0, shuffle=False)
-            model.fit(bad, y, batch_size=8, epochs=1, verbose=0)
-    finally:
-        logger.removeHandler(handler)
-    assert compiled == []
+
+    run()
+    run()  # every operator of both paths has run once (their own compiles)
+    assert compiles(run) == 0
     assert int(model.optimizer.skipped_steps) == 3 and int(model.optimizer.iterations) == 6

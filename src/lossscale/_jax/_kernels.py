@@ -12,7 +12,7 @@ from jax import lax
 
 from ._compat import is_tracer
 
-__all__ = ["by_platform", "finite_by_max"]
+__all__ = ["by_platform", "cond", "finite_by_max"]
 
 
 def by_platform(cpu: Callable[[], Any], other: Callable[[], Any], like: Sequence[Any] = ()) -> Any:
@@ -29,6 +29,15 @@ def by_platform(cpu: Callable[[], Any], other: Callable[[], Any], like: Sequence
         platform = next(iter(devices())).platform if callable(devices) else jax.default_backend()
         return cpu() if platform == "cpu" else other()
     return lax.platform_dependent(cpu=cpu, default=other)
+
+
+def cond(pred: Any, true_fn: Callable[..., Any], false_fn: Callable[..., Any], *operands: Any) -> Any:
+    """``lax.cond(pred, true_fn, false_fn, *operands)``, except outside any trace (``pred`` concrete: eager code), where
+    it is a Python ``if`` on ``pred``, one host read: there a ``lax.cond`` of new closures (the callers' branches are)
+    compiles a new program at every call, about 100 ms."""
+    if is_tracer(pred):
+        return lax.cond(pred, true_fn, false_fn, *operands)
+    return (true_fn if bool(pred) else false_fn)(*operands)
 
 
 def finite_by_max(leaves: Sequence[Any]) -> Any:

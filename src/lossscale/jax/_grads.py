@@ -9,8 +9,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from .._jax._kernels import by_platform, finite_by_max
-from ._compat import is_tracer, like, typeof, varying_axes
+from .._jax._kernels import by_platform, cond, finite_by_max
+from ._compat import like, typeof, varying_axes
 
 __all__ = ["all_finite", "by_platform", "check_gradients", "in_float32_range", "scale_loss", "squared_norm", "unscale"]
 
@@ -82,10 +82,8 @@ def _by_sums(leaves: list[Any]) -> jax.Array:
     flag, summed, wide = sum_checks(leaves)
     if summed is None:
         return flag
-    if not is_tracer(summed):  # eager: a Python if (a lax.cond of new closures compiles anew at every call)
-        return flag & (summed if bool(summed) else _exactly_finite(wide))
     # The taken branch returns the flag, not a constant: both then vary over the gradients' shard_map axes.
-    return flag & lax.cond(summed, lambda: summed, lambda: _exactly_finite(wide))
+    return flag & cond(summed, lambda: summed, lambda: _exactly_finite(wide))
 
 
 def _varying_as(x: Any, leaves: list[Any]) -> Any:

@@ -10,9 +10,9 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from .._jax._kernels import cond
 from .._sampler import SamplerState, is_due
 from .._stats import FLOAT16_TINY, GradientStats, summarize, tensor_sums
-from ._compat import is_tracer
 from ._grads import _varying_as
 from ._state import Measurement
 
@@ -69,6 +69,7 @@ def sample_if_due(
 ) -> Measurement:
     """The step's :class:`~lossscale.jax._state.Measurement`: the sample where due (across ``axes``), else the kept
     one, in one ``lax.cond`` (none with ``every=1``; outside any trace, a Python ``if`` on the count: one host read).
+    With no gradients (an empty group of ``optax.multi_transform``) the step is unsampled.
 
     Args:
         every: ``stats_every``, the sampling period.
@@ -94,14 +95,13 @@ def sample_if_due(
         kept = jax.tree_util.tree_map(jnp.asarray, sampler.sample)
         return (None if check is None else _varying_as(check(g), g)), kept
 
+    if not grads:  # nothing to measure (optax.multi_transform's empty group): an unsampled step
+        return Measurement(*keep(grads), False)
     if every == 1:
         finite, sample = take(grads)
         return Measurement(finite, sample, True)
     due = is_due(every, count)
-    if is_tracer(due):
-        finite, sample = lax.cond(due, take, keep, grads)
-    else:  # eager: a Python if (a lax.cond of new closures compiles anew at every call)
-        finite, sample = (take if bool(due) else keep)(grads)
+    finite, sample = cond(due, take, keep, grads)
     return Measurement(finite, sample, due)
 
 

@@ -18,7 +18,7 @@ from .._policy import LossScale
 from ._compat import eval_jaxpr_choosing, like
 from ._diagnostics import Recorder, guard_skip
 from ._grads import all_finite, check_gradients, in_float32_range, squared_norm, unscale
-from ._state import LossScaleOptimizerState, Measurement, advance
+from ._state import LossScaleOptimizerState, advance
 from ._stats import sample_if_due
 
 __all__ = ["StepSettings", "step"]
@@ -79,9 +79,7 @@ def step(settings: StepSettings, grads: Any, state: Any, params: Any, extra_args
     scale = state.loss_scale
     every = None if state.stats is None else settings.every  # a state restored without statistics samples none
     factor = measurement = None
-    if every is not None and not leaves:  # nothing to measure (optax.multi_transform's empty group): unsampled
-        measurement = Measurement(None, jax.tree_util.tree_map(jnp.asarray, state.stats.sample), False)
-    if measurement is None and every is not None and settings.fuses_check and in_float32_range(leaves):
+    if every is not None and settings.fuses_check and in_float32_range(leaves):
         measurement = sample_if_due(every, leaves, state.stats, settings.axes, all_finite)
         finite = measurement.finite
     elif settings.max_norm is None:

@@ -137,14 +137,12 @@ def by_platform(cpu: Callable[[], Any], other: Callable[[], Any], like: Sequence
 
 
 def cond(pred: Any, true_fn: Callable[[], Any], false_fn: Callable[[], Any]) -> Any:
-    """``keras.ops.cond``, except on JAX outside any trace (``run_eagerly``): there a Python ``if`` on ``pred``, one
-    host read, as TensorFlow's and torch's eager ``cond`` already are. JAX's eager ``cond`` is a ``lax.cond`` of
-    new closures, which compiles a new program at every call (tens of ms a step)."""
+    """``keras.ops.cond``; on JAX :func:`lossscale._jax._kernels.cond`, which outside any trace (``run_eagerly``) is a
+    Python ``if`` on ``pred``, one host read, as TensorFlow's and torch's eager ``cond`` already are."""
     if keras.backend.backend() == "jax":
-        from .._jax._compat import is_tracer
+        from .._jax._kernels import cond as jax_cond
 
-        if not is_tracer(pred):
-            return true_fn() if bool(pred) else false_fn()
+        return jax_cond(pred, true_fn, false_fn)
     return ops.cond(pred, true_fn, false_fn)
 
 

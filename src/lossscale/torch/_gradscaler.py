@@ -11,7 +11,7 @@ import torch
 
 from .._policy import DynamicLossScale
 from .._sampler import check_stats_every
-from .._torch._kernels import move, unscale_grads_per_device
+from .._torch._kernels import unscale_grads_per_device
 from ._checkpoint import gradscaler_record, gradscaler_state_dict, replace_policy, with_torch_names
 from ._checkpoint import growth_interval as checked_interval
 from ._compat import AMP_SCALING, GRAD_SCALER_WARNING, OptState, takes_grad_scaler
@@ -241,13 +241,7 @@ class GradScaler(torch.amp.GradScaler):
                                 f"{value.dtype}. Pass the loss as computed by the model (e.g. scaler.scale(loss.float())).")
             if not self._placed:
                 self._lazy_init_scale_growth_tracker(value.device)
-            scale = self._owner.state.loss_scale
-            if scale.device != value.device:
-                scale = move(scale, value.device)
-            # torch's promotion, as torch's scale(): a 0-d float16/bfloat16 loss times the 0-d float32 scale is
-            # float32 (a float16 one rounded back would be Inf from |loss| > 1 at 2**16); a tensor of any other
-            # shape keeps its dtype, rounded once from the float32 product.
-            return torch.mul(value, scale)
+            return self._owner.get_scaled_loss(value, promote=True)  # torch's dtype: float32 for a 0-d half loss
         if isinstance(value, Iterable):
             mapped = map(self._scale_nested, value)
             return type(value)(mapped) if isinstance(value, (list, tuple)) else mapped
@@ -366,7 +360,7 @@ class GradScaler(torch.amp.GradScaler):
             raise TypeError(f"_per_optimizer_states takes a mapping {{id(optimizer): state}} (torch's update() "
                             f"assigns an empty defaultdict), got {type(states).__name__}.")
         entries = [(key, dict(state)) for key, state in states.items()]  # read before anything is reset
-        self._owner.discard_pending()
+        self._owner.close()
         for step in self._steps.values():
             step.progress.reset()
         self._pending_progress.clear()

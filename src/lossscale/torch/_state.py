@@ -116,11 +116,14 @@ class ScaleState:
                 return torch.from_numpy(np.asarray(1.0 / float(views.loss_scale), dtype=np.float32))
         return reciprocal(self.tensors.loss_scale)
 
-    def get_scaled_loss(self, loss: Any) -> Any:
-        """``loss * S``, rounded once to ``loss``'s dtype.
+    def get_scaled_loss(self, loss: Any, promote: bool = False) -> Any:
+        """``loss * S``, rounded once to ``loss``'s dtype, or with ``promote`` in torch's result dtype of the product.
 
         Args:
             loss: a floating-point tensor, or a zero-argument callable returning one.
+            promote: keep the product's dtype, as ``torch.amp.GradScaler.scale`` does: a 0-d float16/bfloat16 loss
+                times the 0-d float32 scale is float32 (rounded back it would be Inf from ``|loss| > 1`` at
+                ``2**16``); a tensor of any other shape keeps its dtype either way.
 
         Returns:
             The scaled tensor, or for a callable a callable returning it. One operator, no sync.
@@ -129,7 +132,7 @@ class ScaleState:
             TypeError: ``loss`` is neither, or not floating-point.
         """
         if callable(loss) and not isinstance(loss, torch.Tensor):
-            return lambda: self.get_scaled_loss(loss())
+            return lambda: self.get_scaled_loss(loss(), promote)
         if not isinstance(loss, torch.Tensor):
             raise TypeError(f"get_scaled_loss() takes a tensor or a zero-argument callable returning one, got "
                             f"{type(loss).__name__}. Compute the loss with torch before scaling it.")
@@ -138,7 +141,8 @@ class ScaleState:
         scale = self.tensors.loss_scale
         if scale.device != loss.device:
             scale = move(scale, loss.device)
-        return torch.mul(loss, scale).to(loss.dtype)
+        scaled = torch.mul(loss, scale)
+        return scaled if promote else scaled.to(loss.dtype)
 
     def to_(self, device: torch.device) -> None:
         """Moves the state to ``device`` (done for you when gradients move)."""
@@ -488,11 +492,14 @@ class SharedLossScale(ScaleState):
     def update(self) -> None:
         """Advances the scale once from the flags since the last update (none: nothing). No sync; on the CPU no
         operator, elsewhere 5 (the kernel form) or about 33."""
-        pending = self._close()
+        pending = self.close()
         if pending is not None:
             self.advance(pending)
 
-    def _close(self) -> torch.Tensor | None:
+    def close(self) -> torch.Tensor | None:
+        """Ends the iteration without advancing the scale: its members READY again; returns its summed flag (None
+        if no member stepped), dropped unless the caller advances by it (a ``GradScaler`` subclass whose own
+        ``update()`` moved the scale drops it)."""
         members, self._members = self._members, []
         for member in members:
             member.reset()
@@ -506,7 +513,7 @@ class SharedLossScale(ScaleState):
 
     def load(self, record: ScaleRecord) -> None:
         super().load(record)
-        self._close()
+        self.close()
 
     def __getstate__(self) -> dict[str, Any]:
         """``{"scale": ScaleState}``; pending flags and members are not kept."""
@@ -580,7 +587,7 @@ class IterationScale(SharedLossScale):
             ValueError: a malformed ``new_scale`` (torch's message).
         """
         if new_scale is None:
-            pending = self._close()
+            pending = self.close()
             if pending is not None:
                 self.advance(pending, sampler, recorder)
             return
@@ -594,7 +601,7 @@ class IterationScale(SharedLossScale):
             raise ValueError(f"{fix}, positive and finite; got {new_scale!r}.")
         else:
             value = torch.tensor(float(new_scale), dtype=torch.float32)
-        pending = self._close()
+        pending = self.close()
         self.set_scale(value, pending)
         if pending is not None and sampler is not None:
             count_sampler(sampler, recorder)
@@ -606,11 +613,6 @@ class IterationScale(SharedLossScale):
         members, pending = self._members, self._pending
         ScaleState.load(self, record)
         self._members, self._pending = members, None if pending is None else move(pending, self.device)
-
-    def discard_pending(self) -> None:
-        """Closes the iteration without advancing the scale: its flags are dropped, its members READY again (a
-        ``GradScaler`` subclass moved the scale by its own ``update()``)."""
-        self._close()
 
     def counts(self, member: Any) -> bool:
         """Whether ``member``'s flag (a step progress) is already among this iteration's."""
